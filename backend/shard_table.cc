@@ -1,0 +1,320 @@
+#include "backend/shard_table.h"
+
+#include <algorithm>
+#include <bit>
+#include <cassert>
+#include <tuple>
+
+#include "absl/hash/hash.h"
+
+namespace tmem {
+
+ShardTable::ShardTable(MemoryBudget* budget)
+    : budget_(budget),
+      page_index_(0, PageHash{this}, PageEq{this}),
+      object_index_(0, ObjectHash{this}, ObjectEq{this}),
+      chunk_list_charge_(budget),
+      page_index_charge_(budget),
+      object_index_charge_(budget),
+      objects_charge_(budget),
+      lru_charge_(budget) {}
+
+ShardTable::~ShardTable() {
+  budget_->Release(chunks_.size() * kChunkEntries * sizeof(PageEntry));
+}
+
+// The hash indexes store only entry/node numbers; hashing and equality read
+// the key fields through the table. This keeps each index slot at 4 bytes.
+size_t ShardTable::PageHash::operator()(uint32_t e) const {
+  const PageEntry& p = table->Slot(e);
+  return (*this)(PageKey{p.object, p.index});
+}
+size_t ShardTable::PageHash::operator()(const PageKey& k) const {
+  return absl::Hash<std::pair<uint32_t, uint64_t>>{}({k.object, k.index});
+}
+bool ShardTable::PageEq::operator()(uint32_t e, const PageKey& k) const {
+  const PageEntry& p = table->Slot(e);
+  return p.object == k.object && p.index == k.index;
+}
+size_t ShardTable::ObjectHash::operator()(uint32_t n) const {
+  const ObjectNode& o = table->objects_[n];
+  return (*this)(ObjectKey{o.pool_key, &o.oid});
+}
+size_t ShardTable::ObjectHash::operator()(const ObjectKey& k) const {
+  return absl::Hash<std::pair<uint64_t, ObjectId>>{}({k.pool_key, *k.oid});
+}
+bool ShardTable::ObjectEq::operator()(uint32_t n, const ObjectKey& k) const {
+  const ObjectNode& o = table->objects_[n];
+  return o.pool_key == k.pool_key && o.oid == *k.oid;
+}
+
+uint32_t ShardTable::FindObject(uint64_t pool_key, const ObjectId& oid) const {
+  auto it = object_index_.find(ObjectKey{pool_key, &oid});
+  return it == object_index_.end() ? kNoEntry : *it;
+}
+
+uint32_t ShardTable::FindPage(uint64_t pool_key, const ObjectId& oid,
+                              PageIndex index) const {
+  const uint32_t object = FindObject(pool_key, oid);
+  if (object == kNoEntry) return kNoEntry;
+  auto it = page_index_.find(PageKey{object, index});
+  return it == page_index_.end() ? kNoEntry : *it;
+}
+
+namespace {
+
+// absl's flat_hash_set keeps one control byte per slot plus a group of
+// cloned control bytes; slots are 4 bytes here.
+uint64_t HashSetBytes(size_t capacity) {
+  return capacity == 0 ? 0 : capacity * (sizeof(uint32_t) + 1) + 16;
+}
+
+// The capacity absl picks for reserve(n): n / (7/8) rounded up to 2^k - 1.
+size_t CapacityForReserve(size_t n) {
+  const size_t m = n + (n - 1) / 7;
+  return m == 0 ? 1 : (~size_t{0} >> std::countl_zero(m));
+}
+
+}  // namespace
+
+template <typename Set>
+bool ShardTable::ReserveIndex(Set& set, ChargedCapacity& charge,
+                              size_t needed) {
+  // Keep the load at or under 3/4 ourselves, doubling ahead of need.
+  if (needed * 4 <= set.capacity() * 3) return true;
+  const size_t target = 2 * needed;
+  return charge.TryGrow(HashSetBytes(CapacityForReserve(target)),
+                        [&] { set.reserve(target); });
+}
+
+bool ShardTable::PrepareInsert(uint16_t vm_slot, bool new_object) {
+  if (free_entry_ == kNoEntry) {
+    constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(PageEntry);
+    if (chunks_.size() >= (UINT32_MAX >> kChunkShift)) return false;
+    if (chunks_.size() == chunks_.capacity()) {
+      const size_t cap = std::max<size_t>(4, 2 * chunks_.capacity());
+      if (!chunk_list_charge_.TryGrow(cap * sizeof(chunks_[0]),
+                                      [&] { chunks_.reserve(cap); })) {
+        return false;
+      }
+    }
+    if (!budget_->TryCharge(kChunkBytes)) return false;
+    // Not value-initialized: every entry is written before it is used.
+    chunks_.emplace_back(new PageEntry[kChunkEntries]);
+    const auto base =
+        static_cast<uint32_t>((chunks_.size() - 1) << kChunkShift);
+    // Thread the new entries onto the free list, lowest number first.
+    for (uint32_t i = kChunkEntries; i-- > 0;) {
+      Slot(base + i).lru_next = free_entry_;
+      free_entry_ = base + i;
+    }
+  }
+  if (!ReserveIndex(page_index_, page_index_charge_, pages_ + 1)) return false;
+  if (new_object) {
+    if (!ReserveIndex(object_index_, object_index_charge_,
+                      object_index_.size() + 1)) {
+      return false;
+    }
+    if (free_objects_.empty() && objects_.size() == objects_.capacity()) {
+      // free_objects_ never outgrows objects_, so reserving both together
+      // means RemovePage never allocates.
+      const size_t cap = std::max<size_t>(16, 2 * objects_.capacity());
+      if (!objects_charge_.TryGrow(
+              cap * (sizeof(ObjectNode) + sizeof(uint32_t)), [&] {
+                objects_.reserve(cap);
+                free_objects_.reserve(cap);
+              })) {
+        return false;
+      }
+    }
+  }
+  if (vm_slot >= lru_.size()) {
+    const size_t cap = std::max<size_t>(vm_slot + 1, 2 * lru_.size());
+    if (!lru_charge_.TryGrow(cap * sizeof(LruList), [&] {
+          lru_.reserve(cap);
+          lru_.resize(vm_slot + 1);
+        })) {
+      return false;
+    }
+  }
+  return true;
+}
+
+uint32_t ShardTable::AllocEntry() {
+  const uint32_t id = free_entry_;
+  free_entry_ = Slot(id).lru_next;
+  return id;
+}
+
+uint32_t ShardTable::AllocObject(uint64_t pool_key, const ObjectId& oid) {
+  uint32_t id;
+  if (!free_objects_.empty()) {
+    id = free_objects_.back();
+    free_objects_.pop_back();
+  } else {
+    id = static_cast<uint32_t>(objects_.size());
+    objects_.emplace_back();
+  }
+  ObjectNode& o = objects_[id];
+  o.pool_key = pool_key;
+  o.oid = oid;
+  o.first_page = kNoEntry;
+  o.pages = 0;
+  object_index_.insert(id);
+  return id;
+}
+
+void ShardTable::LruUnlink(PageEntry& e, uint32_t id) {
+  LruList& list = lru_[e.vm_slot];
+  if (e.lru_prev != kNoEntry) {
+    Slot(e.lru_prev).lru_next = e.lru_next;
+  } else {
+    assert(list.head == id);
+    list.head = e.lru_next;
+  }
+  if (e.lru_next != kNoEntry) {
+    Slot(e.lru_next).lru_prev = e.lru_prev;
+  } else {
+    assert(list.tail == id);
+    list.tail = e.lru_prev;
+  }
+  (void)id;
+}
+
+void ShardTable::LruPushHead(PageEntry& e, uint32_t id) {
+  LruList& list = lru_[e.vm_slot];
+  e.lru_prev = kNoEntry;
+  e.lru_next = list.head;
+  if (list.head != kNoEntry) Slot(list.head).lru_prev = id;
+  list.head = id;
+  if (list.tail == kNoEntry) list.tail = id;
+}
+
+uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
+                                PageIndex index, uint16_t vm_slot,
+                                StorageKind kind, uint64_t payload) {
+  uint32_t object = FindObject(pool_key, oid);
+  if (!PrepareInsert(vm_slot, object == kNoEntry)) return kNoEntry;
+  const uint32_t id = AllocEntry();
+  if (object == kNoEntry) object = AllocObject(pool_key, oid);
+  ObjectNode& o = objects_[object];
+
+  PageEntry& e = Slot(id);
+  e.index = index;
+  e.payload = payload;
+  e.object = object;
+  e.vm_slot = vm_slot;
+  e.kind = kind;
+  e.reserved = 0;
+  e.obj_prev = kNoEntry;
+  e.obj_next = o.first_page;
+  if (o.first_page != kNoEntry) Slot(o.first_page).obj_prev = id;
+  o.first_page = id;
+  ++o.pages;
+
+  LruPushHead(e, id);
+  const bool inserted = page_index_.insert(id).second;
+  assert(inserted && "InsertPage of an existing key");
+  (void)inserted;
+  ++pages_;
+  return id;
+}
+
+PageEntry ShardTable::RemovePage(uint32_t id) {
+  PageEntry& e = Slot(id);
+  const PageEntry copy = e;
+  page_index_.erase(id);
+  LruUnlink(e, id);
+
+  ObjectNode& o = objects_[e.object];
+  if (e.obj_prev != kNoEntry) {
+    Slot(e.obj_prev).obj_next = e.obj_next;
+  } else {
+    o.first_page = e.obj_next;
+  }
+  if (e.obj_next != kNoEntry) Slot(e.obj_next).obj_prev = e.obj_prev;
+  if (--o.pages == 0) {
+    object_index_.erase(e.object);
+    o.pool_key = 0;
+    free_objects_.push_back(e.object);
+  }
+
+  e.lru_next = free_entry_;
+  free_entry_ = id;
+  if (--pages_ == 0) ReleaseWhileEmpty();
+  return copy;
+}
+
+// An empty shard gives back what it grew for its peak, keeping one entry
+// chunk (and absl's small tables) so a shard that flips between empty and a
+// few pages does not churn the allocator.
+void ShardTable::ReleaseWhileEmpty() {
+  constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(PageEntry);
+  if (chunks_.size() > 1) {
+    budget_->Release((chunks_.size() - 1) * kChunkBytes);
+    chunks_.resize(1);
+    chunks_.shrink_to_fit();
+    chunk_list_charge_.Sync(chunks_.capacity() * sizeof(chunks_[0]));
+    free_entry_ = kNoEntry;
+    for (uint32_t i = kChunkEntries; i-- > 0;) {
+      Slot(i).lru_next = free_entry_;
+      free_entry_ = i;
+    }
+  }
+  page_index_.clear();  // absl frees tables above 127 slots on clear()
+  object_index_.clear();
+  objects_.clear();
+  free_objects_.clear();
+  if (objects_.capacity() > kChunkEntries) {
+    objects_.shrink_to_fit();
+    free_objects_.shrink_to_fit();
+    // Keep the "free_objects_ never reallocates" promise of PrepareInsert.
+    free_objects_.reserve(objects_.capacity());
+  }
+  page_index_charge_.Sync(HashSetBytes(page_index_.capacity()));
+  object_index_charge_.Sync(HashSetBytes(object_index_.capacity()));
+  objects_charge_.Sync(objects_.capacity() * sizeof(ObjectNode) +
+                       free_objects_.capacity() * sizeof(uint32_t));
+}
+
+void ShardTable::Touch(uint32_t id) {
+  PageEntry& e = Slot(id);
+  if (lru_[e.vm_slot].head == id) return;
+  LruUnlink(e, id);
+  LruPushHead(e, id);
+}
+
+uint32_t ShardTable::LruTail(uint16_t vm_slot) const {
+  return vm_slot < lru_.size() ? lru_[vm_slot].tail : kNoEntry;
+}
+
+std::vector<uint32_t> ShardTable::PagesOfObject(uint32_t object) const {
+  std::vector<uint32_t> out;
+  out.reserve(objects_[object].pages);
+  for (uint32_t p = objects_[object].first_page; p != kNoEntry;
+       p = Slot(p).obj_next) {
+    out.push_back(p);
+  }
+  return out;
+}
+
+std::vector<uint32_t> ShardTable::PagesOfPool(uint64_t pool_key) const {
+  std::vector<uint32_t> out;
+  for (uint32_t n : object_index_) {
+    if (objects_[n].pool_key != pool_key) continue;
+    for (uint32_t p = objects_[n].first_page; p != kNoEntry;
+         p = Slot(p).obj_next) {
+      out.push_back(p);
+    }
+  }
+  return out;
+}
+
+uint64_t ShardTable::metadata_bytes() const {
+  return chunk_list_charge_.charged() + page_index_charge_.charged() +
+         object_index_charge_.charged() + objects_charge_.charged() +
+         lru_charge_.charged() +
+         chunks_.size() * kChunkEntries * sizeof(PageEntry);
+}
+
+}  // namespace tmem

@@ -1,0 +1,172 @@
+// ShardTable: the metadata of one shard of the store.
+//
+// Holds, for the keys that hash to this shard: object nodes (pool, 24-byte
+// object id), page entries (index, how stored, where), a hash index from
+// (object, index) to entry, each object's page list (for invalidate-object),
+// and one LRU list per VM (for eviction and for forgetting a VM).
+//
+// Memory: a page entry is 40 bytes and the hash index holds only a 32-bit
+// entry number per slot (hashing and equality look through to the entry), so
+// a stored page costs about 40 + 5/load-factor bytes of metadata (load kept
+// between 3/8 and 3/4). Every container grows only through PrepareInsert,
+// which charges the MemoryBudget first (entries in chunks of 256, indexes by
+// doubling), so metadata never takes the budget over its cap. absl's own
+// growth never triggers: it needs a load above 25/32, and we reserve at 3/4.
+//
+// Not thread-safe: the owning shard's mutex covers every call.
+#ifndef TMEMD_BACKEND_SHARD_TABLE_H_
+#define TMEMD_BACKEND_SHARD_TABLE_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "backend/charged_capacity.h"
+#include "backend/memory_budget.h"
+#include "backend/types.h"
+
+namespace tmem {
+
+inline constexpr uint32_t kNoEntry = UINT32_MAX;
+
+struct PageEntry {
+  uint64_t index;     // page index within the object
+  uint64_t payload;   // packed BlobRef, or the fill word of a same-filled page
+  uint32_t object;    // ObjectNode number
+  uint32_t lru_prev;  // per-VM LRU list (prev = more recently used)
+  uint32_t lru_next;  //   (also the free-list link of a free entry)
+  uint32_t obj_prev;  // the object's page list
+  uint32_t obj_next;
+  uint16_t vm_slot;  // owner: the VM whose put stored the page
+  StorageKind kind;
+  uint8_t reserved;
+};
+static_assert(sizeof(PageEntry) == 40, "page metadata budget");
+
+struct ObjectNode {
+  uint64_t pool_key = 0;  // the pool's global key (0: node is free)
+  ObjectId oid;
+  uint32_t first_page = kNoEntry;
+  uint32_t pages = 0;
+};
+
+class ShardTable {
+ public:
+  explicit ShardTable(MemoryBudget* budget);
+  ~ShardTable();
+  ShardTable(const ShardTable&) = delete;
+  ShardTable& operator=(const ShardTable&) = delete;
+
+  // Entry of (pool, oid, index), or kNoEntry.
+  uint32_t FindPage(uint64_t pool_key, const ObjectId& oid,
+                    PageIndex index) const;
+  // Object node of (pool, oid), or kNoEntry.
+  uint32_t FindObject(uint64_t pool_key, const ObjectId& oid) const;
+
+  // Adds a page that must not exist yet, at the MRU end of its VM's list.
+  // Returns kNoEntry if the metadata it needs does not fit in the budget;
+  // then nothing changed. Removing a page of this shard always makes room.
+  uint32_t InsertPage(uint64_t pool_key, const ObjectId& oid, PageIndex index,
+                      uint16_t vm_slot, StorageKind kind, uint64_t payload);
+  // Unlinks and frees an entry; returns a copy for the caller's bookkeeping.
+  PageEntry RemovePage(uint32_t entry);
+  // Moves an entry to the MRU end of its VM's list.
+  void Touch(uint32_t entry);
+
+  const PageEntry& entry(uint32_t id) const { return Slot(id); }
+  const ObjectNode& object(uint32_t id) const { return objects_[id]; }
+  // Least recently used entry of a VM in this shard, or kNoEntry.
+  uint32_t LruTail(uint16_t vm_slot) const;
+
+  // Entries of every object of `pool_key` (for invalidate-pool). O(objects).
+  std::vector<uint32_t> PagesOfPool(uint64_t pool_key) const;
+  // Entries of one object.
+  std::vector<uint32_t> PagesOfObject(uint32_t object) const;
+
+  uint64_t pages() const { return pages_; }
+  uint64_t metadata_bytes() const;
+
+ private:
+  static constexpr uint32_t kChunkShift = 8;
+  static constexpr uint32_t kChunkEntries = 1u << kChunkShift;
+
+  struct LruList {
+    uint32_t head = kNoEntry;  // most recently used
+    uint32_t tail = kNoEntry;  // least recently used
+  };
+
+  // Lookup keys for the transparent hash sets.
+  struct PageKey {
+    uint32_t object;
+    PageIndex index;
+  };
+  struct ObjectKey {
+    uint64_t pool_key;
+    const ObjectId* oid;
+  };
+  struct PageHash {
+    using is_transparent = void;
+    const ShardTable* table;
+    size_t operator()(uint32_t e) const;
+    size_t operator()(const PageKey& k) const;
+  };
+  struct PageEq {
+    using is_transparent = void;
+    const ShardTable* table;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(uint32_t e, const PageKey& k) const;
+    bool operator()(const PageKey& k, uint32_t e) const {
+      return (*this)(e, k);
+    }
+  };
+  struct ObjectHash {
+    using is_transparent = void;
+    const ShardTable* table;
+    size_t operator()(uint32_t n) const;
+    size_t operator()(const ObjectKey& k) const;
+  };
+  struct ObjectEq {
+    using is_transparent = void;
+    const ShardTable* table;
+    bool operator()(uint32_t a, uint32_t b) const { return a == b; }
+    bool operator()(uint32_t n, const ObjectKey& k) const;
+    bool operator()(const ObjectKey& k, uint32_t n) const {
+      return (*this)(n, k);
+    }
+  };
+
+  PageEntry& Slot(uint32_t id) {
+    return chunks_[id >> kChunkShift][id & (kChunkEntries - 1)];
+  }
+  const PageEntry& Slot(uint32_t id) const {
+    return chunks_[id >> kChunkShift][id & (kChunkEntries - 1)];
+  }
+  uint32_t AllocEntry();
+  uint32_t AllocObject(uint64_t pool_key, const ObjectId& oid);
+  void LruUnlink(PageEntry& e, uint32_t id);
+  void LruPushHead(PageEntry& e, uint32_t id);
+  bool PrepareInsert(uint16_t vm_slot, bool new_object);
+  template <typename Set>
+  static bool ReserveIndex(Set& set, ChargedCapacity& charge, size_t needed);
+  void ReleaseWhileEmpty();
+
+  MemoryBudget* const budget_;
+  std::vector<std::unique_ptr<PageEntry[]>> chunks_;
+  uint32_t free_entry_ = kNoEntry;
+  std::vector<ObjectNode> objects_;
+  std::vector<uint32_t> free_objects_;
+  std::vector<LruList> lru_;  // indexed by VM slot
+  absl::flat_hash_set<uint32_t, PageHash, PageEq> page_index_;
+  absl::flat_hash_set<uint32_t, ObjectHash, ObjectEq> object_index_;
+  uint64_t pages_ = 0;
+  ChargedCapacity chunk_list_charge_;  // chunks_ pointer array
+  ChargedCapacity page_index_charge_;
+  ChargedCapacity object_index_charge_;
+  ChargedCapacity objects_charge_;  // objects_ + free_objects_
+  ChargedCapacity lru_charge_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_SHARD_TABLE_H_

@@ -1,0 +1,84 @@
+// SlabPool: the only place blob memory comes from the OS.
+//
+// One virtual-address reservation (MAP_NORESERVE, so nothing is committed
+// until touched) is cut into fixed 64 KiB slabs. A slab counts against the
+// MemoryBudget from Acquire until it is handed back to the OS with
+// MADV_DONTNEED. Up to kCachedSlabs released slabs are kept (still charged)
+// for the next Acquire, so a store that empties and refills (exclusive gets
+// of everything, then puts) does not fault pages in and out on every slab;
+// TrimCache gives them back when the budget needs the room. Because every slab
+// has the same size, a slab freed by one size class or shard is reusable by any
+// other, which is what keeps fragmentation from pinning memory: an emptied slab
+// is never stranded.
+//
+// Thread-safe. Acquire/Release take a small internal mutex (once per 64 KiB of
+// blobs, not per page).
+#ifndef TMEMD_BACKEND_SLAB_POOL_H_
+#define TMEMD_BACKEND_SLAB_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "backend/charged_capacity.h"
+#include "backend/memory_budget.h"
+#include "backend/mutex.h"
+
+namespace tmem {
+
+inline constexpr size_t kSlabBytes = size_t{64} * 1024;
+
+class SlabPool {
+ public:
+  // Reserves `address_space_bytes` (rounded up to whole slabs) of virtual
+  // memory. Fails with RESOURCE_EXHAUSTED if mmap refuses.
+  static absl::StatusOr<std::unique_ptr<SlabPool>> Create(
+      MemoryBudget* budget, uint64_t address_space_bytes);
+  ~SlabPool();
+  SlabPool(const SlabPool&) = delete;
+  SlabPool& operator=(const SlabPool&) = delete;
+
+  static constexpr uint32_t kNoSlab = UINT32_MAX;
+  static constexpr size_t kCachedSlabs = 8;
+
+  // Returns the index of a slab of kSlabBytes (contents unspecified), charged
+  // to the budget, or kNoSlab when the budget or the reservation is
+  // exhausted.
+  uint32_t Acquire();
+  // Returns a slab (from Acquire): into the cache, else to the OS, uncharged.
+  void Release(uint32_t slab);
+  // Returns every cached slab to the OS and uncharges it.
+  void TrimCache();
+  // Address of a slab; stable for the pool's lifetime. Lock-free.
+  uint8_t* SlabAddress(uint32_t slab) const {
+    return base_ + uint64_t{slab} * kSlabBytes;
+  }
+
+  // Slabs charged to the budget: handed out plus cached.
+  uint64_t slabs_in_use() const;
+  // Slab indexes ever handed out are all below this.
+  uint64_t high_water() const;
+  uint64_t max_slabs() const { return max_slabs_; }
+
+ private:
+  SlabPool(MemoryBudget* budget, uint8_t* base, uint64_t max_slabs);
+  void ReturnToOs(uint32_t slab);
+
+  MemoryBudget* const budget_;
+  uint8_t* const base_;
+  const uint64_t max_slabs_;
+
+  mutable Mutex mu_;
+  uint64_t next_unused_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);    // returned to the OS
+  std::vector<uint32_t> cached_ ABSL_GUARDED_BY(mu_);  // charged, reusable
+  uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;
+  // The free list is metadata too.
+  ChargedCapacity free_list_charge_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_SLAB_POOL_H_

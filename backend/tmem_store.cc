@@ -1,0 +1,956 @@
+#include "backend/tmem_store.h"
+
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "backend/blob_arena.h"
+#include "backend/fair_share.h"
+#include "backend/memory_budget.h"
+#include "backend/mutex.h"
+#include "backend/shard_table.h"
+#include "backend/slab_pool.h"
+
+namespace tmem {
+
+namespace {
+
+// What a put's page became before any lock is taken: compression runs with
+// no lock held so that shards are held only for bookkeeping.
+struct EncodedPage {
+  StorageKind kind = StorageKind::kRaw;
+  uint64_t fill_word = 0;            // kZero / kSameFilled
+  std::span<const uint8_t> bytes;    // kLz4 / kRaw: what goes in the blob
+  bool poorly_compressible = false;  // LZ4 missed the threshold
+};
+
+uint64_t SlotBytesOf(const EncodedPage& p) {
+  return p.bytes.empty() ? 0 : BlobSlotBytes(p.bytes.size());
+}
+
+uint64_t ChargeOf(const PageEntry& e) {
+  if (e.kind == StorageKind::kZero || e.kind == StorageKind::kSameFilled) {
+    return kPageMetadataCharge;
+  }
+  return BlobSlotBytes(BlobRef::Unpack(e.payload).bytes()) +
+         kPageMetadataCharge;
+}
+
+uint64_t StoredBytesOf(const PageEntry& e) {
+  if (e.kind == StorageKind::kZero || e.kind == StorageKind::kSameFilled) {
+    return 0;
+  }
+  return BlobSlotBytes(BlobRef::Unpack(e.payload).bytes());
+}
+
+Counter PutCounterFor(StorageKind kind) {
+  switch (kind) {
+    case StorageKind::kZero:
+      return Counter::kPutsZero;
+    case StorageKind::kSameFilled:
+      return Counter::kPutsSameFilled;
+    case StorageKind::kLz4:
+      return Counter::kPutsCompressed;
+    case StorageKind::kRaw:
+      return Counter::kPutsRaw;
+  }
+  return Counter::kPutsRaw;
+}
+
+uint64_t PhysicalMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page_size <= 0) return uint64_t{16} << 30;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
+}
+
+}  // namespace
+
+class TmemStore::Impl {
+ public:
+  struct Pool {
+    bool shared = false;
+    PoolUuid uuid;
+    CounterSet counters;
+    int members = 0;  // shared pools: VMs that hold it (registry_mu_)
+    // Pages are keyed by the pool's address: all of a pool's pages are
+    // removed before it is freed, so a reused address never meets a stale
+    // page.
+    uint64_t key() const { return reinterpret_cast<uint64_t>(this); }
+  };
+
+  struct Vm {
+    VmId id = 0;
+    uint16_t slot = 0;
+    std::string name;
+    // Shared by page ops, exclusive for pool ops and ForgetVm, so a page op
+    // never races with its own pool table changing or the VM going away.
+    mutable SharedMutex op_mu;
+    bool gone ABSL_GUARDED_BY(op_mu) = false;
+    std::vector<Pool*> pools ABSL_GUARDED_BY(op_mu);  // index = PoolId
+    // Policy is read on every put without a lock.
+    std::atomic<uint64_t> quota{kUnlimitedQuota};
+    std::atomic<uint32_t> weight{100};
+    std::atomic<bool> enabled{true};
+    std::atomic<bool> frozen{false};
+    std::atomic<uint32_t> evict_cursor{0};
+    CounterSet counters;
+
+    uint64_t charged() const { return counters.Get(Counter::kChargedBytes); }
+  };
+
+  struct Shard {
+    explicit Shard(MemoryBudget* budget) : table(budget) {}
+    Mutex mu;
+    ShardTable table ABSL_GUARDED_BY(mu);
+  };
+
+  Impl(const StoreOptions& options, std::unique_ptr<SlabPool> slabs,
+       std::unique_ptr<MemoryBudget> budget)
+      : options_(options),
+        clock_(options.clock != nullptr ? options.clock
+                                        : SteadyClock::Default()),
+        start_nanos_(clock_->NowNanos()),
+        budget_(std::move(budget)),
+        slabs_(std::move(slabs)),
+        arena_(slabs_.get(), budget_.get()) {
+    shards_.reserve(options.num_shards);
+    for (int i = 0; i < options.num_shards; ++i) {
+      shards_.push_back(std::make_unique<Shard>(budget_.get()));
+    }
+    for (auto& s : slots_) s.store(nullptr, std::memory_order_relaxed);
+  }
+
+  ~Impl() {
+    // Shards release their slabs and tables into the budget; then the pools
+    // and VMs go. Order matters only for the budget's arithmetic.
+    shards_.clear();
+  }
+
+  // ---------------------------------------------------------------- VMs
+  absl::StatusOr<VmId> AddVm(const std::string& name, const VmPolicy& policy) {
+    if (name.empty()) return absl::InvalidArgumentError("VM name is empty");
+    MutexLock lock(&registry_mu_);
+    if (by_name_.contains(name)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("a VM named '", name, "' is already registered"));
+    }
+    int slot = -1;
+    for (int i = 0; i < kMaxVms; ++i) {
+      if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
+        slot = i;
+        break;
+      }
+    }
+    if (slot < 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("too many VMs (", kMaxVms, "); forget one first"));
+    }
+    auto vm = std::make_unique<Vm>();
+    vm->slot = static_cast<uint16_t>(slot);
+    vm->id = (static_cast<VmId>(++generations_[slot]) << 16) |
+             static_cast<VmId>(slot);
+    vm->name = name;
+    ApplyPolicy(*vm, policy);
+    Vm* raw = vm.get();
+    all_vms_.push_back(std::move(vm));
+    by_name_[name] = raw;
+    slots_[slot].store(raw, std::memory_order_release);
+    int high = max_slot_.load(std::memory_order_relaxed);
+    while (slot > high && !max_slot_.compare_exchange_weak(
+                              high, slot, std::memory_order_relaxed)) {
+    }
+    return raw->id;
+  }
+
+  absl::StatusOr<VmId> FindVm(const std::string& name) const {
+    MutexLock lock(&registry_mu_);
+    auto it = by_name_.find(name);
+    if (it == by_name_.end()) {
+      return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+    }
+    return it->second->id;
+  }
+
+  std::vector<VmId> ListVms() const {
+    MutexLock lock(&registry_mu_);
+    std::vector<VmId> out;
+    for (const auto& [name, vm] : by_name_) out.push_back(vm->id);
+    std::sort(out.begin(), out.end(),
+              [](VmId a, VmId b) { return (a & 0xFFFF) < (b & 0xFFFF); });
+    return out;
+  }
+
+  // Vm objects are never freed before the store, so a pointer read from a
+  // slot stays dereferenceable even if the VM is forgotten meanwhile; the id
+  // check (slot + generation) rejects stale handles.
+  absl::StatusOr<Vm*> LookupVm(VmId id) const {
+    const uint32_t slot = id & 0xFFFF;
+    if (slot >= static_cast<uint32_t>(kMaxVms)) return UnknownVm(id);
+    Vm* vm = slots_[slot].load(std::memory_order_acquire);
+    if (vm == nullptr || vm->id != id) return UnknownVm(id);
+    return vm;
+  }
+
+  static absl::Status UnknownVm(VmId id) {
+    return absl::NotFoundError(
+        absl::StrCat("unknown VM id ", id, " (never added, or forgotten)"));
+  }
+
+  static void ApplyPolicy(Vm& vm, const VmPolicy& policy) {
+    vm.quota.store(policy.quota_bytes, std::memory_order_relaxed);
+    vm.weight.store(policy.weight, std::memory_order_relaxed);
+    vm.enabled.store(policy.enabled, std::memory_order_relaxed);
+    vm.frozen.store(policy.frozen, std::memory_order_relaxed);
+  }
+
+  absl::Status SetVmPolicy(VmId id, const VmPolicy& policy) {
+    absl::StatusOr<Vm*> vm = LookupVm(id);
+    if (!vm.ok()) return vm.status();
+    ApplyPolicy(**vm, policy);
+    // A lowered quota holds from now on: evict the VM's oldest pages.
+    while ((*vm)->charged() > policy.quota_bytes) {
+      if (!EvictFromVm(**vm, Counter::kEvictionsQuota)) break;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<VmPolicy> GetVmPolicy(VmId id) const {
+    absl::StatusOr<Vm*> vm = LookupVm(id);
+    if (!vm.ok()) return vm.status();
+    VmPolicy p;
+    p.quota_bytes = (*vm)->quota.load(std::memory_order_relaxed);
+    p.weight = (*vm)->weight.load(std::memory_order_relaxed);
+    p.enabled = (*vm)->enabled.load(std::memory_order_relaxed);
+    p.frozen = (*vm)->frozen.load(std::memory_order_relaxed);
+    return p;
+  }
+
+  absl::Status ForgetVm(VmId id) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    WriterMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    vm.gone = true;
+    // Every page the VM put, in any pool (its LRU lists enumerate them).
+    for (auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      for (uint32_t e = shard->table.LruTail(vm.slot); e != kNoEntry;
+           e = shard->table.LruTail(vm.slot)) {
+        RemoveEntryLocked(*shard, e);
+      }
+    }
+    MutexLock lock(&registry_mu_);
+    for (Pool*& pool : vm.pools) {
+      if (pool != nullptr) ReleasePoolLocked(pool);
+      pool = nullptr;
+    }
+    vm.pools.clear();
+    vm.counters.AccumulateInto(retired_counters_);
+    by_name_.erase(vm.name);
+    slots_[vm.slot].store(nullptr, std::memory_order_release);
+    return absl::OkStatus();
+  }
+
+  void AuthorizeSharedPool(const PoolUuid& uuid, const std::string& vm_name) {
+    MutexLock lock(&registry_mu_);
+    shared_auth_[uuid].insert(vm_name);
+  }
+
+  void RevokeSharedPool(const PoolUuid& uuid, const std::string& vm_name) {
+    MutexLock lock(&registry_mu_);
+    auto it = shared_auth_.find(uuid);
+    if (it == shared_auth_.end()) return;
+    it->second.erase(vm_name);
+    if (it->second.empty()) shared_auth_.erase(it);
+  }
+
+  // -------------------------------------------------------------- pools
+  absl::StatusOr<PoolId> NewPool(VmId id, const PoolUuid* shared) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    WriterMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    PoolId pid = 0;
+    while (pid < static_cast<PoolId>(vm.pools.size()) &&
+           vm.pools[pid] != nullptr) {
+      ++pid;
+    }
+    if (pid >= kMaxPoolsPerVm) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "VM '", vm.name, "' already has ", kMaxPoolsPerVm, " pools"));
+    }
+    Pool* pool;
+    {
+      MutexLock lock(&registry_mu_);
+      if (shared == nullptr) {
+        auto owned = std::make_unique<Pool>();
+        pool = owned.get();
+        pools_[pool] = std::move(owned);
+      } else {
+        auto auth = shared_auth_.find(*shared);
+        if (auth == shared_auth_.end() || !auth->second.contains(vm.name)) {
+          return absl::PermissionDeniedError(absl::StrCat(
+              "VM '", vm.name,
+              "' is not authorized for this shared pool; authorize it first"));
+        }
+        auto it = shared_pools_.find(*shared);
+        if (it != shared_pools_.end()) {
+          pool = it->second;
+        } else {
+          auto owned = std::make_unique<Pool>();
+          pool = owned.get();
+          pool->shared = true;
+          pool->uuid = *shared;
+          pools_[pool] = std::move(owned);
+          shared_pools_[*shared] = pool;
+        }
+        ++pool->members;
+      }
+    }
+    if (pid == static_cast<PoolId>(vm.pools.size()))
+      vm.pools.push_back(nullptr);
+    vm.pools[pid] = pool;
+    return pid;
+  }
+
+  absl::Status DestroyPool(VmId id, PoolId pid) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    WriterMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
+    if (!pool.ok()) return pool.status();
+    vm.pools[pid] = nullptr;
+    MutexLock lock(&registry_mu_);
+    // Counted as invalidated: the guest dropped them, nothing evicted them.
+    vm.counters.Add(Counter::kPagesInvalidated, ReleasePoolLocked(*pool));
+    return absl::OkStatus();
+  }
+
+  // Drops one VM's hold on a pool; frees it (and its pages) on the last.
+  // Returns the pages removed with it.
+  int64_t ReleasePoolLocked(Pool* pool)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_mu_) {
+    if (pool->shared && --pool->members > 0) return 0;
+    const int64_t removed = RemovePoolPages(*pool);
+    if (pool->shared) shared_pools_.erase(pool->uuid);
+    pools_.erase(pool);
+    return removed;
+  }
+
+  static absl::StatusOr<Pool*> PoolOf(const Vm& vm, PoolId pid)
+      ABSL_SHARED_LOCKS_REQUIRED(vm.op_mu) {
+    if (pid < 0 || pid >= static_cast<PoolId>(vm.pools.size()) ||
+        vm.pools[pid] == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("VM '", vm.name, "' has no pool ", pid));
+    }
+    return vm.pools[pid];
+  }
+
+  // -------------------------------------------------------------- pages
+  Shard& ShardFor(const Pool& pool, const ObjectId& oid) {
+    const size_t h =
+        absl::Hash<std::pair<uint64_t, ObjectId>>{}({pool.key(), oid});
+    return *shards_[h % shards_.size()];
+  }
+
+  // Removes an entry and settles every account it touched: blob, owner VM's
+  // gauges, pool gauges. Callers count why (eviction, invalidate, ...).
+  // Returns the pool the page belonged to.
+  // With `keep_blob`, the caller takes over the blob and frees it later.
+  Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    // NOLINTNEXTLINE(performance-no-int-to-ptr): pool keys are Pool addresses.
+    Pool& pool = *reinterpret_cast<Pool*>(
+        shard.table.object(shard.table.entry(e).object).pool_key);
+    const PageEntry removed = shard.table.RemovePage(e);
+    if (!keep_blob && (removed.kind == StorageKind::kLz4 ||
+                       removed.kind == StorageKind::kRaw)) {
+      arena_.Free(BlobRef::Unpack(removed.payload));
+    }
+    const auto charge = static_cast<int64_t>(ChargeOf(removed));
+    const auto stored = static_cast<int64_t>(StoredBytesOf(removed));
+    Vm* owner = slots_[removed.vm_slot].load(std::memory_order_acquire);
+    if (owner != nullptr) {
+      owner->counters.Add(Counter::kPagesHeld, -1);
+      owner->counters.Add(Counter::kChargedBytes, -charge);
+      owner->counters.Add(Counter::kStoredBytes, -stored);
+    }
+    pool.counters.Add(Counter::kPagesHeld, -1);
+    pool.counters.Add(Counter::kChargedBytes, -charge);
+    pool.counters.Add(Counter::kStoredBytes, -stored);
+    return pool;
+  }
+
+  void RemoveKeyLocked(Shard& shard, Pool& pool, const ObjectId& oid,
+                       PageIndex index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
+    if (e == kNoEntry) return;
+    RemoveEntryLocked(shard, e);
+  }
+
+  int64_t RemovePoolPages(Pool& pool) {
+    int64_t removed = 0;
+    for (auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      for (uint32_t e : shard->table.PagesOfPool(pool.key())) {
+        RemoveEntryLocked(*shard, e);
+        ++removed;
+      }
+    }
+    return removed;
+  }
+
+  EncodedPage Encode(ConstPage page, PutMode mode,
+                     std::span<uint8_t> scratch) const {
+    EncodedPage out;
+    if (DetectSameFilled(page, &out.fill_word)) {
+      out.kind =
+          out.fill_word == 0 ? StorageKind::kZero : StorageKind::kSameFilled;
+      return out;
+    }
+    if (mode == PutMode::kCompress) {
+      const size_t n = CompressPage(page, scratch);
+      if (n > 0 && n <= options_.poor_compression_threshold_bytes) {
+        out.kind = StorageKind::kLz4;
+        out.bytes = scratch.first(n);
+        return out;
+      }
+      out.poorly_compressible = true;
+    }
+    out.kind = StorageKind::kRaw;
+    out.bytes = page;
+    return out;
+  }
+
+  absl::StatusOr<PutResult> Put(VmId id, PoolId pid, const ObjectId& oid,
+                                PageIndex index, ConstPage page, PutMode mode) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+
+    // Compression first, with no lock held (the lookup above is lock-free).
+    thread_local std::array<uint8_t, kMaxCompressedPage> scratch;
+    const EncodedPage enc =
+        mode == PutMode::kDrop ? EncodedPage{} : Encode(page, mode, scratch);
+
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
+    if (!found_pool.ok()) return found_pool.status();
+    Pool& pool = **found_pool;
+    Shard& shard = ShardFor(pool, oid);
+
+    PutResult result;
+    // A refused put still removes the key's earlier page: the guest's copy
+    // changed, so the old bytes must never come back.
+    auto refuse = [&](RefuseReason reason) {
+      {
+        MutexLock lock(&shard.mu);
+        RemoveKeyLocked(shard, pool, oid, index);
+      }
+      vm.counters.Inc(RefusedCounter(reason));
+      pool.counters.Inc(RefusedCounter(reason));
+      result.stored = false;
+      result.reason = reason;
+      return result;
+    };
+
+    if (mode == PutMode::kDrop || !vm.enabled.load(std::memory_order_relaxed) ||
+        vm.frozen.load(std::memory_order_relaxed)) {
+      return refuse(RefuseReason::kPolicy);
+    }
+    if (enc.poorly_compressible &&
+        options_.poor_compression_action == PoorCompressionAction::kRefuse) {
+      return refuse(RefuseReason::kPoorCompression);
+    }
+    const uint64_t charge = SlotBytesOf(enc) + kPageMetadataCharge;
+    if (charge > vm.quota.load(std::memory_order_relaxed)) {
+      return refuse(RefuseReason::kQuota);
+    }
+
+    for (;;) {
+      // Reserve the charge against the quota first: add then check keeps
+      // concurrent puts of one VM from overshooting together.
+      const uint64_t quota = vm.quota.load(std::memory_order_relaxed);
+      vm.counters.Add(Counter::kChargedBytes, static_cast<int64_t>(charge));
+      if (vm.charged() > quota) {
+        vm.counters.Add(Counter::kChargedBytes, -static_cast<int64_t>(charge));
+        if (result.evicted >=
+                static_cast<uint32_t>(options_.max_evictions_per_put) ||
+            !EvictFromVm(vm, Counter::kEvictionsQuota)) {
+          return refuse(RefuseReason::kQuota);
+        }
+        ++result.evicted;
+        continue;
+      }
+      // The blob is allocated and filled before the shard lock, which then
+      // covers only the table update.
+      uint64_t payload = enc.fill_word;
+      std::optional<BlobRef> blob;
+      bool stored = false;
+      if (!enc.bytes.empty()) {
+        blob = arena_.Store(enc.bytes);
+        if (blob) payload = blob->Pack();
+      }
+      if (enc.bytes.empty() || blob) {
+        MutexLock lock(&shard.mu);
+        RemoveKeyLocked(shard, pool, oid, index);
+        // The table may need metadata memory (an entry chunk, an index
+        // doubling). Pages removed from this same shard give their entries
+        // back here, so evict locally before giving up.
+        for (;;) {
+          stored = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
+                                          enc.kind, payload) != kNoEntry;
+          if (stored ||
+              result.evicted >=
+                  static_cast<uint32_t>(options_.max_evictions_per_put) ||
+              !EvictInShardLocked(shard)) {
+            break;
+          }
+          ++result.evicted;
+        }
+        if (stored) {
+          // Gauges move under the shard lock so that a concurrent removal
+          // of this page never sees them before the insert.
+          const auto stored_bytes = static_cast<int64_t>(SlotBytesOf(enc));
+          vm.counters.Inc(PutCounterFor(enc.kind));
+          vm.counters.Inc(Counter::kPagesHeld);
+          vm.counters.Add(Counter::kStoredBytes, stored_bytes);
+          pool.counters.Inc(PutCounterFor(enc.kind));
+          pool.counters.Inc(Counter::kPagesHeld);
+          pool.counters.Add(Counter::kStoredBytes, stored_bytes);
+          pool.counters.Add(Counter::kChargedBytes,
+                            static_cast<int64_t>(charge));
+        }
+      }
+      if (stored) break;
+      if (blob) arena_.Free(*blob);
+      vm.counters.Add(Counter::kChargedBytes, -static_cast<int64_t>(charge));
+      if (result.evicted >=
+              static_cast<uint32_t>(options_.max_evictions_per_put) ||
+          !EvictForHost()) {
+        return refuse(RefuseReason::kNoMemory);
+      }
+      ++result.evicted;
+    }
+    // Index growth is charged after the fact; give it back at once so the
+    // cap is exceeded only for the duration of this put.
+    if (budget_->OverCap()) slabs_->TrimCache();
+    while (budget_->OverCap() &&
+           result.evicted <
+               static_cast<uint32_t>(options_.max_evictions_per_put) &&
+           EvictForHost()) {
+      ++result.evicted;
+    }
+    result.stored = true;
+    result.kind = enc.kind;
+    return result;
+  }
+
+  absl::StatusOr<bool> Get(VmId id, PoolId pid, const ObjectId& oid,
+                           PageIndex index, MutablePage out) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
+    if (!found_pool.ok()) return found_pool.status();
+    Pool& pool = **found_pool;
+    Shard& shard = ShardFor(pool, oid);
+    bool hit = false;
+    bool corrupt = false;
+    std::optional<PageEntry> taken;  // a private page this get removed
+    {
+      MutexLock lock(&shard.mu);
+      const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
+      if (e != kNoEntry) {
+        hit = true;
+        if (!pool.shared) {
+          // Private pools are exclusive: the guest now holds the only copy.
+          // The entry goes now; its blob is decoded after the lock drops.
+          taken = shard.table.entry(e);
+          RemoveEntryLocked(shard, e, /*keep_blob=*/true);
+        } else {
+          // Shared pages stay, so another VM may free the blob once the
+          // lock drops: decode under the lock.
+          shard.table.Touch(e);
+          corrupt = !DecodeEntry(shard.table.entry(e), out);
+          if (corrupt) RemoveEntryLocked(shard, e);
+        }
+      }
+    }
+    if (taken) {
+      corrupt = !DecodeEntry(*taken, out);
+      if (taken->kind == StorageKind::kLz4 ||
+          taken->kind == StorageKind::kRaw) {
+        arena_.Free(BlobRef::Unpack(taken->payload));
+      }
+    }
+    if (corrupt) hit = false;
+    const Counter c = hit ? Counter::kGetsHit : Counter::kGetsMiss;
+    vm.counters.Inc(c);
+    pool.counters.Inc(c);
+    if (corrupt) {
+      return absl::DataLossError(
+          "stored LZ4 block failed to decompress; page dropped");
+    }
+    return hit;
+  }
+
+  // Fills `out` from an entry whose blob is live. False on a corrupt block
+  // (which only memory corruption could produce).
+  bool DecodeEntry(const PageEntry& entry, MutablePage out) const {
+    switch (entry.kind) {
+      case StorageKind::kZero:
+      case StorageKind::kSameFilled:
+        FillPage(entry.payload, out);
+        return true;
+      case StorageKind::kRaw: {
+        const auto bytes = arena_.Read(BlobRef::Unpack(entry.payload));
+        std::copy(bytes.begin(), bytes.end(), out.begin());
+        return true;
+      }
+      case StorageKind::kLz4:
+        return DecompressPage(arena_.Read(BlobRef::Unpack(entry.payload)), out);
+    }
+    return false;
+  }
+
+  template <typename Fn>
+  absl::Status WithPool(VmId id, PoolId pid, Fn fn) {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
+    if (!pool.ok()) return pool.status();
+    fn(vm, **pool);
+    return absl::OkStatus();
+  }
+
+  absl::Status InvalidatePage(VmId id, PoolId pid, const ObjectId& oid,
+                              PageIndex index) {
+    return WithPool(id, pid, [&](Vm& vm, Pool& pool) {
+      Shard& shard = ShardFor(pool, oid);
+      {
+        MutexLock lock(&shard.mu);
+        const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
+        if (e != kNoEntry) {
+          RemoveEntryLocked(shard, e);
+          vm.counters.Inc(Counter::kPagesInvalidated);
+          pool.counters.Inc(Counter::kPagesInvalidated);
+        }
+      }
+      vm.counters.Inc(Counter::kInvalidatePage);
+      pool.counters.Inc(Counter::kInvalidatePage);
+    });
+  }
+
+  absl::Status InvalidateObject(VmId id, PoolId pid, const ObjectId& oid) {
+    return WithPool(id, pid, [&](Vm& vm, Pool& pool) {
+      Shard& shard = ShardFor(pool, oid);
+      int64_t removed = 0;
+      {
+        MutexLock lock(&shard.mu);
+        const uint32_t object = shard.table.FindObject(pool.key(), oid);
+        if (object != kNoEntry) {
+          for (uint32_t e : shard.table.PagesOfObject(object)) {
+            RemoveEntryLocked(shard, e);
+            ++removed;
+          }
+        }
+      }
+      vm.counters.Add(Counter::kPagesInvalidated, removed);
+      pool.counters.Add(Counter::kPagesInvalidated, removed);
+      vm.counters.Inc(Counter::kInvalidateObject);
+      pool.counters.Inc(Counter::kInvalidateObject);
+    });
+  }
+
+  absl::Status InvalidatePool(VmId id, PoolId pid) {
+    return WithPool(id, pid, [&](Vm& vm, Pool& pool) {
+      const int64_t removed = RemovePoolPages(pool);
+      vm.counters.Add(Counter::kPagesInvalidated, removed);
+      pool.counters.Add(Counter::kPagesInvalidated, removed);
+      vm.counters.Inc(Counter::kInvalidatePool);
+      pool.counters.Inc(Counter::kInvalidatePool);
+    });
+  }
+
+  // ----------------------------------------------------------- eviction
+  // Evicts the least recently used page of `vm` from the next shard (round
+  // robin) that holds one. Takes one shard lock at a time.
+  bool EvictFromVm(Vm& vm, Counter reason) {
+    const auto n = static_cast<uint32_t>(shards_.size());
+    const uint32_t start =
+        vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
+    for (uint32_t i = 0; i < n; ++i) {
+      Shard& shard = *shards_[(start + i) % n];
+      MutexLock lock(&shard.mu);
+      const uint32_t e = shard.table.LruTail(vm.slot);
+      if (e == kNoEntry) continue;
+      Pool& pool = RemoveEntryLocked(shard, e);
+      vm.counters.Inc(reason);
+      pool.counters.Inc(reason);
+      return true;
+    }
+    return false;
+  }
+
+  // Share inputs of every live VM, for victim choice.
+  void CollectShares(std::vector<Vm*>& vms, std::vector<ShareInput>& inputs) {
+    const int high = max_slot_.load(std::memory_order_relaxed);
+    vms.reserve(high + 1);
+    inputs.reserve(high + 1);
+    for (int i = 0; i <= high; ++i) {
+      Vm* vm = slots_[i].load(std::memory_order_acquire);
+      if (vm == nullptr) continue;
+      vms.push_back(vm);
+      inputs.push_back(
+          {vm->charged(), vm->weight.load(std::memory_order_relaxed)});
+    }
+  }
+
+  // Evicts, from this shard, the LRU page of the VM furthest over its share
+  // among those holding pages here. Used when the shard itself needs an
+  // entry: only a page of this shard frees one.
+  bool EvictInShardLocked(Shard& shard)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    std::vector<Vm*> vms;
+    std::vector<ShareInput> inputs;
+    CollectShares(vms, inputs);
+    for (size_t i = 0; i < vms.size(); ++i) {
+      if (shard.table.LruTail(vms[i]->slot) == kNoEntry) {
+        inputs[i].charged_bytes = 0;
+      }
+    }
+    const int victim = PickEvictionVictim(inputs);
+    if (victim < 0) return false;
+    Vm& vm = *vms[victim];
+    Pool& pool = RemoveEntryLocked(shard, shard.table.LruTail(vm.slot));
+    vm.counters.Inc(Counter::kEvictionsHostCap);
+    pool.counters.Inc(Counter::kEvictionsHostCap);
+    return true;
+  }
+
+  // Evicts one page from the VM furthest over its weighted fair share.
+  bool EvictForHost() {
+    std::vector<Vm*> vms;
+    std::vector<ShareInput> inputs;
+    CollectShares(vms, inputs);
+    // A VM whose charge is only an in-flight reservation has nothing to
+    // evict; skip it and try the next furthest over.
+    for (size_t tries = 0; tries < vms.size(); ++tries) {
+      const int victim = PickEvictionVictim(inputs);
+      if (victim < 0) return false;
+      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap)) return true;
+      inputs[victim].charged_bytes = 0;
+    }
+    return false;
+  }
+
+  // --------------------------------------------------------------- host
+  absl::Status SetMemoryCap(uint64_t cap) {
+    const uint64_t limit = slabs_->max_slabs() * kSlabBytes;
+    if (cap > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "memory cap ", cap,
+          " bytes exceeds the address space reserved at "
+          "start (",
+          limit, " bytes); restart with a larger address_space_bytes"));
+    }
+    budget_->set_cap(cap);
+    slabs_->TrimCache();
+    while (budget_->OverCap() && EvictForHost()) {
+    }
+    return absl::OkStatus();
+  }
+
+  HostStats GetHostStats() const {
+    HostStats s;
+    s.memory_cap_bytes = budget_->cap();
+    s.memory_used_bytes = budget_->used();
+    s.slab_bytes = slabs_->slabs_in_use() * kSlabBytes;
+    s.metadata_bytes =
+        s.memory_used_bytes - std::min(s.memory_used_bytes, s.slab_bytes);
+    s.blob_slot_bytes = arena_.slot_bytes_in_use();
+    s.uptime_nanos = clock_->NowNanos() - start_nanos_;
+    MutexLock lock(&registry_mu_);
+    s.counters = retired_counters_;
+    for (const auto& [name, vm] : by_name_)
+      vm->counters.AccumulateInto(s.counters);
+    s.vms = by_name_.size();
+    return s;
+  }
+
+  absl::StatusOr<VmStats> GetVmStats(VmId id) const {
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    VmStats s;
+    s.id = vm.id;
+    s.name = vm.name;
+    s.policy.quota_bytes = vm.quota.load(std::memory_order_relaxed);
+    s.policy.weight = vm.weight.load(std::memory_order_relaxed);
+    s.policy.enabled = vm.enabled.load(std::memory_order_relaxed);
+    s.policy.frozen = vm.frozen.load(std::memory_order_relaxed);
+    s.counters = vm.counters.Snapshot();
+    for (PoolId pid = 0; pid < static_cast<PoolId>(vm.pools.size()); ++pid) {
+      const Pool* pool = vm.pools[pid];
+      if (pool == nullptr) continue;
+      PoolStats p;
+      p.id = pid;
+      p.shared = pool->shared;
+      p.uuid = pool->uuid;
+      p.counters = pool->counters.Snapshot();
+      s.pools.push_back(p);
+    }
+    return s;
+  }
+
+  MemoryBudget& budget() { return *budget_; }
+
+ private:
+  const StoreOptions options_;
+  const Clock* const clock_;
+  const int64_t start_nanos_;
+  // Declared before the shards: they release into it when destroyed.
+  std::unique_ptr<MemoryBudget> budget_;
+  std::unique_ptr<SlabPool> slabs_;
+  BlobArena arena_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+
+  std::array<std::atomic<Vm*>, kMaxVms> slots_;
+  std::atomic<int> max_slot_{-1};
+
+  mutable Mutex registry_mu_;
+  std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(registry_mu_){};
+  // Owns every VM ever added; see LookupVm for why none is freed early.
+  std::vector<std::unique_ptr<Vm>> all_vms_ ABSL_GUARDED_BY(registry_mu_);
+  absl::flat_hash_map<std::string, Vm*> by_name_ ABSL_GUARDED_BY(registry_mu_);
+  absl::flat_hash_map<Pool*, std::unique_ptr<Pool>> pools_
+      ABSL_GUARDED_BY(registry_mu_);
+  absl::flat_hash_map<PoolUuid, Pool*> shared_pools_
+      ABSL_GUARDED_BY(registry_mu_);
+  absl::flat_hash_map<PoolUuid, absl::flat_hash_set<std::string>> shared_auth_
+      ABSL_GUARDED_BY(registry_mu_);
+  CounterValues retired_counters_ ABSL_GUARDED_BY(registry_mu_){};
+};
+
+// ------------------------------------------------------------------ facade
+
+absl::StatusOr<std::unique_ptr<TmemStore>> TmemStore::Create(
+    StoreOptions options) {
+  if (options.num_shards < 1 || options.num_shards > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_shards must be 1..4096, got ", options.num_shards));
+  }
+  if (options.poor_compression_threshold_bytes == 0 ||
+      options.poor_compression_threshold_bytes > kPageSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("poor_compression_threshold_bytes must be 1..4096, got ",
+                     options.poor_compression_threshold_bytes));
+  }
+  if (options.max_evictions_per_put < 1) {
+    return absl::InvalidArgumentError(
+        "max_evictions_per_put must be at least 1");
+  }
+  if (options.address_space_bytes == 0) {
+    options.address_space_bytes =
+        std::max(PhysicalMemoryBytes(), options.memory_cap_bytes);
+  }
+  if (options.memory_cap_bytes > options.address_space_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "memory_cap_bytes (", options.memory_cap_bytes,
+        ") exceeds address_space_bytes (", options.address_space_bytes, ")"));
+  }
+  auto budget = std::make_unique<MemoryBudget>(options.memory_cap_bytes);
+  absl::StatusOr<std::unique_ptr<SlabPool>> slabs =
+      SlabPool::Create(budget.get(), options.address_space_bytes);
+  if (!slabs.ok()) return slabs.status();
+  std::unique_ptr<TmemStore> store(new TmemStore(options));
+  store->impl_ =
+      std::make_unique<Impl>(options, std::move(*slabs), std::move(budget));
+  return store;
+}
+
+TmemStore::TmemStore(const StoreOptions& options) : options_(options) {}
+TmemStore::~TmemStore() = default;
+
+absl::StatusOr<VmId> TmemStore::AddVm(const std::string& name,
+                                      const VmPolicy& policy) {
+  return impl_->AddVm(name, policy);
+}
+absl::StatusOr<VmId> TmemStore::FindVm(const std::string& name) const {
+  return impl_->FindVm(name);
+}
+std::vector<VmId> TmemStore::ListVms() const { return impl_->ListVms(); }
+absl::Status TmemStore::SetVmPolicy(VmId vm, const VmPolicy& policy) {
+  return impl_->SetVmPolicy(vm, policy);
+}
+absl::StatusOr<VmPolicy> TmemStore::GetVmPolicy(VmId vm) const {
+  return impl_->GetVmPolicy(vm);
+}
+absl::Status TmemStore::ForgetVm(VmId vm) { return impl_->ForgetVm(vm); }
+void TmemStore::AuthorizeSharedPool(const PoolUuid& uuid,
+                                    const std::string& vm_name) {
+  impl_->AuthorizeSharedPool(uuid, vm_name);
+}
+void TmemStore::RevokeSharedPool(const PoolUuid& uuid,
+                                 const std::string& vm_name) {
+  impl_->RevokeSharedPool(uuid, vm_name);
+}
+absl::StatusOr<PoolId> TmemStore::NewPool(VmId vm, const PoolUuid* shared) {
+  return impl_->NewPool(vm, shared);
+}
+absl::Status TmemStore::DestroyPool(VmId vm, PoolId pool) {
+  return impl_->DestroyPool(vm, pool);
+}
+absl::StatusOr<PutResult> TmemStore::Put(VmId vm, PoolId pool,
+                                         const ObjectId& oid, PageIndex index,
+                                         ConstPage page, PutMode mode) {
+  return impl_->Put(vm, pool, oid, index, page, mode);
+}
+absl::StatusOr<bool> TmemStore::Get(VmId vm, PoolId pool, const ObjectId& oid,
+                                    PageIndex index, MutablePage out) {
+  return impl_->Get(vm, pool, oid, index, out);
+}
+absl::Status TmemStore::InvalidatePage(VmId vm, PoolId pool,
+                                       const ObjectId& oid, PageIndex index) {
+  return impl_->InvalidatePage(vm, pool, oid, index);
+}
+absl::Status TmemStore::InvalidateObject(VmId vm, PoolId pool,
+                                         const ObjectId& oid) {
+  return impl_->InvalidateObject(vm, pool, oid);
+}
+absl::Status TmemStore::InvalidatePool(VmId vm, PoolId pool) {
+  return impl_->InvalidatePool(vm, pool);
+}
+absl::Status TmemStore::SetMemoryCap(uint64_t cap_bytes) {
+  return impl_->SetMemoryCap(cap_bytes);
+}
+HostStats TmemStore::GetHostStats() const { return impl_->GetHostStats(); }
+absl::StatusOr<VmStats> TmemStore::GetVmStats(VmId vm) const {
+  return impl_->GetVmStats(vm);
+}
+
+}  // namespace tmem

@@ -1,0 +1,194 @@
+// TmemStore: the host-side transcendent-memory store. No I/O.
+//
+// Semantics (cleancache's, Linux 5.10):
+//  * A VM registers, then creates pools: private, or shared by filesystem UUID
+//    among VMs the operator authorized for that UUID.
+//  * Put stores a 4096-byte page under (pool, object, index), replacing any
+//    earlier page of that key. A put that is refused for any reason still
+//    removes the earlier page, so a later get can never return stale bytes.
+//  * Get copies the page out. In a private pool a hit is exclusive (the page
+//    is removed); in a shared pool it stays.
+//  * Invalidate page/object/pool remove pages; DestroyPool removes the pool
+//    (a shared pool's pages go when its last member leaves); ForgetVm removes
+//    the VM, its pools and every page it put anywhere.
+//  * Coherency: every op on a key is linearizable; a get returns a miss or the
+//    bytes of the latest put of that key, honouring every earlier invalidate.
+//  * Ephemeral: any page may disappear at any time (eviction).
+//
+// Memory: every byte taken from the OS (blob slabs and their descriptors,
+// page entries, hash indexes, object tables, free lists) is charged to one
+// budget whose limit is the host cap, and charged before it is taken: a
+// container grows only after the budget accepted its new size (while its old
+// size is still charged, so the moment of a resize, when both exist, is
+// covered). So the cap holds at every moment with zero slack for what the
+// store allocates. Not counted: the allocator's own per-allocation headers
+// (a few dozen allocations per shard, not per page), the fixed per-VM and
+// per-pool descriptors, and the blob arena's 64 size-class heads. Lowering
+// the cap below what is held evicts back under it. An empty shard returns its
+// entry chunks and tables beyond the first chunk, and up to 8 empty slabs are
+// kept (charged) for reuse.
+//
+// Quotas: a VM is charged, per page, its blob slot bytes plus
+// kPageMetadataCharge. A put that would take the VM over its quota first
+// evicts the VM's own least recently used pages; a page that cannot fit even
+// in an empty quota is refused (quota).
+//
+// Eviction when the host is full: from the VM with the largest
+// charged/weight (furthest over its weighted fair share), least recently used
+// first within a shard, shards taken round robin.
+//
+// Threads: every method is thread-safe. Put/Get/Invalidate* of different VMs
+// run in parallel: they take the VM's op lock shared, then one shard lock.
+// Lock order: VM op lock (shared for page ops, exclusive for pool ops and
+// ForgetVm) -> registry lock -> shard lock -> blob size-class lock -> SlabPool
+// lock. A shard lock is never held while taking another shard lock or any VM
+// op lock; eviction runs with no shard lock held by the evicting thread.
+// Compression and the copy into a blob slot run with no lock held.
+#ifndef TMEMD_BACKEND_TMEM_STORE_H_
+#define TMEMD_BACKEND_TMEM_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backend/clock.h"
+#include "backend/page_codec.h"
+#include "backend/stats.h"
+#include "backend/types.h"
+
+namespace tmem {
+
+// Charged to a VM per stored page on top of its blob: the 40-byte entry plus
+// its share of hash index and object table.
+inline constexpr uint64_t kPageMetadataCharge = 48;
+inline constexpr uint64_t kUnlimitedQuota = UINT64_MAX;
+inline constexpr int kMaxVms = 4096;
+inline constexpr int kMaxPoolsPerVm = 1024;
+
+enum class PoorCompressionAction : uint8_t { kStoreRaw, kRefuse };
+
+struct StoreOptions {
+  uint64_t memory_cap_bytes = uint64_t{1} << 30;
+  // Virtual address space reserved for blobs; bounds later cap raises.
+  // 0: the machine's physical memory.
+  uint64_t address_space_bytes = 0;
+  int num_shards = 64;
+  // An LZ4 block larger than this is "poorly compressible" (zswap's idea of
+  // a page not worth compressing). 3584 = 7/8 of a page.
+  size_t poor_compression_threshold_bytes = 3584;
+  PoorCompressionAction poor_compression_action =
+      PoorCompressionAction::kStoreRaw;
+  // Upper bound on pages a single put evicts before it gives up (no memory).
+  int max_evictions_per_put = 256;
+  const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
+};
+
+struct VmPolicy {
+  uint64_t quota_bytes = kUnlimitedQuota;
+  uint32_t weight = 100;
+  bool enabled = true;  // false: puts refused (policy); gets still served
+  bool frozen = false;  // like Xen's tmem-freeze: puts refused, gets served
+};
+
+// A VM's handle: slot and generation, so a stale id never reaches a new VM.
+using VmId = uint32_t;
+
+struct PutResult {
+  bool stored = false;
+  StorageKind kind = StorageKind::kRaw;         // valid when stored
+  RefuseReason reason = RefuseReason::kPolicy;  // valid when !stored
+  uint32_t evicted = 0;  // pages this put evicted (any VM)
+};
+
+struct PoolStats {
+  PoolId id = -1;
+  bool shared = false;
+  PoolUuid uuid;
+  CounterValues counters{};
+};
+
+struct VmStats {
+  VmId id = 0;
+  std::string name;
+  VmPolicy policy;
+  CounterValues counters{};
+  std::vector<PoolStats> pools;
+};
+
+struct HostStats {
+  uint64_t memory_cap_bytes = 0;
+  uint64_t memory_used_bytes = 0;  // everything charged to the budget
+  uint64_t slab_bytes = 0;         // of which: blob slabs
+  uint64_t metadata_bytes = 0;     // of which: entries, indexes, tables
+  uint64_t blob_slot_bytes = 0;    // slot bytes of live blobs (<= slab_bytes;
+                                   // the gap is slab fragmentation)
+  uint64_t vms = 0;
+  int64_t uptime_nanos = 0;
+  CounterValues counters{};  // sum over VMs, including forgotten ones
+};
+
+class TmemStore {
+ public:
+  static absl::StatusOr<std::unique_ptr<TmemStore>> Create(
+      StoreOptions options);
+  ~TmemStore();
+  TmemStore(const TmemStore&) = delete;
+  TmemStore& operator=(const TmemStore&) = delete;
+
+  // --- VMs -------------------------------------------------------------
+  // ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED past kMaxVms,
+  // INVALID_ARGUMENT for an empty name.
+  absl::StatusOr<VmId> AddVm(const std::string& name, const VmPolicy& policy);
+  absl::StatusOr<VmId> FindVm(const std::string& name) const;
+  std::vector<VmId> ListVms() const;
+  // Takes effect for the next put; a lowered quota evicts at once.
+  absl::Status SetVmPolicy(VmId vm, const VmPolicy& policy);
+  absl::StatusOr<VmPolicy> GetVmPolicy(VmId vm) const;
+  // Drops every page the VM put, its pools and its slot.
+  absl::Status ForgetVm(VmId vm);
+
+  // --- Shared-pool authorization (by VM name, so it outlives VM restarts).
+  void AuthorizeSharedPool(const PoolUuid& uuid, const std::string& vm_name);
+  void RevokeSharedPool(const PoolUuid& uuid, const std::string& vm_name);
+
+  // --- Pools -----------------------------------------------------------
+  // shared == nullptr: a private pool. Otherwise joins (or creates) the
+  // shared pool of that UUID: PERMISSION_DENIED if the VM is not authorized.
+  absl::StatusOr<PoolId> NewPool(VmId vm, const PoolUuid* shared);
+  absl::Status DestroyPool(VmId vm, PoolId pool);
+
+  // --- Pages -----------------------------------------------------------
+  // NOT_FOUND for an unknown VM or pool. A refused put is not an error.
+  absl::StatusOr<PutResult> Put(VmId vm, PoolId pool, const ObjectId& oid,
+                                PageIndex index, ConstPage page,
+                                PutMode mode = PutMode::kCompress);
+  // true: hit, `out` holds the page. false: miss, `out` unspecified.
+  absl::StatusOr<bool> Get(VmId vm, PoolId pool, const ObjectId& oid,
+                           PageIndex index, MutablePage out);
+  absl::Status InvalidatePage(VmId vm, PoolId pool, const ObjectId& oid,
+                              PageIndex index);
+  absl::Status InvalidateObject(VmId vm, PoolId pool, const ObjectId& oid);
+  absl::Status InvalidatePool(VmId vm, PoolId pool);
+
+  // --- Host ------------------------------------------------------------
+  // Raising past the address-space reservation is INVALID_ARGUMENT.
+  // Lowering evicts until the held bytes fit.
+  absl::Status SetMemoryCap(uint64_t cap_bytes);
+  HostStats GetHostStats() const;
+  absl::StatusOr<VmStats> GetVmStats(VmId vm) const;
+  const StoreOptions& options() const { return options_; }
+
+ private:
+  explicit TmemStore(const StoreOptions& options);
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+  StoreOptions options_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_TMEM_STORE_H_

@@ -1,0 +1,86 @@
+// Identity types shared by every part of the tmem store.
+//
+// A tmem key is (VM, pool, object, index): a VM (the tmem "client") owns pools,
+// a pool holds objects named by the 24-byte cleancache filekey, and an object
+// holds pages named by their 64-bit page-cache index. Every stored page is
+// exactly kPageSize bytes.
+#ifndef TMEMD_BACKEND_TYPES_H_
+#define TMEMD_BACKEND_TYPES_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace tmem {
+
+inline constexpr size_t kPageSize = 4096;
+
+// The cleancache filekey: `u32 key[6]` in Linux 5.10 (an exportfs handle or
+// the inode number). Compared bytewise.
+struct ObjectId {
+  std::array<uint32_t, 6> words{};
+
+  friend bool operator==(const ObjectId&, const ObjectId&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const ObjectId& o) {
+    return H::combine_contiguous(std::move(h), o.words.data(), o.words.size());
+  }
+  // Convenience for tests and tools: an object named by an inode number.
+  static ObjectId FromInode(uint64_t ino) {
+    ObjectId o;
+    o.words[0] = static_cast<uint32_t>(ino);
+    o.words[1] = static_cast<uint32_t>(ino >> 32);
+    return o;
+  }
+};
+static_assert(sizeof(ObjectId) == 24);
+
+// A shared pool is named by the filesystem UUID (cleancache init_shared_fs).
+struct PoolUuid {
+  std::array<uint8_t, 16> bytes{};
+  friend bool operator==(const PoolUuid&, const PoolUuid&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const PoolUuid& u) {
+    return H::combine_contiguous(std::move(h), u.bytes.data(), u.bytes.size());
+  }
+};
+
+using PageIndex = uint64_t;
+
+// A VM's name for one of its pools. Pool ids are per VM, small, and reused
+// after DestroyPool, like cleancache's pool ids.
+using PoolId = int32_t;
+
+// How a stored page is held. Recorded per page.
+enum class StorageKind : uint8_t {
+  kZero = 0,        // all bytes zero: metadata only
+  kSameFilled = 1,  // one 64-bit word repeated: metadata only
+  kLz4 = 2,         // LZ4 block in the blob allocator
+  kRaw = 3,         // the 4096 bytes verbatim in the blob allocator
+};
+std::string_view StorageKindName(StorageKind kind);
+
+// Why a put was not stored. One counter per reason.
+enum class RefuseReason : uint8_t {
+  kQuota = 0,  // the page alone would not fit in the VM's quota
+  kPoorCompression =
+      1,          // LZ4 did not reach the threshold and policy refuses raw
+  kNoMemory = 2,  // the host cap could not be met even after eviction
+  kPolicy = 3,    // the caller (valve) or VM state (disabled, frozen) said no
+};
+inline constexpr int kNumRefuseReasons = 4;
+std::string_view RefuseReasonName(RefuseReason reason);
+
+// What the caller asks the store to do with a put's page. The valve decides;
+// the store obeys (zero and same-filled pages are always metadata-only since
+// detecting them costs less than a memcpy).
+enum class PutMode : uint8_t {
+  kCompress = 0,  // try LZ4; poorly compressible pages follow the store policy
+  kRaw = 1,       // skip LZ4, store verbatim (CPU is scarce)
+  kDrop = 2,      // do not store; counted as refused by policy
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_TYPES_H_

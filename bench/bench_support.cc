@@ -1,0 +1,291 @@
+#include "bench/bench_support.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+namespace tmem::bench {
+namespace {
+
+[[noreturn]] void Die(const std::string& what, const absl::Status& status) {
+  std::fprintf(stderr, "bench setup failed: %s: %s\n", what.c_str(),
+               status.ToString().c_str());
+  // Setup runs before any benchmark thread exists.
+  std::exit(2);  // NOLINT(concurrency-mt-unsafe)
+}
+
+std::string Format(const char* fmt, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), fmt, v);
+  return buf;
+}
+
+// Numbers in the table: enough digits to compare, no more.
+std::string Num(double v) {
+  if (v == 0) return "-";
+  if (v >= 1000) return Format("%.0f", v);
+  if (v >= 100) return Format("%.1f", v);
+  if (v >= 10) return Format("%.2f", v);
+  return Format("%.3f", v);
+}
+
+std::string CsvQuote(const std::string& s) {
+  if (s.find_first_of(",\"\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"') out += '"';
+    out += c;
+  }
+  return out + "\"";
+}
+
+std::string MarkdownEscape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '|') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+BenchStore::BenchStore(int num_vms, uint64_t cap_bytes) {
+  StoreOptions options;
+  options.memory_cap_bytes = cap_bytes;
+  // Reserve only what the cap can use: mapping the machine's whole memory
+  // per store would make store creation (once per benchmark) dominate setup.
+  options.address_space_bytes = cap_bytes;
+  absl::StatusOr<std::unique_ptr<TmemStore>> store = TmemStore::Create(options);
+  if (!store.ok()) Die("TmemStore::Create", store.status());
+  store_ = *std::move(store);
+  for (int i = 0; i < num_vms; ++i) {
+    absl::StatusOr<VmId> vm =
+        store_->AddVm("bench-vm-" + std::to_string(i), VmPolicy{});
+    if (!vm.ok()) Die("AddVm", vm.status());
+    absl::StatusOr<PoolId> pool = store_->NewPool(*vm, nullptr);
+    if (!pool.ok()) Die("NewPool", pool.status());
+    vms_.push_back(*vm);
+    pools_.push_back(*pool);
+  }
+}
+
+void AddResidentPopulation(BenchStore& s, int vm, const PageSet& set,
+                           uint64_t pages) {
+  if (set.empty()) return;
+  for (uint64_t k = 0; k < pages; ++k) {
+    s.Put(vm, kResidentKeyBase + k, set[k % set.size()].view());
+  }
+  SplitMix64 rng(0x686f6c6573);  // "holes"
+  for (uint64_t k = 0; k < pages; ++k) {
+    if (rng.Below(2) == 0) continue;
+    const uint64_t key = kResidentKeyBase + k;
+    absl::Status st = s.store().InvalidatePage(s.vm(vm), s.pool(vm),
+                                               KeyObject(key), KeyIndex(key));
+    if (!st.ok()) Die("InvalidatePage", st);
+  }
+}
+
+bool ResultRow::Passed() const {
+  switch (goal) {
+    case Goal::kInfo:
+      return true;
+    case Goal::kAtMost:
+      return value <= target;
+    case Goal::kBelow:
+      return value < target;
+    case Goal::kAtLeast:
+      return value >= target;
+  }
+  return false;
+}
+
+std::string ResultRow::TargetText() const {
+  const std::string t =
+      Num(target) + (value_unit == "x" ? "x" : " " + value_unit);
+  switch (goal) {
+    case Goal::kInfo:
+      return "-";
+    case Goal::kAtMost:
+      return "<= " + t;
+    case Goal::kBelow:
+      return "< " + t;
+    case Goal::kAtLeast:
+      return ">= " + t;
+  }
+  return "?";
+}
+
+std::string ResultRow::Verdict() const {
+  if (!has_target()) return "info";
+  if (inconclusive) return "INCONCLUSIVE";
+  return Passed() ? "PASS" : "FAIL";
+}
+
+int ResultTable::failures() const {
+  int n = 0;
+  for (const ResultRow& r : rows)
+    n += r.has_target() && !r.inconclusive && !r.Passed();
+  return n;
+}
+
+int ResultTable::inconclusive() const {
+  int n = 0;
+  for (const ResultRow& r : rows) n += r.has_target() && r.inconclusive;
+  return n;
+}
+
+namespace {
+
+std::vector<std::vector<std::string>> Cells(const ResultTable& t) {
+  std::vector<std::vector<std::string>> cells;
+  cells.push_back({"measurement", "pages", "measured", "baseline", "unit",
+                   "result", "target", "verdict", "note"});
+  for (const ResultRow& r : t.rows) {
+    const std::string value =
+        Num(r.value) + (r.value_unit == "x" ? "x" : " " + r.value_unit);
+    cells.push_back({r.what, r.pages, Num(r.measured), Num(r.baseline), r.unit,
+                     value, r.TargetText(), r.Verdict(), r.note});
+  }
+  return cells;
+}
+
+}  // namespace
+
+std::string ResultTable::ToText() const {
+  const std::vector<std::vector<std::string>> cells = Cells(*this);
+  // The note column is printed unpadded, last.
+  std::vector<size_t> width(cells[0].size(), 0);
+  for (const auto& row : cells) {
+    for (size_t i = 0; i + 1 < row.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  std::ostringstream out;
+  out << "\n=== " << title << " ===\n";
+  if (!context.empty()) out << context << "\n";
+  for (size_t r = 0; r < cells.size(); ++r) {
+    for (size_t i = 0; i < cells[r].size(); ++i) {
+      out << cells[r][i];
+      if (i + 1 < cells[r].size()) {
+        out << std::string(width[i] - cells[r][i].size() + 2, ' ');
+      }
+    }
+    out << "\n";
+    if (r == 0) {
+      size_t total = 0;
+      for (size_t i = 0; i + 1 < width.size(); ++i) total += width[i] + 2;
+      out << std::string(total + 4, '-') << "\n";
+    }
+  }
+  const int failed = failures();
+  const int unmeasured = inconclusive();
+  int targets = 0;
+  for (const ResultRow& r : rows) targets += r.has_target();
+  out << "\n"
+      << (targets - failed - unmeasured) << " of " << targets << " targets met";
+  if (failed > 0) {
+    out << "; MISSED:";
+    for (const ResultRow& r : rows) {
+      if (r.Verdict() == "FAIL") {
+        out << "\n  - " << r.what << ": " << Num(r.value)
+            << (r.value_unit == "x" ? "x" : " " + r.value_unit) << ", target "
+            << r.TargetText();
+      }
+    }
+  }
+  if (unmeasured > 0) {
+    out << "\nINCONCLUSIVE (not measurable in this run; re-run on a quieter "
+           "machine):";
+    for (const ResultRow& r : rows) {
+      if (r.Verdict() == "INCONCLUSIVE")
+        out << "\n  - " << r.what << ": " << r.note;
+    }
+  }
+  out << "\n";
+  return out.str();
+}
+
+std::string ResultTable::ToMarkdown() const {
+  const std::vector<std::vector<std::string>> cells = Cells(*this);
+  std::ostringstream out;
+  out << "### " << title << "\n\n";
+  if (!context.empty()) out << context << "\n\n";
+  for (size_t r = 0; r < cells.size(); ++r) {
+    out << "|";
+    for (const std::string& c : cells[r]) {
+      const bool verdict =
+          r > 0 && (c == "PASS" || c == "FAIL" || c == "INCONCLUSIVE");
+      out << " " << (verdict ? "**" + c + "**" : MarkdownEscape(c)) << " |";
+    }
+    out << "\n";
+    if (r == 0) {
+      out << "|";
+      for (size_t i = 0; i < cells[r].size(); ++i) {
+        // Numbers right-aligned.
+        out << ((i >= 2 && i <= 3) || i == 5 ? "---:|" : "---|");
+      }
+      out << "\n";
+    }
+  }
+  return out.str();
+}
+
+std::string ResultTable::ToCsv() const {
+  std::ostringstream out;
+  out << "measurement,pages,measured,baseline,unit,value,value_unit,goal,"
+         "target,verdict,note\n";
+  for (const ResultRow& r : rows) {
+    const char* goal = r.goal == Goal::kAtMost    ? "<="
+                       : r.goal == Goal::kBelow   ? "<"
+                       : r.goal == Goal::kAtLeast ? ">="
+                                                  : "";
+    char nums[160];
+    std::snprintf(nums, sizeof(nums), "%.6g,%.6g", r.measured, r.baseline);
+    char value[64];
+    std::snprintf(value, sizeof(value), "%.6g", r.value);
+    char target[64];
+    std::snprintf(target, sizeof(target), "%.6g", r.target);
+    out << CsvQuote(r.what) << "," << CsvQuote(r.pages) << "," << nums << ","
+        << CsvQuote(r.unit) << "," << value << "," << CsvQuote(r.value_unit)
+        << "," << goal << "," << (r.has_target() ? target : "") << ","
+        << r.Verdict() << "," << CsvQuote(r.note) << "\n";
+  }
+  return out.str();
+}
+
+bool WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::trunc);
+  f << text;
+  f.close();
+  if (!f) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return false;
+  }
+  return true;
+}
+
+std::string MachineDescription() {
+  std::string model = "unknown CPU";
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos) model = line.substr(colon + 2);
+      break;
+    }
+  }
+  std::string load = "?";
+  std::ifstream loadavg("/proc/loadavg");
+  loadavg >> load;
+  return model + ", " + std::to_string(std::thread::hardware_concurrency()) +
+         " CPUs, 1-min load average " + load;
+}
+
+}  // namespace tmem::bench

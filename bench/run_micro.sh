@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds the backend micro-benchmark (Release) if needed and runs its summary
+# mode: interleaved measured/baseline rounds, then the results table with
+# targets and PASS/FAIL on stdout. Progress goes to stderr.
+#
+#   bench/run_micro.sh                      summary table (~15-45 s)
+#   bench/run_micro.sh --gbench             full Google Benchmark run (~2 min)
+#                                           followed by a table from it
+#   bench/run_micro.sh --rounds 51          more rounds (any tmem_micro_bench flag)
+#
+# Environment: BUILD_DIR (default build/micro-bench; its own directory so a
+# RelWithDebInfo or sanitizer tree elsewhere is never reconfigured),
+# RESULTS (default $BUILD_DIR/micro_summary; .md and .csv are written).
+# Exit status: that of the build, or of the benchmark (0 even if a target is
+# missed; misses are listed under the table).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+BUILD_DIR="${BUILD_DIR:-$ROOT/build/micro-bench}"
+RESULTS="${RESULTS:-$BUILD_DIR/micro_summary}"
+
+mode=(--summary)
+args=()
+for a in "$@"; do
+  if [[ "$a" == "--gbench" ]]; then
+    mode=()
+  else
+    args+=("$a")
+  fi
+done
+
+log() { echo "run_micro: $*" >&2; }
+
+cache="$BUILD_DIR/CMakeCache.txt"
+if [[ ! -f "$BUILD_DIR/build.ninja" ]] ||
+   ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$cache" ||
+   ! grep -q '^TMEM_BUILD_BENCH:BOOL=ON$' "$cache"; then
+  log "configuring Release in $BUILD_DIR"
+  # Tests are not needed to benchmark, and leaving them out keeps this build
+  # independent of the test tree's state.
+  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DTMEM_BUILD_BENCH=ON -DTMEM_BUILD_TESTS=OFF >&2
+fi
+log "building tmem_micro_bench"
+cmake --build "$BUILD_DIR" --target tmem_micro_bench >&2
+
+log "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs" \
+    "(figures are ratios measured side by side; a busy machine mostly" \
+    "affects the 2-thread row, which says so)"
+log "running ${mode[*]:-Google Benchmark mode}"
+exec "$BUILD_DIR/bench/tmem_micro_bench" "${mode[@]}" \
+  --markdown "$RESULTS.md" --csv "$RESULTS.csv" "${args[@]}"
