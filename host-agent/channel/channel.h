@@ -1,0 +1,72 @@
+// Channel: everything tmemd holds for one VM's data plane.
+//
+// Creating a channel registers the VM in the store, creates its shared
+// region (sealed memfd), and starts listening on its ivshmem socket, in that
+// order, so the socket only accepts once everything behind it exists (QEMU
+// fails to start a VM whose socket is not listening, and never retries).
+// Destroying it closes the socket (unlinking the path) and forgets the VM
+// (its pages go).
+//
+// Not thread-safe: the worker that drives it owns it; metrics() may be read
+// from any thread.
+#ifndef TMEMD_HOST_AGENT_CHANNEL_CHANNEL_H_
+#define TMEMD_HOST_AGENT_CHANNEL_CHANNEL_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "backend/tmem_store.h"
+#include "host-agent/channel/channel_metrics.h"
+#include "host-agent/channel/ivshmem_server.h"
+#include "host-agent/channel/region_layout.h"
+#include "host-agent/channel/ring_consumer.h"
+#include "host-agent/channel/shared_region.h"
+
+namespace tmem {
+
+struct ChannelOptions {
+  std::string vm_name;
+  IvshmemServerOptions server;  // socket path, vectors, mode, owner
+  uint64_t region_bytes = uint64_t{4} << 20;
+  uint32_t ring_entries = 256;
+  VmPolicy policy;
+};
+
+class Channel {
+ public:
+  static absl::StatusOr<std::unique_ptr<Channel>> Create(
+      const ChannelOptions& options, TmemStore* store, uint64_t host_generation,
+      PutAdvisor* advisor = nullptr);
+  ~Channel();
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+
+  const std::string& name() const { return options_.vm_name; }
+  VmId vm() const { return vm_; }
+  SharedRegion& region() { return *region_; }
+  IvshmemServer& server() { return *server_; }
+  RingConsumer& consumer() { return *consumer_; }
+  ChannelMetrics& metrics() { return metrics_; }
+  const ChannelMetrics& metrics() const { return metrics_; }
+
+  // The guest went away (client disconnected): its pool ids die with it,
+  // so drop its pools and reset the region for the next client.
+  void OnGuestDetached();
+
+ private:
+  Channel(ChannelOptions options, TmemStore* store, VmId vm);
+
+  ChannelOptions options_;
+  TmemStore* store_;
+  PutAdvisor* advisor_ = nullptr;
+  VmId vm_;
+  ChannelMetrics metrics_;
+  std::unique_ptr<SharedRegion> region_;
+  std::unique_ptr<IvshmemServer> server_;
+  std::unique_ptr<RingConsumer> consumer_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CHANNEL_CHANNEL_H_

@@ -1,0 +1,53 @@
+#include "host-agent/channel/channel_metrics.h"
+
+namespace tmem {
+
+std::string_view ChannelCounterName(ChannelCounter c) {
+  switch (c) {
+    case ChannelCounter::kClientsAccepted:
+      return "clients_accepted";
+    case ChannelCounter::kClientsRejectedBusy:
+      return "clients_rejected_busy";
+    case ChannelCounter::kHandshakeFailures:
+      return "handshake_failures";
+    case ChannelCounter::kClientDisconnects:
+      return "client_disconnects";
+    case ChannelCounter::kClientGarbage:
+      return "client_garbage";
+    case ChannelCounter::kSqeProcessed:
+      return "sqe_processed";
+    case ChannelCounter::kSqeBadOpcode:
+      return "sqe_bad_opcode";
+    case ChannelCounter::kSqeBadPool:
+      return "sqe_bad_pool";
+    case ChannelCounter::kSqeBadSlot:
+      return "sqe_bad_slot";
+    case ChannelCounter::kSqeBadFlags:
+      return "sqe_bad_flags";
+    case ChannelCounter::kSqeStoreErrors:
+      return "sqe_store_errors";
+    case ChannelCounter::kCqeWritten:
+      return "cqe_written";
+    case ChannelCounter::kPutsDroppedByHost:
+      return "puts_dropped_by_host";
+    case ChannelCounter::kRingCorruptIndex:
+      return "ring_corrupt_index";
+    case ChannelCounter::kChannelResets:
+      return "channel_resets";
+    case ChannelCounter::kGuestRestarts:
+      return "guest_restarts";
+    case ChannelCounter::kFlushBarriers:
+      return "flush_barriers";
+    case ChannelCounter::kDoorbells:
+      return "doorbells";
+    case ChannelCounter::kInterruptsSent:
+      return "interrupts_sent";
+    case ChannelCounter::kPollRounds:
+      return "poll_rounds";
+    case ChannelCounter::kNumCounters:
+      break;
+  }
+  return "unknown";
+}
+
+}  // namespace tmem

@@ -1,0 +1,448 @@
+#include "host-agent/channel/ivshmem_server.h"
+
+#include <endian.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "host-agent/channel/channel_metrics.h"
+
+namespace tmem {
+namespace {
+
+// Peer ids of the ivshmem protocol: tmemd is peer 0 (so a guest doorbell
+// (0 << 16) | v lands on tmemd's eventfd v), the VM is peer 1.
+constexpr int64_t kProtocolVersion = 0;
+constexpr int64_t kServerPeerId = 0;
+constexpr int64_t kClientPeerId = 1;
+constexpr int64_t kShmMessage = -1;
+constexpr int kMaxVectors = 16;
+// QEMU connects once per device; a longer queue would only hold
+// connections that are refused anyway.
+constexpr int kListenBacklog = 4;
+
+// Owns one descriptor until release(); keeps Listen's error paths short.
+class OwnedFd {
+ public:
+  explicit OwnedFd(int fd = -1) : fd_(fd) {}
+  ~OwnedFd() {
+    if (fd_ >= 0) close(fd_);
+  }
+  OwnedFd(OwnedFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  OwnedFd& operator=(OwnedFd&&) = delete;
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+
+ private:
+  int fd_;
+};
+
+// Removes the socket path on scope exit unless dismissed, so a Listen that
+// fails after bind() leaves no file behind.
+class UnlinkOnExit {
+ public:
+  explicit UnlinkOnExit(std::string path) : path_(std::move(path)) {}
+  ~UnlinkOnExit() {
+    if (!path_.empty()) unlink(path_.c_str());
+  }
+  UnlinkOnExit(const UnlinkOnExit&) = delete;
+  UnlinkOnExit& operator=(const UnlinkOnExit&) = delete;
+  void Dismiss() { path_.clear(); }
+
+ private:
+  std::string path_;
+};
+
+// "regular file", "directory", ...: for messages about what is in the way.
+const char* FileTypeName(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG:
+      return "a regular file";
+    case S_IFDIR:
+      return "a directory";
+    case S_IFLNK:
+      return "a symbolic link";
+    case S_IFIFO:
+      return "a FIFO";
+    case S_IFCHR:
+    case S_IFBLK:
+      return "a device node";
+    default:
+      return "not a socket";
+  }
+}
+
+// Permission bits as the octal a person would type ("0660").
+std::string OctalMode(mode_t mode) {
+  std::string digits;
+  mode &= 07777;
+  do {
+    digits.insert(digits.begin(), static_cast<char>('0' + (mode & 7)));
+    mode >>= 3;
+  } while (mode != 0);
+  return "0" + digits;
+}
+
+sockaddr_un UnixAddress(const std::string& path) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  // The caller checked that path (plus its NUL) fits sun_path.
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  return addr;
+}
+
+// Makes `path` free for bind(): nothing there, or a socket nobody listens on
+// (left by a tmemd that crashed), which is removed. A live socket belongs to
+// another server (another tmemd serving this VM?) and is never stolen; any
+// other kind of file is never deleted.
+absl::Status ClearSocketPath(const std::string& path) {
+  struct stat st {};
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot inspect ivshmem socket path ", path,
+                            " (is its directory searchable by tmemd?)"));
+  }
+  if (!S_ISSOCK(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "ivshmem socket path ", path, " exists and is ",
+        FileTypeName(st.st_mode),
+        ", not a socket; refusing to replace it: remove it or configure "
+        "another path"));
+  }
+  OwnedFd probe(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (probe.get() < 0) {
+    return absl::ErrnoToStatus(
+        errno, "socket(AF_UNIX) for probing an existing socket failed");
+  }
+  const sockaddr_un addr = UnixAddress(path);
+  const int err = connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr),
+                          sizeof(addr)) == 0
+                      ? 0
+                      : errno;
+  if (err == 0 || err == EAGAIN) {  // EAGAIN: its backlog is full: alive
+    return absl::AlreadyExistsError(absl::StrCat(
+        "ivshmem socket path ", path,
+        " is a live socket another process listens on (another tmemd "
+        "serving this VM?); stop it or configure another path"));
+  }
+  if (err != ECONNREFUSED) {
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("cannot tell whether existing socket ", path,
+                          " is stale (connect probe failed)"));
+  }
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("cannot remove stale ivshmem socket ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Sends one protocol message: `value` as a little-endian int64 and, when
+// fd >= 0, that fd as SCM_RIGHTS. Never blocks (MSG_DONTWAIT) and never
+// raises SIGPIPE (MSG_NOSIGNAL) when the client is already gone. Returns 0
+// or an errno value; a short write counts as EAGAIN because the client
+// could no longer parse what follows.
+int SendMessage(int sock, int64_t value, int fd) {
+  uint64_t wire = htole64(static_cast<uint64_t>(value));
+  iovec iov{&wire, sizeof(wire)};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (fd >= 0) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+  }
+  for (;;) {
+    const ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (n == static_cast<ssize_t>(sizeof(wire))) return 0;
+    if (n >= 0) return EAGAIN;
+    if (errno != EINTR) return errno;
+  }
+}
+
+// Reads an eventfd back to zero (EFD_NONBLOCK: returns at once if it is).
+void DrainEventfd(int fd) {
+  uint64_t value = 0;
+  while (read(fd, &value, sizeof(value)) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Listen(
+    const IvshmemServerOptions& options, int shm_fd, ChannelMetrics* metrics) {
+  const std::string& path = options.socket_path;
+  if (metrics == nullptr) {
+    return absl::InvalidArgumentError("IvshmemServer needs a ChannelMetrics");
+  }
+  if (options.vectors < 1 || options.vectors > kMaxVectors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ivshmem vectors = ", options.vectors, " must be in [1, ",
+                     kMaxVectors, "] and match the device's vectors= option"));
+  }
+  if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ivshmem socket path \"", path, "\" must be 1 to ",
+        sizeof(sockaddr_un{}.sun_path) - 1,
+        " bytes long (a UNIX socket address limit); use a shorter directory"));
+  }
+  if (path.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        "ivshmem socket path must not contain a NUL byte");
+  }
+
+  // Our own copy, so the caller's fd may close without breaking later
+  // handshakes.
+  OwnedFd shm(shm_fd < 0 ? -1 : fcntl(shm_fd, F_DUPFD_CLOEXEC, 0));
+  if (shm.get() < 0) {
+    return absl::ErrnoToStatus(
+        shm_fd < 0 ? EBADF : errno,
+        absl::StrCat("cannot duplicate shared memory fd ", shm_fd));
+  }
+  struct stat shm_stat {};
+  if (fstat(shm.get(), &shm_stat) != 0) {
+    return absl::ErrnoToStatus(errno, "fstat of the shared memory fd failed");
+  }
+  // QEMU sizes BAR2 from the fd and aborts the VM if that is not a power of
+  // two: better to refuse here than to crash a guest at attach time.
+  if (!S_ISREG(shm_stat.st_mode) || shm_stat.st_size <= 0 ||
+      !std::has_single_bit(static_cast<uint64_t>(shm_stat.st_size))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "shared memory fd ", shm_fd, " must be a memfd or file whose size (",
+        shm_stat.st_size, " bytes) is a power of two; use SharedRegion"));
+  }
+
+  // Created once: they outlive client reconnects, so the worker's epoll set
+  // stays the same.
+  std::vector<OwnedFd> doorbells;
+  std::vector<OwnedFd> interrupts;
+  for (int v = 0; v < options.vectors; ++v) {
+    for (std::vector<OwnedFd>* fds : {&doorbells, &interrupts}) {
+      const int efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+      if (efd < 0) {
+        return absl::ErrnoToStatus(
+            errno, absl::StrCat("eventfd for ivshmem vector ", v,
+                                " failed (out of file descriptors?)"));
+      }
+      fds->emplace_back(efd);
+    }
+  }
+
+  OwnedFd sock(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (sock.get() < 0) {
+    return absl::ErrnoToStatus(errno, "socket(AF_UNIX, SOCK_STREAM) failed");
+  }
+  if (absl::Status s = ClearSocketPath(path); !s.ok()) return s;
+  const sockaddr_un addr = UnixAddress(path);
+  if (bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr),
+           sizeof(addr)) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("bind to ivshmem socket ", path,
+                            " failed (does the directory exist and is it "
+                            "writable by tmemd?)"));
+  }
+  UnlinkOnExit unlink_on_error(path);
+  // Permissions are set before listen(): until then no client can connect,
+  // so nobody slips in under the umask-derived mode bind() created.
+  if (chmod(path.c_str(), options.socket_mode) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("chmod ", OctalMode(options.socket_mode), " of ",
+                            path, " failed"));
+  }
+  if (options.socket_owner.has_value() || options.socket_group.has_value()) {
+    const uid_t owner = options.socket_owner.value_or(static_cast<uid_t>(-1));
+    const gid_t group = options.socket_group.value_or(static_cast<gid_t>(-1));
+    if (chown(path.c_str(), owner, group) != 0) {
+      return absl::ErrnoToStatus(
+          errno,
+          absl::StrCat("chown of ivshmem socket ", path, " to uid ",
+                       options.socket_owner.has_value()
+                           ? absl::StrCat(*options.socket_owner)
+                           : "(unchanged)",
+                       " gid ",
+                       options.socket_group.has_value()
+                           ? absl::StrCat(*options.socket_group)
+                           : "(unchanged)",
+                       " failed (tmemd needs CAP_CHOWN, or must be in the "
+                       "group, to hand the socket to QEMU's user)"));
+    }
+  }
+  if (listen(sock.get(), kListenBacklog) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("listen on ivshmem socket ", path, " failed"));
+  }
+
+  std::vector<int> doorbell_fds;
+  std::vector<int> interrupt_fds;
+  for (OwnedFd& fd : doorbells) doorbell_fds.push_back(fd.release());
+  for (OwnedFd& fd : interrupts) interrupt_fds.push_back(fd.release());
+  unlink_on_error.Dismiss();
+  return std::unique_ptr<IvshmemServer>(new IvshmemServer(
+      path, sock.release(), shm.release(), std::move(doorbell_fds),
+      std::move(interrupt_fds), metrics));
+}
+
+IvshmemServer::IvshmemServer(std::string socket_path, int listen_fd, int shm_fd,
+                             std::vector<int> doorbell_fds,
+                             std::vector<int> interrupt_fds,
+                             ChannelMetrics* metrics)
+    : socket_path_(std::move(socket_path)),
+      listen_fd_(listen_fd),
+      shm_fd_(shm_fd),
+      doorbell_fds_(std::move(doorbell_fds)),
+      interrupt_fds_(std::move(interrupt_fds)),
+      metrics_(metrics) {}
+
+IvshmemServer::~IvshmemServer() {
+  if (client_fd_ >= 0) close(client_fd_);
+  close(listen_fd_);
+  // Ours: Listen either created this path or removed a stale socket and
+  // refused to take over a live one, so nobody else can own it now.
+  unlink(socket_path_.c_str());
+  close(shm_fd_);
+  for (int fd : doorbell_fds_) close(fd);
+  for (int fd : interrupt_fds_) close(fd);
+}
+
+bool IvshmemServer::OnListenReadable() {
+  bool attached = false;
+  for (;;) {
+    const int fd =
+        accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      // The client left before we accepted it: a handshake that failed.
+      metrics_->Inc(ChannelCounter::kHandshakeFailures);
+      if (errno == ECONNABORTED || errno == EPROTO) continue;
+      // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays queued and the
+      // listening socket stays readable, so the worker retries on its next
+      // wakeup; nothing better is possible without a spare descriptor.
+      break;
+    }
+    if (connected()) {
+      // The attached client may have hung up without the worker having
+      // seen it yet (epoll reports both fds in one round, in any order): a
+      // restarted guest must not be refused because of its dead
+      // predecessor.
+      pollfd pfd{client_fd_, POLLIN | POLLRDHUP, 0};
+      if (poll(&pfd, 1, 0) > 0) OnClientEvent();
+    }
+    if (connected()) {
+      // One VM, one device, one connection: anything else is a misconfigured
+      // or hostile second client. Closing tells it so (EOF, no handshake).
+      metrics_->Inc(ChannelCounter::kClientsRejectedBusy);
+      close(fd);
+      continue;
+    }
+    if (!SendHandshake(fd)) {
+      // The client is gone (EPIPE/ECONNRESET) or its socket could not take a
+      // few hundred bytes: never wait for it, QEMU reads the handshake
+      // synchronously and a live one always has room.
+      metrics_->Inc(ChannelCounter::kHandshakeFailures);
+      close(fd);
+      continue;
+    }
+    client_fd_ = fd;
+    metrics_->Inc(ChannelCounter::kClientsAccepted);
+    attached = true;
+  }
+  return attached;
+}
+
+bool IvshmemServer::SendHandshake(int fd) {
+  // The order QEMU 7.2's ivshmem_recv_setup expects: version, own id, shared
+  // memory; then the eventfds of each other peer (tmemd, peer 0) and finally
+  // the client's own, one message per vector, vector order implied.
+  if (SendMessage(fd, kProtocolVersion, -1) != 0) return false;
+  if (SendMessage(fd, kClientPeerId, -1) != 0) return false;
+  if (SendMessage(fd, kShmMessage, shm_fd_) != 0) return false;
+  for (int efd : doorbell_fds_) {
+    if (SendMessage(fd, kServerPeerId, efd) != 0) return false;
+  }
+  for (int efd : interrupt_fds_) {
+    if (SendMessage(fd, kClientPeerId, efd) != 0) return false;
+  }
+  return true;
+}
+
+bool IvshmemServer::OnClientEvent() {
+  if (!connected()) return false;
+  char buf[64];
+  for (;;) {
+    // Any fds a hostile client attaches are discarded by the kernel: no
+    // control buffer is offered.
+    const ssize_t n = recv(client_fd_, buf, sizeof(buf), MSG_DONTWAIT);
+    if (n > 0) {
+      // QEMU never writes to the server socket after connecting.
+      metrics_->Inc(ChannelCounter::kClientGarbage);
+      DropClient();
+      return true;
+    }
+    if (n == 0) {
+      metrics_->Inc(ChannelCounter::kClientDisconnects);
+      DropClient();
+      return true;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return false;  // spurious
+    // ECONNRESET and the like: the client is gone as surely as with EOF.
+    metrics_->Inc(ChannelCounter::kClientDisconnects);
+    DropClient();
+    return true;
+  }
+}
+
+void IvshmemServer::DropClient() {
+  if (client_fd_ < 0) return;
+  close(client_fd_);
+  client_fd_ = -1;
+  // An interrupt nobody consumed would fire as soon as the next client
+  // enables MSI-X. Harmless (the ring is the truth), but pointless.
+  for (int fd : interrupt_fds_) DrainEventfd(fd);
+}
+
+void IvshmemServer::NotifyGuest(int v) {
+  // No client: nobody would read the interrupt, and the next client must
+  // not start with a stale one. A bad vector is a caller bug; ignoring it is
+  // safer than indexing past the vectors.
+  if (!connected() || v < 0 || v >= vectors()) return;
+  const uint64_t one = 1;
+  ssize_t n;
+  do {
+    n = write(interrupt_fds_[v], &one, sizeof(one));
+  } while (n < 0 && errno == EINTR);
+  // EAGAIN only when the counter is saturated, i.e. an interrupt is already
+  // pending: nothing is lost.
+  if (n == static_cast<ssize_t>(sizeof(one))) {
+    metrics_->Inc(ChannelCounter::kInterruptsSent);
+  }
+}
+
+}  // namespace tmem

@@ -1,0 +1,101 @@
+// IvshmemServer: the ivshmem-doorbell server side of one VM's channel.
+//
+// Speaks QEMU 7.2's ivshmem server protocol on a UNIX socket (see
+// ../shared/design/facts.md): each message is one little-endian int64,
+// optionally with one fd (SCM_RIGHTS). To a new client it sends, in order:
+// the protocol version 0; the client's peer id (1); -1 with the shared
+// memory fd; tmemd's own peer id (0) `vectors` times, each with one of
+// tmemd's doorbell eventfds; then the client's id (1) `vectors` times with
+// the client's own (interrupt) eventfds. A guest doorbell (0 << 16) | v
+// then signals doorbell_fd(v); tmemd interrupts the guest by writing
+// interrupt_fd(v).
+//
+// One client at a time (QEMU connects once per device); a second
+// connection while one is attached is closed at once and counted. The
+// handshake is a handful of small messages sent with MSG_DONTWAIT on a
+// fresh socket, so it never blocks tmemd: if the kernel buffer cannot take
+// it, the client is dropped and counted. A client that sends any byte (QEMU
+// never does) or hangs up is dropped; the listening socket and the shared
+// memory stay, ready for the next client (e.g. a restarted guestsim).
+//
+// The eventfds are created once (EFD_NONBLOCK) and survive client
+// reconnects, so the worker's epoll set does not change.
+//
+// Not thread-safe: one worker thread calls OnListenReadable/OnClientEvent
+// from its epoll loop; NotifyGuest may be called from that same thread.
+#ifndef TMEMD_HOST_AGENT_CHANNEL_IVSHMEM_SERVER_H_
+#define TMEMD_HOST_AGENT_CHANNEL_IVSHMEM_SERVER_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "host-agent/channel/channel_metrics.h"
+
+namespace tmem {
+
+struct IvshmemServerOptions {
+  std::string socket_path;            // created; an existing stale socket
+                                      // file is replaced, any other file is
+                                      // an error
+  int vectors = 1;                    // 1..16, must match QEMU's vectors=
+  mode_t socket_mode = 0660;          // QEMU often runs as another user
+  std::optional<uid_t> socket_owner;  // chown after bind when set
+  std::optional<gid_t> socket_group;
+};
+
+class IvshmemServer {
+ public:
+  // Binds and listens (non-blocking). `shm_fd` is dup'ed; the caller keeps
+  // its own. `metrics` must outlive the server.
+  static absl::StatusOr<std::unique_ptr<IvshmemServer>> Listen(
+      const IvshmemServerOptions& options, int shm_fd, ChannelMetrics* metrics);
+  ~IvshmemServer();  // closes everything and unlinks the socket path
+  IvshmemServer(const IvshmemServer&) = delete;
+  IvshmemServer& operator=(const IvshmemServer&) = delete;
+
+  int listen_fd() const { return listen_fd_; }
+  // -1 when no client is attached.
+  int client_fd() const { return client_fd_; }
+  bool connected() const { return client_fd_ >= 0; }
+  int vectors() const { return static_cast<int>(doorbell_fds_.size()); }
+  // Signalled by the guest's doorbell on vector v (read it to clear).
+  int doorbell_fd(int v) const { return doorbell_fds_[v]; }
+  // Written by tmemd to interrupt the guest on vector v.
+  int interrupt_fd(int v) const { return interrupt_fds_[v]; }
+
+  // Accepts pending connections and performs the handshake. Returns true if
+  // a new client became attached.
+  bool OnListenReadable();
+  // The client fd is readable or hung up: drops the client if it hung up
+  // or sent anything. Returns true if the client was dropped.
+  bool OnClientEvent();
+  // Raises interrupt vector v on the guest (no-op without a client).
+  void NotifyGuest(int v);
+
+  const std::string& socket_path() const { return socket_path_; }
+
+ private:
+  IvshmemServer(std::string socket_path, int listen_fd, int shm_fd,
+                std::vector<int> doorbell_fds, std::vector<int> interrupt_fds,
+                ChannelMetrics* metrics);
+  bool SendHandshake(int fd);
+  void DropClient();
+
+  std::string socket_path_;
+  int listen_fd_;
+  int shm_fd_;
+  int client_fd_ = -1;
+  std::vector<int> doorbell_fds_;
+  std::vector<int> interrupt_fds_;
+  ChannelMetrics* metrics_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CHANNEL_IVSHMEM_SERVER_H_

@@ -1,0 +1,59 @@
+// SharedRegion: a VM's shared memory (QEMU's ivshmem BAR2), owned by tmemd.
+//
+// A memfd of power-of-two size, sealed against shrinking and growing (so a
+// guest or QEMU can never make tmemd's mapping SIGBUS), mapped read-write
+// into tmemd. Create() writes the header (proto/tmem_abi.h) with host_state
+// INIT, zeroed rings, then publishes READY with a release store; Reset()
+// does the same with a new host generation (used after a corrupt ring or a
+// guest restart). Not thread-safe: the channel's worker owns it.
+#ifndef TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
+#define TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "host-agent/channel/region_layout.h"
+#include "proto/tmem_abi.h"
+
+namespace tmem {
+
+class SharedRegion {
+ public:
+  // `name` labels the memfd (visible in /proc/PID/fd). `host_generation`
+  // should differ across tmemd restarts (e.g. derived from the clock).
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(
+      const std::string& name, const RegionLayout& layout,
+      uint64_t host_generation);
+  ~SharedRegion();  // unmaps and closes
+  SharedRegion(const SharedRegion&) = delete;
+  SharedRegion& operator=(const SharedRegion&) = delete;
+
+  int fd() const { return fd_; }
+  uint8_t* base() const { return base_; }
+  const RegionLayout& layout() const { return layout_; }
+  tmem_shm_header* header() const {
+    return reinterpret_cast<tmem_shm_header*>(base_);
+  }
+  uint64_t host_generation() const { return host_generation_; }
+
+  // Re-initializes the header and rings with host_generation + 1 and
+  // host_state READY (resets counter bumped in the header). Page slots are
+  // left as they are.
+  void Reset();
+
+ private:
+  SharedRegion(int fd, uint8_t* base, const RegionLayout& layout,
+               uint64_t host_generation);
+  void WriteHeader();
+
+  int fd_;
+  uint8_t* base_;
+  RegionLayout layout_;
+  uint64_t host_generation_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
