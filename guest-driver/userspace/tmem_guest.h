@@ -1,0 +1,344 @@
+// TmemGuest: the cleancache-like guest frontend of tmemd's data plane, in
+// userspace. It speaks proto/tmem_abi.h over a GuestDevice (IvshmemClient
+// for a real tmemd, a fake in tests) exactly as the kernel module will.
+//
+// Contract (cleancache semantics, facts.md; ABI in proto/tmem_abi.h):
+//  * Put never blocks and may be dropped. Get may wait, at most
+//    get_timeout, and a timeout is a miss; after a run of timeouts without
+//    host progress (a dead tmemd leaves READY behind) Gets miss at once
+//    until the host moves again. Invalidates never block and are never lost.
+//  * No stale data: a Get returns a miss or the bytes of the latest Put of
+//    that key, honouring every earlier invalidate. In particular a Put that
+//    is not sent (admission hint, full ring) still kills the key's older
+//    page on the host: an INVAL_PAGE is sent in its place (cleancache's
+//    put-put-get coherency: after puts of AAA then BBB, a get never returns
+//    AAA, even when BBB was dropped). Unless the key was never sent: each
+//    private pool keeps a Bloom filter of the keys sent since the host last
+//    held nothing of the pool (no false negatives), so dropping a put of a
+//    new key, the streaming case, costs no ring entry at all. Shared pools
+//    always invalidate (other VMs may have put the key).
+//  * Ring order is op order: the host executes SQEs in order, so an op
+//    posted after an invalidate sees it. When even the ring's reserve for
+//    invalidates is full, the pool's flush barrier (tmem_abi.h) stands in for
+//    the invalidate; until the host acknowledges it, Gets of that pool miss
+//    and its Puts are dropped without touching the ring.
+//  * Slots: a slot is owned from the op that takes it until that op's CQE is
+//    reaped (a Get that timed out keeps its slot until then).
+//  * Generations: at every attach the guest writes a fresh, non-zero
+//    guest_generation (the host then forgets this VM's pools and pages).
+//    When host_state leaves READY or host_generation changes (tmemd reset or
+//    restarted), every host pool id is void: Gets miss and Puts drop until
+//    the host is READY again, then pools are re-created lazily on next use.
+//    Caller handles from InitFs/InitSharedFs stay valid throughout.
+//    Why re-creation is safe although the host may still execute entries
+//    posted before: every op that names a pool (and uses a slot) is posted
+//    after that pool's NEW_POOL completed in the current generation, and the
+//    host executes in ring order, so all older entries were already done.
+//  * Everything read from shared memory is validated (GuestRegion); a host
+//    that corrupts its ring indices makes the guest stop using the ring
+//    (all ops miss or drop, counted as errors) until the host resets it.
+//
+// Thread safety: none. One TmemGuest is one guest's frontend and must be
+// used by one thread at a time (tmem-guestsim runs one thread per simulated
+// guest, each with its own device); wrap it in a mutex to share it.
+#ifndef TMEMD_GUEST_DRIVER_USERSPACE_TMEM_GUEST_H_
+#define TMEMD_GUEST_DRIVER_USERSPACE_TMEM_GUEST_H_
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "guest-driver/userspace/guest_device.h"
+#include "guest-driver/userspace/guest_region.h"
+#include "proto/tmem_abi.h"
+
+namespace tmem {
+
+struct TmemGuestOptions {
+  // A Get first spins reaping the CQ (the host is usually polling and fast),
+  // then sleeps on the completion interrupt; past get_timeout it is a miss.
+  std::chrono::microseconds get_spin{20};
+  std::chrono::microseconds get_timeout{50'000};
+  // Create() waits this long for the host to publish READY.
+  std::chrono::milliseconds attach_timeout{2000};
+  // InitFs/InitSharedFs wait this long for NEW_POOL; later, lazily.
+  std::chrono::milliseconds pool_create_timeout{1000};
+  // After the host refused a NEW_POOL, wait before asking again.
+  std::chrono::milliseconds pool_retry_interval{1000};
+  // SQ entries only invalidates may use, so a burst of puts cannot push an
+  // invalidate onto the (coarse) flush barrier. 0: sq_entries / 8, >= 1.
+  uint32_t invalidate_reserve = 0;
+  // After this many Gets in a row timed out with the host making no
+  // progress (sq_head still), the host is taken as stalled or dead (a
+  // killed tmemd leaves host_state READY behind): Gets miss at once instead
+  // of each waiting get_timeout, except one probe per stall_probe_interval.
+  // Any host progress ends it. 0 disables.
+  uint32_t stall_after_timeouts = 3;
+  std::chrono::milliseconds stall_probe_interval{1000};
+  // Bits of each private pool's sent-keys filter (a power of two; 2^20 is
+  // 128 KiB, ~3% false positives after 100k distinct keys). 0 disables it:
+  // every dropped put then sends an INVAL_PAGE.
+  uint32_t sent_filter_bits = 1u << 20;
+};
+
+// Every counter has one meaning; see the comments for which add up.
+struct GuestCounters {
+  // Every Put() lands in exactly one of these five.
+  uint64_t puts_sent = 0;
+  uint64_t puts_skipped_by_hint = 0;        // admission hint said no
+  uint64_t puts_dropped_ring_full = 0;      // no slot / SQ entry after a reap
+  uint64_t puts_dropped_no_pool = 0;        // channel down, pool (re)creating
+  uint64_t puts_dropped_flush_pending = 0;  // pool's flush barrier pending
+  // Of puts_sent: the host completed them with TMEM_ERR_DROPPED.
+  uint64_t puts_dropped_by_host = 0;
+  // gets_hit + gets_miss = Get() calls.
+  uint64_t gets_hit = 0;
+  uint64_t gets_miss = 0;
+  uint64_t gets_timeout = 0;          // of gets_miss: no CQE within get_timeout
+  uint64_t gets_miss_local = 0;       // of gets_miss: decided without the host
+  uint64_t gets_skipped_stalled = 0;  // of gets_miss_local: host stalled
+  uint64_t host_stalls = 0;  // times Gets timed out into the stalled state
+  uint64_t invalidates = 0;  // Invalidate*() calls
+  uint64_t invalidates_for_dropped_puts = 0;  // INVAL_PAGE for unsent puts
+  // Unsent puts of keys the filter says were never sent: nothing to kill.
+  uint64_t drop_invalidates_avoided = 0;
+  uint64_t flush_fallbacks = 0;   // flush barriers requested (ring full)
+  uint64_t guest_resets = 0;      // guest_generation bumped to void all pools
+  uint64_t host_resets_seen = 0;  // host left READY or changed generation
+  uint64_t pools_created = 0;     // NEW_POOL successes, re-creations too
+  uint64_t doorbells = 0;
+  uint64_t interrupt_waits = 0;    // a Get slept on the interrupt fd
+  uint64_t stale_completions = 0;  // CQEs of entries from before a reset
+  uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
+};
+
+// Calls fn(name, field) for every counter in declaration order; `c` may be
+// const. The one list of names, so reports and sums never miss a counter.
+template <typename Counters, typename Fn>
+void ForEachCounter(Counters& c, Fn&& fn) {
+  fn("puts_sent", c.puts_sent);
+  fn("puts_skipped_by_hint", c.puts_skipped_by_hint);
+  fn("puts_dropped_ring_full", c.puts_dropped_ring_full);
+  fn("puts_dropped_no_pool", c.puts_dropped_no_pool);
+  fn("puts_dropped_flush_pending", c.puts_dropped_flush_pending);
+  fn("puts_dropped_by_host", c.puts_dropped_by_host);
+  fn("gets_hit", c.gets_hit);
+  fn("gets_miss", c.gets_miss);
+  fn("gets_timeout", c.gets_timeout);
+  fn("gets_miss_local", c.gets_miss_local);
+  fn("gets_skipped_stalled", c.gets_skipped_stalled);
+  fn("host_stalls", c.host_stalls);
+  fn("invalidates", c.invalidates);
+  fn("invalidates_for_dropped_puts", c.invalidates_for_dropped_puts);
+  fn("drop_invalidates_avoided", c.drop_invalidates_avoided);
+  fn("flush_fallbacks", c.flush_fallbacks);
+  fn("guest_resets", c.guest_resets);
+  fn("host_resets_seen", c.host_resets_seen);
+  fn("pools_created", c.pools_created);
+  fn("doorbells", c.doorbells);
+  fn("interrupt_waits", c.interrupt_waits);
+  fn("stale_completions", c.stale_completions);
+  fn("errors", c.errors);
+}
+
+// (name, value) pairs in declaration order, for reports.
+std::vector<std::pair<std::string_view, uint64_t>> CounterList(
+    const GuestCounters& c);
+// total += c, field by field.
+void AddCounters(GuestCounters* total, const GuestCounters& c);
+
+class TmemGuest {
+ public:
+  using PoolHandle = int;
+  using ObjectId = std::array<uint32_t, TMEM_OBJECT_WORDS>;  // filekey
+  using Uuid = std::array<uint8_t, 16>;
+  using Page = std::span<const uint8_t, TMEM_PAGE_SIZE>;
+  using MutablePage = std::span<uint8_t, TMEM_PAGE_SIZE>;
+
+  // Attaches to the region behind `device` (which must outlive the guest):
+  // waits up to attach_timeout for READY. FAILED_PRECONDITION for a region
+  // that is not tmem ABI v1 or has an impossible layout, UNAVAILABLE if the
+  // host never became READY.
+  static absl::StatusOr<std::unique_ptr<TmemGuest>> Create(
+      GuestDevice* device, const TmemGuestOptions& options = {});
+  TmemGuest(const TmemGuest&) = delete;
+  TmemGuest& operator=(const TmemGuest&) = delete;
+
+  // cleancache's init_fs / init_shared_fs: a handle valid for the guest's
+  // lifetime. Waits up to pool_create_timeout for the host's pool; if the
+  // channel is down or slow the handle is still returned and the pool made
+  // on first use. An explicit refusal by the host is an error
+  // (PERMISSION_DENIED: shared pool not authorized; RESOURCE_EXHAUSTED: too
+  // many pools; FAILED_PRECONDITION: no shared pools offered), as is running
+  // out of handles (TMEM_MAX_POOLS).
+  absl::StatusOr<PoolHandle> InitFs();
+  absl::StatusOr<PoolHandle> InitSharedFs(const Uuid& uuid);
+
+  // Never blocks. The page is copied before Put returns.
+  void Put(PoolHandle pool, const ObjectId& oid, uint64_t index, Page page);
+  // true: hit, `out` holds the page (a private pool forgets it). false:
+  // miss, `out` unspecified.
+  bool Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
+           MutablePage out);
+  // Never block, never lost.
+  void InvalidatePage(PoolHandle pool, const ObjectId& oid, uint64_t index);
+  void InvalidateObject(PoolHandle pool, const ObjectId& oid);
+  void InvalidatePool(PoolHandle pool);
+  // Reaps completions and notices resets; for callers that go idle.
+  void Poll();
+
+  const GuestCounters& counters() const { return counters_; }
+  // For tests and reports.
+  bool attached() const { return attached_ && !broken_; }
+  uint64_t guest_generation() const { return guest_generation_; }
+  uint64_t host_generation() const { return host_generation_; }
+  uint32_t free_slots() const {
+    return static_cast<uint32_t>(free_slots_.size());
+  }
+  uint32_t slots_usable() const { return slots_usable_; }
+  uint32_t in_flight() const {
+    return static_cast<uint32_t>(pending_.size() - free_pending_.size());
+  }
+  uint32_t invalidate_reserve() const { return reserve_; }
+  bool flush_pending() const { return (flush_bits_ | wanted_bits_) != 0; }
+  // The host pool id behind a handle, or -1 while it has none.
+  int host_pool_id(PoolHandle pool) const;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  enum class PoolState : uint8_t { kUnused, kNone, kCreating, kReady, kFailed };
+  struct Pool {
+    PoolState state = PoolState::kUnused;
+    bool shared = false;
+    Uuid uuid{};
+    uint16_t host_id = 0;       // valid in kReady
+    uint64_t incarnation = 0;   // which kReady: NOENT of an older one is moot
+    uint64_t create_tag = 0;    // valid in kCreating
+    int32_t refusal = TMEM_OK;  // the host's status in kFailed
+    Clock::time_point retry_after{};
+    // Shared pools only: an invalidate could not reach the host while the
+    // pool was not joined; INVAL_POOL it as soon as it is.
+    bool inval_on_ready = false;
+    // Private pools: Bloom filter of keys sent to the host since it last
+    // held nothing of this pool. Empty: no filter (always "maybe sent").
+    std::vector<uint64_t> sent;
+  };
+  // One per SQE from post to reaped CQE; the tag's low bits index it.
+  struct Pending {
+    uint64_t tag = 0;  // 0: free
+    uint8_t opcode = 0;
+    uint32_t slot = 0;  // kNoSlot when the op has none
+    PoolHandle pool = -1;
+    uint64_t incarnation = 0;
+    uint64_t epoch = 0;
+  };
+  enum class Need { kPut, kGet, kControl, kInvalidate };
+  enum class WaitResult { kDone, kTimeout, kLost };
+
+  TmemGuest(GuestDevice* device, const TmemGuestOptions& options);
+
+  // Channel state.
+  bool EnsureAttached();
+  absl::Status Attach();
+  void Detach();
+  void GuestReset(uint64_t lost_bits);
+  void HostFault(const char* what);
+  bool HostChanged() const;
+
+  // Ring.
+  bool HaveRoom(Need need);
+  // Writes and publishes `sqe`; returns its tag, or 0 if the host reset
+  // meanwhile and the entry was not published.
+  uint64_t Post(tmem_sqe& sqe, uint32_t slot, PoolHandle pool);
+  void MaybeDoorbell();
+  void Reap();
+  void Complete(const tmem_cqe& cqe);
+  void OpFailed(const Pending& p, int32_t status);
+  // Reaps until done() (spin, then sleep on the interrupt); kLost when
+  // the channel reset or broke meanwhile.
+  WaitResult WaitUntil(const std::function<bool()>& done,
+                       Clock::time_point deadline);
+
+  // Pools.
+  absl::StatusOr<PoolHandle> NewHandle(bool shared, const Uuid& uuid);
+  // The host pool id of a usable pool; otherwise starts (re)creating it
+  // when `create` and returns -1.
+  int Resolve(PoolHandle pool, bool create);
+  void StartCreate(PoolHandle pool);
+  void VoidPools(bool shared_lost_invalidates);
+
+  // Flush barrier and invalidates.
+  bool Flagged(int host_id) const;
+  // Notices the host's ack of the pending barrier.
+  void CheckFlushDone();
+  // Flushes pools whose barrier had to wait (after a reap).
+  void FlushWanted();
+  void RequestFlush(uint64_t pool_bits);
+  void IssueInvalidate(uint8_t opcode, PoolHandle pool, int host_id,
+                       const ObjectId* oid, uint64_t index);
+  void Invalidate(uint8_t opcode, PoolHandle pool, const ObjectId* oid,
+                  uint64_t index);
+  // A put of this key is not sent: kill the host's older version, if the
+  // host may hold one.
+  void DropPut(PoolHandle pool, int host_id, const ObjectId& oid,
+               uint64_t index);
+  // The host holds nothing of these pools any more (or will, before any
+  // later op reaches them): their sent-key filters start empty.
+  void ForgetSent(uint64_t host_id_bits);
+  bool Admit();
+  // A Get timed out: counts towards the stalled-host breaker.
+  void NoteGetTimeout();
+
+  GuestDevice* device_;
+  TmemGuestOptions options_;
+  GuestRegion region_;
+  GuestCounters counters_;
+
+  bool attached_ = false;
+  bool broken_ = false;      // host indices corrupt: wait for a host reset
+  bool have_rings_ = false;  // ring state below belongs to rings_generation_
+  uint64_t rings_generation_ = 0;
+  uint64_t host_generation_ = 0;
+  uint64_t guest_generation_ = 0;
+  uint32_t features_ = 0;  // accepted (offered and understood)
+  uint64_t epoch_ = 0;     // bumped whenever host pool ids go void
+
+  uint32_t sq_tail_ = 0;  // next SQE index we write
+  uint32_t cq_head_ = 0;  // next CQE index we read
+  uint32_t reserve_ = 1;
+  std::vector<Pending> pending_;
+  std::vector<uint32_t> free_pending_;
+  std::vector<uint32_t> free_slots_;
+  uint32_t slots_usable_ = 0;
+  uint64_t next_serial_ = 1;
+  uint64_t next_incarnation_ = 1;
+
+  // The Get being waited for (0: none).
+  uint64_t wait_tag_ = 0;
+  uint8_t* wait_out_ = nullptr;
+  bool wait_done_ = false;
+  bool wait_hit_ = false;
+
+  std::array<Pool, TMEM_MAX_POOLS> pools_{};
+
+  uint64_t flush_bits_ = 0;   // requested in the header, not yet done
+  uint64_t flush_seq_ = 0;    // the flush_request_seq of that request
+  uint64_t wanted_bits_ = 0;  // need a flush once the pending one is done
+  uint32_t hint_credit_ = 0;  // admission accumulator (Bresenham)
+
+  // Stalled-host breaker (see TmemGuestOptions::stall_after_timeouts).
+  uint32_t consecutive_timeouts_ = 0;
+  uint32_t stall_sq_head_ = 0;         // sq_head when the stall began
+  Clock::time_point stalled_until_{};  // next probe; past: not stalled
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_GUEST_DRIVER_USERSPACE_TMEM_GUEST_H_

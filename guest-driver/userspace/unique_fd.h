@@ -1,0 +1,38 @@
+// UniqueFd: owns one file descriptor and closes it exactly once.
+#ifndef TMEMD_GUEST_DRIVER_USERSPACE_UNIQUE_FD_H_
+#define TMEMD_GUEST_DRIVER_USERSPACE_UNIQUE_FD_H_
+
+#include <unistd.h>
+
+#include <utility>
+
+namespace tmem {
+
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  ~UniqueFd() { reset(); }
+  UniqueFd(UniqueFd&& other) noexcept : fd_(other.release()) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) reset(other.release());
+    return *this;
+  }
+  UniqueFd(const UniqueFd&) = delete;
+  UniqueFd& operator=(const UniqueFd&) = delete;
+
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_GUEST_DRIVER_USERSPACE_UNIQUE_FD_H_

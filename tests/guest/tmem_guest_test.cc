@@ -1,0 +1,878 @@
+// TmemGuest against FakeHost (tests/guest/fake_host.h): attach, slots,
+// doorbells, admission hint, the flush barrier, generations and resets.
+#include "guest-driver/userspace/tmem_guest.h"
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <thread>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "guest-driver/userspace/workloads.h"
+#include "tests/guest/fake_host.h"
+
+namespace tmem {
+namespace {
+
+using testing::FakeHost;
+using testing::FakeHostOptions;
+using ::testing::HasSubstr;
+using Page = std::array<uint8_t, TMEM_PAGE_SIZE>;
+
+constexpr TmemGuest::ObjectId kFile = {1, 2, 3, 4, 5, 6};
+constexpr TmemGuest::ObjectId kOtherFile = {9, 9, 9, 9, 9, 9};
+
+Page MakePage(uint64_t seed) {
+  Page p;
+  FillPage(7, seed, 1, p.data());
+  return p;
+}
+
+TmemGuestOptions FastOptions() {
+  TmemGuestOptions o;
+  o.get_timeout = std::chrono::milliseconds(20);
+  o.attach_timeout = std::chrono::milliseconds(200);
+  o.pool_create_timeout = std::chrono::milliseconds(100);
+  return o;
+}
+
+std::unique_ptr<TmemGuest> MustCreate(
+    FakeHost* host, const TmemGuestOptions& o = FastOptions()) {
+  absl::StatusOr<std::unique_ptr<TmemGuest>> g = TmemGuest::Create(host, o);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? std::move(*g) : nullptr;
+}
+
+uint64_t Load64(const uint64_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+uint32_t Load32(const uint32_t* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+// ---------------------------------------------------------------------------
+// Attach
+
+TEST(TmemGuestAttachTest, WritesNonzeroGenerationAndAcceptedFeatures) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  ASSERT_NE(guest, nullptr);
+  EXPECT_TRUE(guest->attached());
+  EXPECT_NE(Load64(&host.header()->guest_generation), 0u);
+  EXPECT_EQ(Load64(&host.header()->guest_generation),
+            guest->guest_generation());
+  EXPECT_EQ(Load32(&host.header()->features_guest),
+            TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT |
+                TMEM_FEAT_FLUSH_BARRIER);
+  EXPECT_EQ(guest->host_generation(), 100u);
+}
+
+TEST(TmemGuestAttachTest, TwoGuestsPickDifferentGenerations) {
+  FakeHost a, b;
+  auto ga = MustCreate(&a);
+  auto gb = MustCreate(&b);
+  EXPECT_NE(ga->guest_generation(), gb->guest_generation());
+}
+
+TEST(TmemGuestAttachTest, RejectsWrongMagic) {
+  FakeHost host;
+  host.header()->magic = 0x12345678;
+  absl::StatusOr<std::unique_ptr<TmemGuest>> g =
+      TmemGuest::Create(&host, FastOptions());
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(g.status().message(), HasSubstr("magic"));
+}
+
+TEST(TmemGuestAttachTest, RejectsSlotsOutsideTheRegion) {
+  FakeHost host;
+  host.header()->slot_count = 1'000'000;
+  absl::StatusOr<std::unique_ptr<TmemGuest>> g =
+      TmemGuest::Create(&host, FastOptions());
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(g.status().message(), HasSubstr("outside"));
+}
+
+TEST(TmemGuestAttachTest, RejectsNonPowerOfTwoRing) {
+  FakeHost host;
+  host.header()->sq_entries = 12;
+  EXPECT_EQ(TmemGuest::Create(&host, FastOptions()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(TmemGuestAttachTest, TimesOutWhenNeverReady) {
+  FakeHostOptions o;
+  o.publish_ready = false;
+  FakeHost host(o);
+  absl::StatusOr<std::unique_ptr<TmemGuest>> g =
+      TmemGuest::Create(&host, FastOptions());
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(g.status().message(), HasSubstr("READY"));
+}
+
+TEST(TmemGuestAttachTest, WaitsForReady) {
+  FakeHostOptions o;
+  o.publish_ready = false;
+  FakeHost host(o);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    host.SetState(TMEM_HOST_STATE_READY);
+  });
+  absl::StatusOr<std::unique_ptr<TmemGuest>> g =
+      TmemGuest::Create(&host, FastOptions());
+  later.join();
+  EXPECT_TRUE(g.ok()) << g.status();
+}
+
+// ---------------------------------------------------------------------------
+// Ops
+
+TEST(TmemGuestOpsTest, PutThenGetHitsOnceInAPrivatePool) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  absl::StatusOr<int> pool = guest->InitFs();
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  EXPECT_EQ(guest->host_pool_id(*pool), 0);
+  const Page in = MakePage(1);
+  guest->Put(*pool, kFile, 7, in);
+  Page out{};
+  EXPECT_TRUE(guest->Get(*pool, kFile, 7, out));
+  EXPECT_EQ(out, in);
+  EXPECT_FALSE(guest->Get(*pool, kFile, 7, out))
+      << "private gets are exclusive";
+  EXPECT_FALSE(guest->Get(*pool, kFile, 8, out));
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.puts_sent, 1u);
+  EXPECT_EQ(c.gets_hit, 1u);
+  EXPECT_EQ(c.gets_miss, 2u);
+  EXPECT_EQ(c.gets_miss_local, 0u);
+  EXPECT_EQ(c.pools_created, 1u);
+  EXPECT_EQ(c.errors, 0u);
+}
+
+TEST(TmemGuestOpsTest, SharedPoolSendsUuidAndIsNotExclusive) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  TmemGuest::Uuid uuid;
+  for (size_t i = 0; i < uuid.size(); ++i)
+    uuid[i] = static_cast<uint8_t>(i + 1);
+  absl::StatusOr<int> pool = guest->InitSharedFs(uuid);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const tmem_sqe& new_pool = host.sqe_at(0);
+  EXPECT_EQ(new_pool.opcode, TMEM_OP_NEW_POOL);
+  EXPECT_EQ(new_pool.flags, TMEM_SQE_F_IRQ | TMEM_SQE_F_SHARED);
+  EXPECT_EQ(std::memcmp(new_pool.oid, uuid.data(), uuid.size()), 0);
+  const Page in = MakePage(2);
+  guest->Put(*pool, kFile, 1, in);
+  Page out{};
+  EXPECT_TRUE(guest->Get(*pool, kFile, 1, out));
+  EXPECT_TRUE(guest->Get(*pool, kFile, 1, out));
+  EXPECT_EQ(out, in);
+}
+
+TEST(TmemGuestOpsTest, RefusedSharedPoolIsAnError) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  host.refuse_pools = true;
+  absl::StatusOr<int> pool = guest->InitSharedFs(TmemGuest::Uuid{});
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kPermissionDenied);
+}
+
+TEST(TmemGuestOpsTest, InvalidatesTakeEffectBeforeLaterGets) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  Page out{};
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->InvalidatePage(pool, kFile, 1);
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Put(pool, kFile, 2, MakePage(2));
+  guest->Put(pool, kOtherFile, 1, MakePage(3));
+  guest->InvalidateObject(pool, kFile);
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_FALSE(guest->Get(pool, kFile, 2, out));
+  EXPECT_TRUE(guest->Get(pool, kOtherFile, 1, out));
+
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->InvalidatePool(pool);
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().invalidates, 3u);
+  EXPECT_EQ(guest->counters().flush_fallbacks, 0u);
+}
+
+TEST(TmemGuestOpsTest, BadHandleIsCountedNotFatal) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  Page out{};
+  guest->Put(5, kFile, 1, MakePage(1));
+  EXPECT_FALSE(guest->Get(-1, kFile, 1, out));
+  EXPECT_EQ(guest->counters().errors, 2u);
+}
+
+TEST(TmemGuestOpsTest, TooManyPoolsIsResourceExhausted) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  for (uint32_t i = 0; i < TMEM_MAX_POOLS; ++i) {
+    ASSERT_TRUE(guest->InitFs().ok()) << i;
+    guest->Poll();  // reap, so NEW_POOLs do not fill the small test ring
+  }
+  EXPECT_EQ(guest->InitFs().status().code(),
+            absl::StatusCode::kResourceExhausted);
+}
+
+// ---------------------------------------------------------------------------
+// Doorbells and interrupts
+
+TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  const uint64_t before = host.doorbells();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  EXPECT_EQ(host.doorbells(), before + 1);
+
+  host.SetNeedsDoorbell(false);  // "I am polling"
+  guest->Put(pool, kFile, 2, MakePage(2));
+  guest->Put(pool, kFile, 3, MakePage(3));
+  EXPECT_EQ(host.doorbells(), before + 1);
+  EXPECT_EQ(host.Step(), 2u);  // the host finds them by polling
+  EXPECT_EQ(guest->counters().doorbells, host.doorbells());
+}
+
+TEST(TmemGuestDoorbellTest, PutsDoNotAskForInterruptsGetsDo) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.paused = true;
+  guest->Put(pool, kFile, 1, MakePage(1));
+  const uint32_t put_index = host.sq_head();
+  EXPECT_EQ(host.sqe_at(put_index).opcode, TMEM_OP_PUT);
+  EXPECT_EQ(host.sqe_at(put_index).flags, 0u);
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));  // times out: host paused
+  EXPECT_EQ(host.sqe_at(put_index + 1).opcode, TMEM_OP_GET);
+  EXPECT_EQ(host.sqe_at(put_index + 1).flags, TMEM_SQE_F_IRQ);
+}
+
+TEST(TmemGuestDoorbellTest, GetSleepsOnTheInterruptWithAThreadedHost) {
+  FakeHost host;
+  host.SetNeedsDoorbell(false);
+  host.Start();
+  TmemGuestOptions o = FastOptions();
+  o.get_spin = std::chrono::microseconds(0);  // go straight to the interrupt
+  o.get_timeout = std::chrono::seconds(5);
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  const Page in = MakePage(4);
+  guest->Put(pool, kFile, 1, in);
+  Page out{};
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(out, in);
+  host.Stop();
+  EXPECT_EQ(guest->counters().gets_timeout, 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Slots and a full ring
+
+TEST(TmemGuestSlotTest, SlotsAreOwnedUntilTheirCompletionIsReaped) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Poll();
+  const uint32_t all = guest->free_slots();
+  EXPECT_EQ(all, guest->slots_usable());
+  host.paused = true;
+  for (uint64_t i = 0; i < 5; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(guest->free_slots(), all - 5);
+  std::set<uint32_t> slots;
+  for (uint32_t i = 0; i < 5; ++i)
+    slots.insert(host.sqe_at(host.sq_head() + i).slot);
+  EXPECT_EQ(slots.size(), 5u) << "each in-flight put has its own slot";
+
+  EXPECT_EQ(host.Step(), 5u);  // the host copied them out ...
+  EXPECT_EQ(guest->free_slots(), all - 5) << "... but the CQEs are not reaped";
+  guest->Poll();
+  EXPECT_EQ(guest->free_slots(), all);
+  EXPECT_EQ(guest->in_flight(), 0u);
+}
+
+TEST(TmemGuestSlotTest, FullRingDropsPutsAndInvalidatesTheirKeys) {
+  FakeHost host;  // 16 SQ entries, reserve 2
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  const uint32_t reserve = guest->invalidate_reserve();
+  ASSERT_EQ(reserve, 2u);
+  const uint32_t puts_fit = 16 - reserve;
+  // Every key once, so the host may hold an old version of each.
+  for (uint64_t i = 0; i < puts_fit + reserve; ++i) {
+    guest->Put(pool, kFile, i, MakePage(i));
+  }
+  guest->Poll();
+  const GuestCounters before = guest->counters();
+  host.paused = true;
+  for (uint64_t i = 0; i < puts_fit + reserve; ++i) {
+    guest->Put(pool, kFile, i, MakePage(i + 100));
+  }
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.puts_sent - before.puts_sent, puts_fit);
+  EXPECT_EQ(c.puts_dropped_ring_full, reserve);
+  // Each dropped put became an INVAL_PAGE in the reserve.
+  EXPECT_EQ(c.invalidates_for_dropped_puts, reserve);
+  const uint32_t first_inval = host.sq_head() + puts_fit;
+  EXPECT_EQ(host.sqe_at(first_inval).opcode, TMEM_OP_INVAL_PAGE);
+  EXPECT_EQ(host.sqe_at(first_inval).index, puts_fit);
+  EXPECT_EQ(c.flush_fallbacks, 0u);
+  EXPECT_EQ(guest->in_flight(), 16u);
+}
+
+TEST(TmemGuestSlotTest, DroppingANeverSentKeyCostsNoRingEntry) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Poll();
+  host.paused = true;
+  // A stream of new keys against a stalled host: the ring fills with puts,
+  // the rest drop, and nothing needs invalidating.
+  for (uint64_t i = 0; i < 200; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.puts_sent, 14u);
+  EXPECT_EQ(c.puts_dropped_ring_full, 186u);
+  EXPECT_EQ(c.drop_invalidates_avoided, 186u);
+  EXPECT_EQ(c.invalidates_for_dropped_puts, 0u);
+  EXPECT_EQ(c.flush_fallbacks, 0u) << "the pool's pages survive";
+  EXPECT_EQ(guest->in_flight(), 14u);
+}
+
+TEST(TmemGuestSlotTest, SharedPoolsAlwaysInvalidateDroppedPuts) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitSharedFs(TmemGuest::Uuid{3});
+  host.SetAdmissionHint(0);
+  guest->Put(pool, kFile, 1, MakePage(1));  // another VM may hold key 1
+  EXPECT_EQ(guest->counters().invalidates_for_dropped_puts, 1u);
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_PAGE), 1u);
+}
+
+TEST(TmemGuestSlotTest, SentFilterStartsOverAfterAPoolInvalidate) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  for (uint64_t i = 0; i < 10; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  host.SetAdmissionHint(0);
+  for (uint64_t i = 0; i < 10; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(guest->counters().invalidates_for_dropped_puts, 10u);
+  guest->InvalidatePool(pool);  // the host holds nothing of it after this
+  for (uint64_t i = 0; i < 10; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(guest->counters().invalidates_for_dropped_puts, 10u);
+  EXPECT_EQ(guest->counters().drop_invalidates_avoided, 10u);
+}
+
+TEST(TmemGuestSlotTest, WithoutTheFilterEveryDropInvalidates) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.sent_filter_bits = 0;
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  host.SetAdmissionHint(0);
+  for (uint64_t i = 0; i < 10; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(guest->counters().invalidates_for_dropped_puts, 10u);
+  EXPECT_EQ(guest->counters().drop_invalidates_avoided, 0u);
+}
+
+TEST(TmemGuestSlotTest, DroppedPutNeverLetsAnOlderVersionBack) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Put(pool, kFile, 1, MakePage(1));  // v1 stored
+  host.SetAdmissionHint(0);
+  guest->Put(pool, kFile, 1, MakePage(2));  // v2 skipped
+  EXPECT_EQ(guest->counters().puts_skipped_by_hint, 1u);
+  host.SetAdmissionHint(TMEM_ADMIT_ALL);
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out)) << "v1 must not come back";
+}
+
+// ---------------------------------------------------------------------------
+// Flush barrier
+
+class FlushBarrierTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    guest_ = MustCreate(&host_);
+    pool_ = *guest_->InitFs();
+    other_ = *guest_->InitFs();
+    guest_->Put(pool_, kFile, 100, MakePage(100));   // stored before
+    guest_->Put(other_, kFile, 100, MakePage(101));  // stored before
+    guest_->Poll();
+    host_.paused = true;
+    // Fill the whole ring: puts up to the reserve, then invalidates.
+    for (uint64_t i = 0; guest_->in_flight() < 16; ++i) {
+      if (guest_->in_flight() < 14) {
+        guest_->Put(pool_, kFile, i, MakePage(i));
+      } else {
+        guest_->InvalidatePage(pool_, kFile, 1000 + i);
+      }
+    }
+    ASSERT_EQ(guest_->counters().flush_fallbacks, 0u);
+  }
+
+  FakeHost host_;
+  std::unique_ptr<TmemGuest> guest_;
+  int pool_ = -1;
+  int other_ = -1;
+};
+
+TEST_F(FlushBarrierTest, InvalidateOnAFullRingRequestsABarrier) {
+  guest_->InvalidatePage(pool_, kFile, 100);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 1u);
+  EXPECT_TRUE(guest_->flush_pending());
+  tmem_shm_header* h = host_.header();
+  EXPECT_EQ(Load64(&h->flush_request),
+            uint64_t{1} << guest_->host_pool_id(pool_));
+  EXPECT_EQ(Load64(&h->flush_request_seq), Load32(&h->sq_tail.value))
+      << "seq = sq_tail at the request";
+
+  // While pending: gets of the pool miss without the ring, puts drop.
+  Page out{};
+  const uint64_t posted = Load32(&h->sq_tail.value);
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out));
+  guest_->Put(pool_, kFile, 5, MakePage(5));
+  EXPECT_EQ(guest_->counters().gets_miss_local, 1u);
+  EXPECT_EQ(guest_->counters().puts_dropped_flush_pending, 1u);
+  // More invalidates of the flagged pool are covered: nothing new.
+  guest_->InvalidateObject(pool_, kFile);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 1u);
+  EXPECT_EQ(Load32(&h->sq_tail.value), posted);
+
+  // The host catches up, applies the barrier, acks it.
+  host_.paused = false;
+  EXPECT_EQ(host_.Step(), 16u);
+  EXPECT_EQ(host_.flushes_applied(), 1u);
+  guest_->Poll();
+  EXPECT_FALSE(guest_->flush_pending());
+  EXPECT_EQ(Load64(&h->flush_request), 0u) << "bits cleared once acked";
+  EXPECT_EQ(guest_->free_slots(), guest_->slots_usable());
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out)) << "flushed";
+  EXPECT_TRUE(guest_->Get(other_, kFile, 100, out)) << "other pool untouched";
+  // And the pool works again.
+  guest_->Put(pool_, kFile, 100, MakePage(100));
+  EXPECT_TRUE(guest_->Get(pool_, kFile, 100, out));
+  EXPECT_EQ(out, MakePage(100));
+}
+
+TEST_F(FlushBarrierTest, ASecondPoolWaitsForThePendingBarrier) {
+  guest_->InvalidatePage(pool_, kFile, 100);
+  guest_->InvalidatePage(other_, kFile, 100);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 2u);
+  // Only the first pool's bit is in the header: bits added to a barrier the
+  // host might be acking right now could be acked unflushed.
+  EXPECT_EQ(Load64(&host_.header()->flush_request),
+            uint64_t{1} << guest_->host_pool_id(pool_));
+  Page out{};
+  EXPECT_FALSE(guest_->Get(other_, kFile, 100, out)) << "flagged meanwhile";
+  EXPECT_EQ(guest_->counters().gets_miss_local, 1u);
+
+  host_.paused = false;
+  host_.Step();    // executes the ring, applies the first barrier
+  guest_->Poll();  // sees the ack, sends INVAL_POOL for the second pool
+  host_.Step();
+  guest_->Poll();
+  EXPECT_FALSE(guest_->flush_pending());
+  EXPECT_GE(host_.op_count(TMEM_OP_INVAL_POOL), 1u);
+  EXPECT_FALSE(guest_->Get(other_, kFile, 100, out)) << "invalidated";
+}
+
+TEST_F(FlushBarrierTest, DroppedPutOnAFullRingFallsBackToTheBarrier) {
+  guest_->Put(pool_, kFile, 100, MakePage(999));  // dropped, ring full
+  EXPECT_EQ(guest_->counters().puts_dropped_ring_full, 1u);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 1u);
+  host_.paused = false;
+  host_.Step();
+  guest_->Poll();
+  Page out{};
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out)) << "old version killed";
+}
+
+TEST(TmemGuestFlushTest, WithoutBarrierSupportTheGuestResetsItsGeneration) {
+  FakeHostOptions o;
+  o.features = TMEM_FEAT_SHARED_POOLS;
+  FakeHost host(o);
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Poll();
+  host.paused = true;
+  while (guest->in_flight() < 16) guest->InvalidatePage(pool, kFile, 1);
+  const uint64_t gen = guest->guest_generation();
+  guest->InvalidatePage(pool, kFile, 2);
+  EXPECT_EQ(guest->counters().guest_resets, 1u);
+  EXPECT_NE(guest->guest_generation(), gen);
+  EXPECT_EQ(Load64(&host.header()->guest_generation),
+            guest->guest_generation());
+  EXPECT_EQ(guest->host_pool_id(pool), -1) << "pool ids void";
+  host.paused = false;
+  host.Step();
+  EXPECT_EQ(host.guest_generation_changes(), 1u);
+}
+
+// ---------------------------------------------------------------------------
+// Admission hint
+
+TEST(TmemGuestHintTest, SkipsExactlyTheHintedFraction) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.SetAdmissionHint(TMEM_ADMIT_ALL / 4);
+  for (uint64_t i = 0; i < 1000; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  guest->Poll();
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.puts_sent, 250u);
+  EXPECT_EQ(c.puts_skipped_by_hint, 750u);
+  EXPECT_EQ(host.op_count(TMEM_OP_PUT), 250u);
+  // New keys: skipping them needs no invalidate.
+  EXPECT_EQ(c.drop_invalidates_avoided, 750u);
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_PAGE), 0u);
+
+  // The same keys again, all skipped: the 250 the host may hold must have
+  // their older pages killed (the filter may add a few false positives).
+  host.SetAdmissionHint(0);
+  for (uint64_t i = 0; i < 1000; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  guest->Poll();
+  EXPECT_EQ(c.puts_sent, 250u);
+  EXPECT_GE(c.invalidates_for_dropped_puts, 250u);
+  EXPECT_LE(c.invalidates_for_dropped_puts, 260u);
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_PAGE), c.invalidates_for_dropped_puts);
+  for (uint64_t i = 3; i < 1000; i += 4) {
+    EXPECT_FALSE(host.HasPage(0, kFile, i)) << i;
+  }
+}
+
+TEST(TmemGuestHintTest, IgnoredWhenTheHostDoesNotOfferIt) {
+  FakeHostOptions o;
+  o.features = TMEM_FEAT_FLUSH_BARRIER;
+  FakeHost host(o);
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.SetAdmissionHint(0);
+  for (uint64_t i = 0; i < 10; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(guest->counters().puts_sent, 10u);
+}
+
+TEST(TmemGuestHintTest, HostDroppedPutsAreCounted) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.drop_puts = true;
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Poll();
+  EXPECT_EQ(guest->counters().puts_sent, 1u);
+  EXPECT_EQ(guest->counters().puts_dropped_by_host, 1u);
+  EXPECT_EQ(guest->counters().errors, 0u);
+}
+
+// ---------------------------------------------------------------------------
+// Timeouts, generations, resets, hostile hosts
+
+TEST(TmemGuestTimeoutTest, GetTimesOutIntoAMissAndKeepsItsSlot) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Poll();
+  const uint32_t all = guest->free_slots();
+  host.paused = true;
+  Page out{};
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_GE(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(20));
+  EXPECT_EQ(guest->counters().gets_timeout, 1u);
+  EXPECT_EQ(guest->counters().gets_miss, 1u);
+  EXPECT_EQ(guest->free_slots(), all - 1) << "the host may still write it";
+  host.paused = false;
+  host.Step();  // the late GET hits (and, exclusive, removes the page)
+  guest->Poll();
+  EXPECT_EQ(guest->free_slots(), all);
+  EXPECT_EQ(guest->counters().gets_hit, 0u) << "a late hit is not delivered";
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+}
+
+TEST(TmemGuestTimeoutTest, ADeadHostStopsCostingATimeoutPerGet) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.get_timeout = std::chrono::milliseconds(5);
+  o.stall_after_timeouts = 3;
+  o.stall_probe_interval = std::chrono::milliseconds(200);
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  host.paused = true;  // "killed": READY stays, nothing consumes
+  Page out{};
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+  EXPECT_EQ(guest->counters().gets_timeout, 3u);
+  EXPECT_EQ(guest->counters().host_stalls, 1u);
+  const auto start = std::chrono::steady_clock::now();
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+  EXPECT_LT(std::chrono::steady_clock::now() - start,
+            std::chrono::milliseconds(100))
+      << "no more waiting";
+  EXPECT_EQ(guest->counters().gets_skipped_stalled, 100u);
+  EXPECT_EQ(guest->counters().gets_timeout, 3u);
+
+  // The host comes back: its progress ends the stall at once.
+  host.paused = false;
+  host.Step();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().gets_skipped_stalled, 100u);
+}
+
+TEST(TmemGuestTimeoutTest, AStalledHostIsProbedAgain) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.get_timeout = std::chrono::milliseconds(5);
+  o.stall_after_timeouts = 2;
+  o.stall_probe_interval = std::chrono::milliseconds(20);
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  host.paused = true;
+  Page out{};
+  for (int i = 0; i < 2; ++i) EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().gets_skipped_stalled, 1u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));  // the probe: waits again
+  EXPECT_EQ(guest->counters().gets_timeout, 3u);
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().gets_skipped_stalled, 2u);
+}
+
+TEST(TmemGuestTimeoutTest, ASlowButMovingHostIsNotStalled) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.get_timeout = std::chrono::milliseconds(5);
+  o.stall_after_timeouts = 2;
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  host.paused = true;
+  Page out{};
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+    host.Step(1);  // consumes something between the timeouts
+  }
+  EXPECT_EQ(guest->counters().gets_timeout, 5u);
+  EXPECT_EQ(guest->counters().host_stalls, 0u);
+  EXPECT_EQ(guest->counters().gets_skipped_stalled, 0u);
+}
+
+TEST(TmemGuestResetTest, HostResetVoidsPoolsWhichComeBackLazily) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  const uint64_t gen = guest->guest_generation();
+
+  host.Reset();
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().host_resets_seen, 1u);
+  EXPECT_EQ(guest->counters().gets_miss_local, 1u);
+  EXPECT_EQ(guest->host_generation(), 101u);
+  EXPECT_NE(guest->guest_generation(), gen) << "re-attach, new generation";
+  EXPECT_EQ(Load64(&host.header()->guest_generation),
+            guest->guest_generation());
+  EXPECT_EQ(guest->free_slots(), guest->slots_usable()) << "new rings";
+
+  // That Get started re-creating the pool; the same handle works again.
+  guest->Put(pool, kFile, 1, MakePage(11));
+  EXPECT_EQ(guest->host_pool_id(pool), 0);
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(out, MakePage(11));
+  EXPECT_EQ(guest->counters().pools_created, 2u);
+  EXPECT_EQ(guest->counters().errors, 0u);
+}
+
+TEST(TmemGuestResetTest, PutsDropUntilThePoolIsRecreated) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.Reset();
+  host.paused = true;  // NEW_POOL not answered yet
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Put(pool, kFile, 2, MakePage(2));
+  EXPECT_EQ(guest->counters().puts_dropped_no_pool, 2u);
+  EXPECT_EQ(host.op_count(TMEM_OP_NEW_POOL), 1u);
+  host.paused = false;
+  host.Step();
+  guest->Put(pool, kFile, 3, MakePage(3));
+  EXPECT_EQ(guest->counters().puts_sent, 1u);
+}
+
+TEST(TmemGuestResetTest, HostNotReadyMeansMissesAndDrops) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  host.SetState(TMEM_HOST_STATE_RESET);
+  Page out{};
+  guest->Put(pool, kFile, 1, MakePage(1));
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_FALSE(guest->attached());
+  EXPECT_EQ(guest->counters().puts_dropped_no_pool, 1u);
+  EXPECT_EQ(guest->counters().gets_miss_local, 1u);
+  host.Reset();                             // READY with a new generation
+  guest->Put(pool, kFile, 1, MakePage(1));  // triggers re-creation
+  guest->Put(pool, kFile, 1, MakePage(1));
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+}
+
+TEST(TmemGuestResetTest, SharedPoolIsWipedWhenRejoinedAfterAReset) {
+  // Other VMs keep a shared pool alive across our reset, and our invalidates
+  // still in the ring were lost with it: the rejoin starts with INVAL_POOL.
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitSharedFs(TmemGuest::Uuid{1});
+  guest->Put(pool, kFile, 1, MakePage(1));
+  host.Reset();
+  guest->Poll();
+  guest->Put(pool, kFile, 2, MakePage(2));  // starts re-creating
+  guest->Put(pool, kFile, 2, MakePage(2));  // ready: INVAL_POOL, then put
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_POOL), 1u);
+  Page out{};
+  EXPECT_TRUE(guest->Get(pool, kFile, 2, out));
+}
+
+TEST(TmemGuestHostileTest, CorruptCqTailStopsTheRingUntilAReset) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Poll();
+  __atomic_store_n(&host.header()->cq_tail.value, 1000u, __ATOMIC_RELEASE);
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(guest->counters().errors, 1u);
+  EXPECT_FALSE(guest->attached());
+  guest->Put(pool, kFile, 2, MakePage(2));
+  EXPECT_EQ(guest->counters().puts_dropped_no_pool, 1u);
+  host.Reset();
+  guest->Put(pool, kFile, 2, MakePage(2));
+  guest->Put(pool, kFile, 2, MakePage(2));
+  EXPECT_TRUE(guest->Get(pool, kFile, 2, out));
+  EXPECT_EQ(guest->counters().errors, 1u);
+}
+
+TEST(TmemGuestHostileTest, CorruptSqHeadIsAFault) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  __atomic_store_n(&host.header()->sq_head.value, 5000u, __ATOMIC_RELEASE);
+  guest->Put(pool, kFile, 1, MakePage(1));
+  EXPECT_EQ(guest->counters().errors, 1u);
+  EXPECT_EQ(guest->counters().puts_sent, 0u);
+}
+
+TEST(TmemGuestHostileTest, UnknownCompletionTagsAreSkipped) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  (void)*guest->InitFs();
+  guest->Poll();
+  tmem_shm_header* h = host.header();
+  const uint32_t tail = Load32(&h->cq_tail.value);
+  tmem_cqe bogus{0xdeadbeef, TMEM_OK, 1};
+  std::memcpy(
+      host.shm_base() + host.cq_offset() + (tail & 15) * sizeof(tmem_cqe),
+      &bogus, sizeof(bogus));
+  __atomic_store_n(&h->cq_tail.value, tail + 1, __ATOMIC_RELEASE);
+  guest->Poll();
+  EXPECT_EQ(guest->counters().stale_completions, 1u);
+  EXPECT_EQ(Load32(&h->cq_head.value), tail + 1);
+}
+
+// ---------------------------------------------------------------------------
+// Coherency against a threaded host, roomy and cramped.
+
+struct CoherencyCase {
+  uint32_t sq_entries;
+  uint32_t slots;
+  bool doorbell;
+  uint32_t hint;
+};
+
+class TmemGuestCoherencyTest : public ::testing::TestWithParam<CoherencyCase> {
+};
+
+TEST_P(TmemGuestCoherencyTest, EveryHitIsTheLatestPut) {
+  const CoherencyCase& p = GetParam();
+  FakeHostOptions o;
+  o.sq_entries = p.sq_entries;
+  o.cq_entries = p.sq_entries;
+  o.slot_count = p.slots;
+  o.region_bytes = 1 << 20;
+  o.needs_doorbell = p.doorbell;
+  FakeHost host(o);
+  host.SetAdmissionHint(p.hint);
+  host.Start();
+  TmemGuestOptions go = FastOptions();
+  go.get_timeout = std::chrono::milliseconds(200);
+  auto guest = MustCreate(&host, go);
+  WorkloadConfig config;
+  config.kind = WorkloadKind::kCoherency;
+  config.pages = 300;
+  config.ops = 20'000;
+  config.seed = p.sq_entries * 31 + p.hint;
+  WorkloadResult r = RunWorkload(*guest, config);
+  host.Stop();
+  ASSERT_TRUE(r.status.ok()) << r.status;
+  EXPECT_EQ(r.mismatches, 0u) << r.mismatch_report;
+  EXPECT_GT(r.hits, 0u);
+  EXPECT_EQ(r.verified_hits, r.hits);
+  EXPECT_EQ(guest->counters().errors, 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Rings, TmemGuestCoherencyTest,
+    ::testing::Values(CoherencyCase{64, 128, true, TMEM_ADMIT_ALL},
+                      CoherencyCase{64, 128, false, TMEM_ADMIT_ALL},
+                      CoherencyCase{8, 16, false, TMEM_ADMIT_ALL},
+                      CoherencyCase{16, 32, true, TMEM_ADMIT_ALL / 3}));
+
+// The check itself must catch a broken host, or its passing means nothing.
+TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatIgnoresInvalidates) {
+  FakeHost host;
+  host.ignore_invalidates = true;
+  host.Start();
+  auto guest = MustCreate(&host);
+  WorkloadConfig config;
+  config.kind = WorkloadKind::kCoherency;
+  config.pages = 64;
+  config.ops = 5000;
+  WorkloadResult r = RunWorkload(*guest, config);
+  host.Stop();
+  EXPECT_GT(r.mismatches, 0u);
+  EXPECT_THAT(r.mismatch_report, HasSubstr("expected a miss"));
+}
+
+TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatKeepsStaleVersions) {
+  FakeHost host;
+  host.keep_first_put = true;
+  host.Start();
+  auto guest = MustCreate(&host);
+  WorkloadConfig config;
+  config.kind = WorkloadKind::kCoherency;
+  config.pages = 64;
+  config.ops = 5000;
+  WorkloadResult r = RunWorkload(*guest, config);
+  host.Stop();
+  EXPECT_GT(r.mismatches, 0u);
+  EXPECT_THAT(r.mismatch_report, HasSubstr("STALE version"));
+}
+
+}  // namespace
+}  // namespace tmem
