@@ -1,0 +1,374 @@
+#include "host-agent/config.h"
+
+#include <grp.h>
+#include <toml++/toml.h>
+
+#include <bit>
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+
+namespace tmem {
+
+absl::StatusOr<uint64_t> ParseSize(std::string_view text_view) {
+  // Debian's abseil has its own string_view type; work in absl's.
+  const absl::string_view text(text_view.data(), text_view.size());
+  absl::string_view s = absl::StripAsciiWhitespace(text);
+  size_t digits = 0;
+  while (digits < s.size() &&
+         std::isdigit(static_cast<unsigned char>(s[digits]))) {
+    ++digits;
+  }
+  uint64_t value = 0;
+  if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", text, "' is not a size (examples: 4096, 64MiB, 2GiB)"));
+  }
+  std::string unit =
+      absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
+  int shift = 0;
+  if (unit.empty() || unit == "b") {
+    shift = 0;
+  } else if (unit == "k" || unit == "kib" || unit == "kb") {
+    shift = 10;
+  } else if (unit == "m" || unit == "mib" || unit == "mb") {
+    shift = 20;
+  } else if (unit == "g" || unit == "gib" || unit == "gb") {
+    shift = 30;
+  } else if (unit == "t" || unit == "tib" || unit == "tb") {
+    shift = 40;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "': unknown size unit '", unit,
+                     "' (use KiB, MiB, GiB, TiB)"));
+  }
+  if (shift > 0 && value > (UINT64_MAX >> shift)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is too large"));
+  }
+  return value << shift;
+}
+
+namespace {
+
+// Reads tables strictly: every key must be known.
+class TableReader {
+ public:
+  TableReader(const toml::table& table, std::string path)
+      : table_(table), path_(std::move(path)) {}
+
+  absl::Status CheckKeys(std::initializer_list<std::string_view> known) const {
+    for (const auto& [key, node] : table_) {
+      bool ok = false;
+      for (std::string_view k : known) ok = ok || key.str() == k;
+      if (!ok) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown key '", path_, std::string(key.str()), "'", Where(node)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Size(std::string_view key, uint64_t* out) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    if (auto i = n->value<int64_t>()) {
+      if (*i < 0) return Bad(key, *n, "must not be negative");
+      *out = static_cast<uint64_t>(*i);
+      return absl::OkStatus();
+    }
+    if (auto s = n->value<std::string>()) {
+      absl::StatusOr<uint64_t> v = ParseSize(*s);
+      if (!v.ok()) return Bad(key, *n, std::string(v.status().message()));
+      *out = *v;
+      return absl::OkStatus();
+    }
+    return Bad(key, *n, "must be a size (bytes or a string like \"64MiB\")");
+  }
+
+  template <typename Int>
+  absl::Status Integer(std::string_view key, Int* out, int64_t lo,
+                       int64_t hi) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    auto i = n->value<int64_t>();
+    if (!i) return Bad(key, *n, "must be an integer");
+    if (*i < lo || *i > hi) {
+      return Bad(key, *n, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+    }
+    *out = static_cast<Int>(*i);
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(std::string_view key, bool* out) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    auto b = n->value<bool>();
+    if (!b) return Bad(key, *n, "must be true or false");
+    *out = *b;
+    return absl::OkStatus();
+  }
+
+  absl::Status String(std::string_view key,
+                      std::optional<std::string>* out) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    auto s = n->value<std::string>();
+    if (!s) return Bad(key, *n, "must be a string");
+    *out = *s;
+    return absl::OkStatus();
+  }
+
+ private:
+  static std::string Where(const toml::node& n) {
+    const auto& src = n.source();
+    if (!src.begin) return "";
+    return absl::StrCat(" (line ", src.begin.line, ")");
+  }
+  absl::Status Bad(std::string_view key, const toml::node& n,
+                   std::string_view why) const {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'", path_, std::string(key), "'", Where(n), ": ", std::string(why)));
+  }
+
+  const toml::table& table_;
+  std::string path_;
+};
+
+absl::Status ApplyStore(const toml::table& t, StoreOptions& store) {
+  TableReader r(t, "store.");
+  if (absl::Status s =
+          r.CheckKeys({"memory_cap", "shards", "poor_compression_threshold",
+                       "poor_compression_action", "max_evictions_per_put"});
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = r.Size("memory_cap", &store.memory_cap_bytes); !s.ok()) return s;
+  if (auto s = r.Integer("shards", &store.num_shards, 1, 4096); !s.ok())
+    return s;
+  uint64_t threshold = store.poor_compression_threshold_bytes;
+  if (auto s = r.Size("poor_compression_threshold", &threshold); !s.ok())
+    return s;
+  store.poor_compression_threshold_bytes = threshold;
+  if (auto s = r.Integer("max_evictions_per_put", &store.max_evictions_per_put,
+                         1, 1 << 20);
+      !s.ok()) {
+    return s;
+  }
+  std::optional<std::string> action;
+  if (auto s = r.String("poor_compression_action", &action); !s.ok()) return s;
+  if (action) {
+    if (*action == "raw") {
+      store.poor_compression_action = PoorCompressionAction::kStoreRaw;
+    } else if (*action == "refuse") {
+      store.poor_compression_action = PoorCompressionAction::kRefuse;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'store.poor_compression_action' is '", *action,
+                       R"(': use "raw" or "refuse")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyChannels(const toml::table& t, TmemdConfig& c) {
+  TableReader r(t, "channels.");
+  if (auto s = r.CheckKeys({"socket_dir", "region_size", "ring_entries",
+                            "vectors", "socket_mode", "socket_group"});
+      !s.ok()) {
+    return s;
+  }
+  std::optional<std::string> dir, mode, group;
+  if (auto s = r.String("socket_dir", &dir); !s.ok()) return s;
+  if (dir) c.socket_dir = *dir;
+  if (auto s = r.Size("region_size", &c.region_bytes); !s.ok()) return s;
+  if (auto s = r.Integer("ring_entries", &c.ring_entries, 8, 4096); !s.ok())
+    return s;
+  if (auto s = r.Integer("vectors", &c.vectors, 1, 16); !s.ok()) return s;
+  if (auto s = r.String("socket_mode", &mode); !s.ok()) return s;
+  if (mode) {
+    char* end = nullptr;
+    const unsigned long m = std::strtoul(mode->c_str(), &end, 8);
+    if (mode->empty() || end == nullptr || *end != '\0' || m > 0777) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'channels.socket_mode' is '", *mode,
+                       "': use an octal mode like \"0660\""));
+    }
+    c.socket_mode = static_cast<mode_t>(m);
+  }
+  if (auto s = r.String("socket_group", &group); !s.ok()) return s;
+  if (group) c.socket_group = *group;
+  return absl::OkStatus();
+}
+
+absl::Status ApplyWorker(const toml::table& t, WorkerOptions& w) {
+  TableReader r(t, "worker.");
+  if (auto s = r.CheckKeys({"poll_us", "batch", "idle_check_ms"}); !s.ok())
+    return s;
+  if (auto s = r.Integer("poll_us", &w.poll_us, 0, 1000000); !s.ok()) return s;
+  if (auto s = r.Integer("batch", &w.batch, 1, 4096); !s.ok()) return s;
+  if (auto s = r.Integer("idle_check_ms", &w.idle_check_ms, 1, 10000); !s.ok())
+    return s;
+  return absl::OkStatus();
+}
+
+absl::Status ApplyLog(const toml::table& t, TmemdConfig& c) {
+  TableReader r(t, "log.");
+  if (auto s = r.CheckKeys({"level", "format", "stats_interval_seconds"});
+      !s.ok()) {
+    return s;
+  }
+  std::optional<std::string> level, format;
+  if (auto s = r.String("level", &level); !s.ok()) return s;
+  if (level && !ParseLogLevel(*level, &c.log_level)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "'log.level' is '", *level, "': use debug, info, warn or error"));
+  }
+  if (auto s = r.String("format", &format); !s.ok()) return s;
+  if (format) {
+    if (*format == "text") {
+      c.log_format = LogFormat::kText;
+    } else if (*format == "json") {
+      c.log_format = LogFormat::kJson;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'log.format' is '", *format, "': use text or json"));
+    }
+  }
+  if (auto s = r.Integer("stats_interval_seconds", &c.stats_interval_seconds, 0,
+                         86400);
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
+  TableReader r(t, absl::StrCat("vm[", index, "]."));
+  if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled"}); !s.ok())
+    return s;
+  VmConfig vm;
+  std::optional<std::string> name;
+  if (auto s = r.String("name", &name); !s.ok()) return s;
+  if (!name) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'vm[", index, "]' has no name"));
+  }
+  vm.name = *name;
+  if (auto s = r.Size("quota", &vm.policy.quota_bytes); !s.ok()) return s;
+  if (auto s = r.Integer("weight", &vm.policy.weight, 1, 1000000); !s.ok())
+    return s;
+  if (auto s = r.Bool("enabled", &vm.policy.enabled); !s.ok()) return s;
+  c.vms.push_back(vm);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
+                                        std::string_view source_name,
+                                        TmemdConfig c) {
+  toml::table root;
+  try {
+    root = toml::parse(text, source_name);
+  } catch (const toml::parse_error& e) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(source_name), ":", e.source().begin.line, ":",
+        e.source().begin.column, ": ", std::string(e.description())));
+  }
+  for (const auto& [key, node] : root) {
+    const std::string_view k = key.str();
+    absl::Status s;
+    if (k == "vm") {
+      const toml::array* vms = node.as_array();
+      if (vms == nullptr) {
+        return absl::InvalidArgumentError(
+            "'vm' must be an array of tables: write [[vm]] sections");
+      }
+      for (size_t i = 0; i < vms->size(); ++i) {
+        const toml::table* t = (*vms)[i].as_table();
+        if (t == nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("'vm[", i, "]' must be a table"));
+        }
+        if (s = ApplyVm(*t, i, c); !s.ok()) return s;
+      }
+      continue;
+    }
+    const toml::table* t = node.as_table();
+    if (t == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown top-level key '", std::string(k),
+          "' (sections: [store], [channels], [worker], [log], [[vm]])"));
+    }
+    if (k == "store") {
+      s = ApplyStore(*t, c.store);
+    } else if (k == "channels") {
+      s = ApplyChannels(*t, c);
+    } else if (k == "worker") {
+      s = ApplyWorker(*t, c.worker);
+    } else if (k == "log") {
+      s = ApplyLog(*t, c);
+    } else {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "unknown section [", std::string(k),
+          "] (sections: [store], [channels], [worker], [log], [[vm]])"));
+    }
+    if (!s.ok()) return s;
+  }
+  return c;
+}
+
+absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
+                                           TmemdConfig base) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read config file '", path, "'"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return ParseConfig(buf.str(), path, std::move(base));
+}
+
+absl::Status ValidateConfig(const TmemdConfig& c) {
+  if (!std::has_single_bit(c.region_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("channels.region_size ", c.region_bytes,
+                     " must be a power of two (QEMU requires it for BAR2)"));
+  }
+  if (!std::has_single_bit(c.ring_entries)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "channels.ring_entries ", c.ring_entries, " must be a power of two"));
+  }
+  if (c.socket_dir.empty()) {
+    return absl::InvalidArgumentError("channels.socket_dir is empty");
+  }
+  absl::flat_hash_set<std::string> names;
+  for (const VmConfig& vm : c.vms) {
+    if (vm.name.empty() || vm.name.size() > 64 ||
+        vm.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR"
+                                  "STUVWXYZ0123456789._-") !=
+            std::string::npos ||
+        vm.name[0] == '.') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "VM name '", vm.name,
+          "' must be 1-64 characters of letters, digits, '.', '_' or '-' "
+          "(it names the socket file) and not start with '.'"));
+    }
+    if (!names.insert(vm.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("VM '", vm.name, "' is configured twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tmem

@@ -1,0 +1,77 @@
+// TmemdConfig: tmemd's settings, from a TOML file and command-line flags.
+//
+// Every setting has a default that works on a developer machine; the file
+// overrides the defaults and flags override the file. Unknown keys in the
+// file are errors (a typo must not silently fall back to a default). Sizes
+// accept plain bytes or a suffix: 4096, "512KiB", "4MiB", "2GiB".
+//
+// Example (host-agent/tmemd.example.toml has every key):
+//   [store]
+//   memory_cap = "2GiB"
+//   [channels]
+//   socket_dir = "/run/tmemd"
+//   socket_group = "kvm"
+//   [[vm]]
+//   name = "web1"
+//   quota = "512MiB"
+//   weight = 200
+#ifndef TMEMD_HOST_AGENT_CONFIG_H_
+#define TMEMD_HOST_AGENT_CONFIG_H_
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/tmem_store.h"
+#include "host-agent/log.h"
+#include "host-agent/worker.h"
+
+namespace tmem {
+
+struct VmConfig {
+  std::string name;
+  VmPolicy policy;
+};
+
+struct TmemdConfig {
+  StoreOptions store;
+  // Channels.
+  std::string socket_dir = "/run/tmemd";
+  uint64_t region_bytes = uint64_t{4} << 20;
+  uint32_t ring_entries = 256;
+  int vectors = 1;
+  mode_t socket_mode = 0660;
+  std::optional<std::string> socket_group;  // group name or numeric gid
+  WorkerOptions worker;
+  std::vector<VmConfig> vms;
+  // Process.
+  LogLevel log_level = LogLevel::kInfo;
+  LogFormat log_format = LogFormat::kText;
+  int stats_interval_seconds = 0;  // 0: stats only at exit
+};
+
+// "4096", "4KiB", "4 MiB", "1GiB", "1G" (binary units). INVALID_ARGUMENT
+// with the offending text otherwise.
+absl::StatusOr<uint64_t> ParseSize(std::string_view text);
+
+// Reads a TOML file over `base` (which holds defaults or earlier settings).
+absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
+                                           TmemdConfig base);
+
+// Parses TOML text (for tests and for LoadConfigFile).
+absl::StatusOr<TmemdConfig> ParseConfig(std::string_view toml,
+                                        std::string_view source_name,
+                                        TmemdConfig base);
+
+// Cross-field checks (region size, vectors, VM names unique and safe as
+// file names, quota/weight ranges).
+absl::Status ValidateConfig(const TmemdConfig& config);
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CONFIG_H_

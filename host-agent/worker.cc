@@ -1,0 +1,304 @@
+#include "host-agent/worker.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/log.h"
+#include "proto/tmem_abi.h"
+
+namespace tmem {
+
+namespace {
+
+int64_t NowMicros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Worker::Worker(const WorkerOptions& options) : options_(options) {}
+
+Worker::~Worker() {
+  Stop();
+  if (wake_fd_ >= 0) close(wake_fd_);
+  if (epoll_fd_ >= 0) close(epoll_fd_);
+}
+
+absl::Status Worker::Start() {
+  epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epoll_fd_ < 0) {
+    return absl::InternalError(absl::StrCat(
+        "epoll_create1: ", std::generic_category().message(errno)));
+  }
+  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (wake_fd_ < 0) {
+    return absl::InternalError(
+        absl::StrCat("eventfd: ", std::generic_category().message(errno)));
+  }
+  Register(wake_fd_, nullptr, FdKind::kWake);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    started_ = true;
+  }
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void Worker::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!started_ || stop_) return;
+    stop_ = true;
+  }
+  uint64_t one = 1;
+  ssize_t unused = write(wake_fd_, &one, sizeof(one));
+  (void)unused;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::AddChannel(Channel* channel) {
+  std::unique_lock<std::mutex> lock(mu_);
+  commands_.push_back({channel, true});
+  const uint64_t ticket = ++commands_queued_;
+  uint64_t one = 1;
+  ssize_t unused = write(wake_fd_, &one, sizeof(one));
+  (void)unused;
+  cv_.wait(lock, [&] { return commands_done_ >= ticket || stop_; });
+}
+
+void Worker::RemoveChannel(Channel* channel) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return;  // the loop is gone; nothing touches the channel
+  commands_.push_back({channel, false});
+  const uint64_t ticket = ++commands_queued_;
+  uint64_t one = 1;
+  ssize_t unused = write(wake_fd_, &one, sizeof(one));
+  (void)unused;
+  cv_.wait(lock, [&] { return commands_done_ >= ticket || stop_; });
+}
+
+void Worker::Register(int fd, Channel* channel, FdKind kind) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  if (kind == FdKind::kClient) ev.events |= EPOLLRDHUP;
+  ev.data.fd = fd;
+  if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    Log(LogLevel::kError, "epoll_add_failed",
+        {{"fd", fd}, {"error", std::generic_category().message(errno)}});
+    return;
+  }
+  fds_[fd] = {channel, kind};
+}
+
+void Worker::Unregister(int fd) {
+  epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  fds_.erase(fd);
+}
+
+void Worker::Attach(Channel* ch) {
+  channels_.push_back(ch);
+  Register(ch->server().listen_fd(), ch, FdKind::kListen);
+  for (int v = 0; v < ch->server().vectors(); ++v) {
+    Register(ch->server().doorbell_fd(v), ch, FdKind::kDoorbell);
+  }
+  if (ch->server().connected()) {
+    client_fd_of_[ch] = ch->server().client_fd();
+    Register(ch->server().client_fd(), ch, FdKind::kClient);
+  }
+}
+
+void Worker::Detach(Channel* ch) {
+  Unregister(ch->server().listen_fd());
+  for (int v = 0; v < ch->server().vectors(); ++v) {
+    Unregister(ch->server().doorbell_fd(v));
+  }
+  auto it = client_fd_of_.find(ch);
+  if (it != client_fd_of_.end()) {
+    Unregister(it->second);
+    client_fd_of_.erase(it);
+  }
+  channels_.erase(std::remove(channels_.begin(), channels_.end(), ch),
+                  channels_.end());
+  reset_log_.erase(ch);
+}
+
+void Worker::ApplyCommands() {
+  std::vector<Command> commands;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands.swap(commands_);
+    running_ = !stop_;
+  }
+  for (const Command& c : commands) {
+    if (c.add) {
+      Attach(c.channel);
+    } else {
+      Detach(c.channel);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    commands_done_ += commands.size();
+  }
+  cv_.notify_all();
+}
+
+bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
+  bool work = false;
+  *more = false;
+  for (Channel* ch : channels_) {
+    if (!ch->server().connected()) continue;
+    const RingConsumer::DrainResult r = ch->consumer().Drain(options_.batch);
+    if (r.consumed > 0) {
+      work = true;
+      // Work found without this guest ringing: what polling saves.
+      if (std::find(rung.begin(), rung.end(), ch) == rung.end()) {
+        ch->metrics().Inc(ChannelCounter::kPollRounds);
+      }
+    }
+    if (r.more) *more = true;
+    if (r.interrupt) {
+      ch->server().NotifyGuest(TMEM_VEC_COMPLETE);
+      ch->metrics().Inc(ChannelCounter::kInterruptsSent);
+    }
+    if (r.reset) {
+      // A hostile guest can reset its channel thousands of times a second;
+      // the counter has every one, the log one line per second per VM.
+      ResetLogState& state = reset_log_[ch];
+      const int64_t now = NowMicros();
+      if (now - state.last_log_us >= 1000000) {
+        Log(LogLevel::kWarn, "channel_reset",
+            {{"vm", ch->name()},
+             {"reason", "corrupt ring indices"},
+             {"suppressed_since_last", state.suppressed}});
+        state.last_log_us = now;
+        state.suppressed = 0;
+      } else {
+        ++state.suppressed;
+      }
+    }
+  }
+  return work;
+}
+
+bool Worker::SetNeedsDoorbell(bool needs) {
+  bool pending = false;
+  for (Channel* ch : channels_) {
+    if (!ch->server().connected()) continue;
+    tmem_shm_header* h = ch->region().header();
+    // host_flags is host-owned; only tmemd writes it.
+    __atomic_store_n(&h->host_flags, needs ? TMEM_HOST_NEEDS_DOORBELL : 0u,
+                     __ATOMIC_RELEASE);
+  }
+  if (!needs) return false;
+  // Dekker with the guest (proto/tmem_abi.h): flag store, full fence, then
+  // re-read the rings, so a tail published before the guest saw the flag is
+  // not slept on.
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+  for (Channel* ch : channels_) {
+    if (ch->server().connected() && ch->consumer().Pending() > 0) {
+      pending = true;
+    }
+  }
+  return pending;
+}
+
+void Worker::Loop() {
+  running_ = true;
+  std::vector<epoll_event> events(64);
+  int64_t last_work_us = 0;
+  while (running_) {
+    const int timeout_ms = polling_ ? 0 : options_.idle_check_ms;
+    const int n = epoll_wait(epoll_fd_, events.data(),
+                             static_cast<int>(events.size()), timeout_ms);
+    if (n < 0 && errno != EINTR) {
+      Log(LogLevel::kError, "epoll_wait_failed",
+          {{"error", std::generic_category().message(errno)}});
+      break;
+    }
+    std::vector<Channel*> rung;
+    for (int i = 0; i < n; ++i) {
+      const int fd = events[i].data.fd;
+      auto it = fds_.find(fd);
+      if (it == fds_.end()) continue;
+      const FdTarget target = it->second;
+      switch (target.kind) {
+        case FdKind::kWake: {
+          uint64_t v;
+          ssize_t unused = read(fd, &v, sizeof(v));
+          (void)unused;
+          ApplyCommands();
+          break;
+        }
+        case FdKind::kListen: {
+          Channel* ch = target.channel;
+          if (ch->server().OnListenReadable()) {
+            client_fd_of_[ch] = ch->server().client_fd();
+            Register(ch->server().client_fd(), ch, FdKind::kClient);
+            Log(LogLevel::kInfo, "guest_attached", {{"vm", ch->name()}});
+          }
+          break;
+        }
+        case FdKind::kClient: {
+          Channel* ch = target.channel;
+          // Unregister before the server closes the fd: a closed fd number
+          // may be reused at once by the next accept.
+          Unregister(fd);
+          client_fd_of_.erase(ch);
+          if (ch->server().OnClientEvent()) {
+            ch->OnGuestDetached();
+            Log(LogLevel::kInfo, "guest_detached", {{"vm", ch->name()}});
+          } else {
+            client_fd_of_[ch] = fd;
+            Register(fd, ch, FdKind::kClient);
+          }
+          break;
+        }
+        case FdKind::kDoorbell: {
+          uint64_t v;
+          if (read(fd, &v, sizeof(v)) == sizeof(v)) {
+            target.channel->metrics().Inc(ChannelCounter::kDoorbells);
+          }
+          rung.push_back(target.channel);
+          break;
+        }
+      }
+    }
+    if (!running_) break;
+    bool more = false;
+    const bool work = DrainAll(rung, &more);
+    const int64_t now = NowMicros();
+    if (work) {
+      last_work_us = now;
+      if (!polling_) {
+        polling_ = true;
+        SetNeedsDoorbell(false);
+      }
+      continue;
+    }
+    if (polling_ && now - last_work_us >= options_.poll_us) {
+      // Going to sleep: ask for doorbells, then look once more.
+      polling_ = SetNeedsDoorbell(true);
+      if (polling_) SetNeedsDoorbell(false);
+    }
+  }
+  // Leave every guest able to wake a future tmemd... which will not come
+  // for these regions; ask for doorbells so no guest spins on us.
+  SetNeedsDoorbell(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+}
+
+}  // namespace tmem

@@ -1,0 +1,103 @@
+// Worker: the thread that drives channels.
+//
+// One epoll loop watches each channel's listening socket, attached client
+// and doorbell eventfds. It drains submission rings in batches (per VM, in
+// ring order), raises the guest's completion interrupt only when a completed
+// entry asked for one, and polls adaptively: after finding work it keeps
+// polling the rings for `poll_us` with TMEM_HOST_NEEDS_DOORBELL cleared, so
+// a busy guest posts puts without a doorbell (a VM exit) each; when idle it
+// sets the flag, fences, re-checks the rings (see the Dekker note in
+// proto/tmem_abi.h) and sleeps. A short timer re-checks every ring anyway,
+// so a guest that forgets a doorbell is slow, never stuck.
+//
+// Thread-safety: AddChannel/RemoveChannel/Stop may be called from any
+// thread; everything else runs on the worker thread.
+#ifndef TMEMD_HOST_AGENT_WORKER_H_
+#define TMEMD_HOST_AGENT_WORKER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "host-agent/channel/channel.h"
+
+namespace tmem {
+
+struct WorkerOptions {
+  int poll_us = 50;        // keep polling this long after the last work
+  uint32_t batch = 64;     // SQEs per channel per round (fairness)
+  int idle_check_ms = 10;  // timer re-check while asleep
+};
+
+class Worker {
+ public:
+  explicit Worker(const WorkerOptions& options);
+  ~Worker();  // stops and joins
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  absl::Status Start();
+  void Stop();
+
+  // The channel must outlive its registration (until RemoveChannel returns).
+  void AddChannel(Channel* channel);
+  // Returns once the worker no longer touches the channel.
+  void RemoveChannel(Channel* channel);
+
+ private:
+  enum class FdKind : uint8_t { kWake, kListen, kClient, kDoorbell };
+  struct FdTarget {
+    Channel* channel;
+    FdKind kind;
+  };
+  struct Command {
+    Channel* channel;
+    bool add;
+  };
+
+  void Loop();
+  void ApplyCommands();
+  void Register(int fd, Channel* channel, FdKind kind);
+  void Unregister(int fd);
+  void Attach(Channel* channel);
+  void Detach(Channel* channel);
+  // Drains every connected channel once; true if any SQE was consumed.
+  // `rung`: channels whose doorbell fired this round.
+  bool DrainAll(const std::vector<Channel*>& rung, bool* more);
+  // Sets or clears TMEM_HOST_NEEDS_DOORBELL on every connected channel;
+  // when setting, returns true if a ring turned out to have work after all.
+  bool SetNeedsDoorbell(bool needs);
+
+  const WorkerOptions options_;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+  bool running_ = false;  // worker thread only
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Command> commands_;  // guarded by mu_
+  uint64_t commands_done_ = 0;     // guarded by mu_
+  uint64_t commands_queued_ = 0;   // guarded by mu_
+  bool stop_ = false;              // guarded by mu_
+  bool started_ = false;           // guarded by mu_
+
+  // Worker thread only.
+  std::vector<Channel*> channels_;
+  std::unordered_map<int, FdTarget> fds_;
+  std::unordered_map<Channel*, int> client_fd_of_;
+  bool polling_ = false;
+  struct ResetLogState {
+    int64_t last_log_us = -1000000000;
+    uint64_t suppressed = 0;
+  };
+  std::unordered_map<Channel*, ResetLogState> reset_log_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_WORKER_H_
