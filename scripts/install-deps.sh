@@ -32,9 +32,11 @@ PACKAGES=(
   libbenchmark-dev
   gnuplot-nox          # benchmark plots
 
-  # --- data plane / ivshmem against a real QEMU (issues 3 and 7) ----------
-  # qemu-system-x86
-  # qemu-utils
+  # --- tmemd daemon and data plane (issue 3) ------------------------------
+  libtomlplusplus-dev  # tmemd's TOML config
+  libcli11-dev         # command-line flags (tmemd, tmem-guestsim)
+  qemu-system-x86      # real QEMU (TCG) for the ivshmem handshake tests
+  qemu-utils
 
   # --- gRPC control plane, tmemctl (issue 5) -------------------------------
   # protobuf-compiler

@@ -6,7 +6,8 @@
 #   --format-only / --tidy-only  run one half
 # Environment: TMEM_JOBS (default 2), TMEM_LINT_BUILD_DIR (default
 #   build/release), TMEM_LINT_DIRS (default
-#   "backend host-agent tests bench").
+#   "backend host-agent guest-driver/userspace tests bench"). proto/tmem_abi.h
+#   is C shared with the kernel module: kernel style, not linted here.
 #
 # clang-tidy uses build/release/compile_commands.json (configured here if
 # missing) and checks the .cc files of those folders that the build compiles.
@@ -17,7 +18,7 @@ set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}" || exit 1
 jobs="${TMEM_JOBS:-2}"
-read -r -a dirs <<<"${TMEM_LINT_DIRS:-backend host-agent tests bench}"
+read -r -a dirs <<<"${TMEM_LINT_DIRS:-backend host-agent guest-driver/userspace tests bench}"
 db_dir="${TMEM_LINT_BUILD_DIR:-build/release}"
 out="build/lint"
 
@@ -77,7 +78,7 @@ if ((do_tidy)); then
   else
     # Root-anchored: our headers, never generated ones under build/.
     root_re="$(printf '%s' "${root}" | sed 's/[][\.*^$+?(){}|/]/\\&/g')"
-    header_filter="^${root_re}/(backend|host-agent|proto|tests|bench)/"
+    header_filter="^${root_re}/(backend|host-agent|guest-driver|tests|bench)/"
     printf '%s\0' "${tus[@]}" \
       | xargs -0 -n 1 -P "${jobs}" clang-tidy --quiet -p "${db_dir}" \
           --header-filter="${header_filter}" >"${out}/clang-tidy.txt" 2>"${out}/clang-tidy.stderr"

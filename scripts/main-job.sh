@@ -1,18 +1,29 @@
 #!/usr/bin/env bash
-# The main-job command of tmemd: builds the release preset and runs the
-# backend micro-benchmark summary (bench/run_micro.sh prints a table of
-# ratios measured on this machine, e.g. a put vs. a plain LZ4 compress).
+# The main job of tmemd: tmemd serving simulated guests, on its embedded
+# default configuration (no config file, no libvirt), then the benchmark
+# tables.
 #
-# Usage: scripts/main-job.sh [ARGS...]   (ARGS are passed to bench/run_micro.sh)
-# Environment: TMEM_JOBS (default 2). bench/run_micro.sh gets
-# BUILD_DIR=<repo>/build/release, so it reuses the release tree just built
-# (Release, benchmarks on) instead of configuring a second one.
+#  1. installs dependencies and builds the release preset;
+#  2. starts tmemd with three VMs (--vm streamer --vm rereader --vm checker)
+#     on sockets in a temporary directory;
+#  3. runs one tmem-guestsim per VM at once, each connecting exactly as QEMU
+#     would: "streamer" streams pages that never come back (the 2011 report's
+#     workload), "rereader" re-reads a working set, "checker" runs random ops
+#     and verifies every page that comes back against its own model;
+#  4. stops tmemd with SIGTERM and prints its final statistics;
+#  5. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
+#     present, the ring benchmark (bench/run_ring.sh).
+#
+# Usage: scripts/main-job.sh [--quick]   (--quick: smaller runs)
+# Environment: TMEM_JOBS (default 2).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
 export TMEM_JOBS="${TMEM_JOBS:-2}"
 export BUILD_DIR="${root}/build/release"
+quick=0
+[[ "${1:-}" == "--quick" ]] && quick=1
 
 banner() { printf '\n== %s\n' "$*"; }
 
@@ -20,12 +31,68 @@ banner "dependencies (scripts/install-deps.sh)"
 scripts/install-deps.sh
 
 banner "configure + build: release preset (-j${TMEM_JOBS})"
-cmake --preset release
+cmake --preset release >/dev/null
 cmake --build --preset release -j "${TMEM_JOBS}"
 
-banner "backend micro-benchmarks (bench/run_micro.sh)"
-if [[ ! -f bench/run_micro.sh ]]; then
-  echo "ERROR: bench/run_micro.sh does not exist yet." >&2
+bin="${BUILD_DIR}"
+tmemd="${bin}/host-agent/tmemd"
+guestsim="${bin}/guest-driver/tmem-guestsim"
+work="$(mktemp -d /tmp/tmemd-main-job.XXXXXX)"
+tmemd_pid=""
+cleanup() {
+  if [[ -n "${tmemd_pid}" ]] && kill -0 "${tmemd_pid}" 2>/dev/null; then
+    kill -TERM "${tmemd_pid}" 2>/dev/null || true
+    wait "${tmemd_pid}" 2>/dev/null || true
+  fi
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+
+pages=20000 ops=60000
+((quick)) && pages=4000 ops=12000
+
+banner "tmemd: 3 VMs, memory cap 128MiB, sockets in ${work}/sock"
+"${tmemd}" --socket-dir "${work}/sock" --memory-cap 128MiB \
+  --vm streamer --vm rereader --vm checker --stats-interval 2 \
+  >"${work}/tmemd.log" 2>&1 &
+tmemd_pid=$!
+for vm in streamer rereader checker; do
+  for _ in $(seq 100); do [[ -S "${work}/sock/${vm}.sock" ]] && break; sleep 0.05; done
+  [[ -S "${work}/sock/${vm}.sock" ]] || { cat "${work}/tmemd.log"; echo "tmemd did not start" >&2; exit 1; }
+done
+sed 's/^/  tmemd | /' "${work}/tmemd.log"
+
+banner "simulated guests (tmem-guestsim, one per VM, concurrently)"
+"${guestsim}" --socket "${work}/sock/streamer.sock" --workload seq \
+  --pages "$((pages * 4))" --ops "$((pages * 4))" --seed 1 >"${work}/streamer.out" 2>&1 &
+p1=$!
+"${guestsim}" --socket "${work}/sock/rereader.sock" --workload reread \
+  --pages "$((pages / 4))" --ops "${ops}" --seed 2 >"${work}/rereader.out" 2>&1 &
+p2=$!
+"${guestsim}" --socket "${work}/sock/checker.sock" --workload coherency \
+  --pages "${pages}" --ops "${ops}" --seed 3 >"${work}/checker.out" 2>&1 &
+p3=$!
+status=0
+for p in "${p1}" "${p2}" "${p3}"; do wait "${p}" || status=1; done
+for vm in streamer rereader checker; do
+  printf '\n-- %s\n' "${vm}"
+  cat "${work}/${vm}.out"
+done
+
+banner "tmemd shutdown (SIGTERM) and final statistics"
+kill -TERM "${tmemd_pid}"
+wait "${tmemd_pid}" || status=1
+tmemd_pid=""
+grep -E 'event=(final_stats|vm_channel_stats|tmemd_stopped)' "${work}/tmemd.log" |
+  sed 's/^/  tmemd | /'
+if ((status != 0)); then
+  echo "FAILED: a guest or tmemd exited non-zero (logs above)" >&2
   exit 1
 fi
-exec bash bench/run_micro.sh "$@"
+
+banner "backend micro-benchmarks (bench/run_micro.sh)"
+bash bench/run_micro.sh
+if [[ -f bench/run_ring.sh ]]; then
+  banner "data-plane ring benchmark (bench/run_ring.sh)"
+  bash bench/run_ring.sh
+fi
