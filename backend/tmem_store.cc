@@ -539,11 +539,13 @@ class TmemStore::Impl {
         }
       }
       if (stored) break;
+      // No slot of this size class and no free slab: target the class.
+      const bool slot_missing = !enc.bytes.empty() && !blob;
       if (blob) arena_.Free(*blob);
       vm.counters.Add(Counter::kChargedBytes, -static_cast<int64_t>(charge));
       if (result.evicted >=
               static_cast<uint32_t>(options_.max_evictions_per_put) ||
-          !EvictForHost()) {
+          !EvictForHost(slot_missing ? SlotBytesOf(enc) : 0)) {
         return refuse(RefuseReason::kNoMemory);
       }
       ++result.evicted;
@@ -697,10 +699,38 @@ class TmemStore::Impl {
   // ----------------------------------------------------------- eviction
   // Evicts the least recently used page of `vm` from the next shard (round
   // robin) that holds one. Takes one shard lock at a time.
-  bool EvictFromVm(Vm& vm, Counter reason) {
+  // How far from the LRU tail a class-targeted eviction looks, per shard.
+  static constexpr int kClassScanDepth = 32;
+
+  // Evicts the least recently used page of `vm` from the next shard (round
+  // robin) that holds one. Takes one shard lock at a time. With
+  // `slot_bytes` set, prefers, within kClassScanDepth of each shard's LRU
+  // tail, a page whose blob has that slot size: freeing a slot of the class
+  // a put is waiting for makes room at once, where freeing other classes'
+  // slots only helps when a whole slab empties (size-class fragmentation).
+  bool EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes = 0) {
     const auto n = static_cast<uint32_t>(shards_.size());
     const uint32_t start =
         vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
+    if (slot_bytes != 0) {
+      for (uint32_t i = 0; i < n; ++i) {
+        Shard& shard = *shards_[(start + i) % n];
+        MutexLock lock(&shard.mu);
+        uint32_t e = shard.table.LruTail(vm.slot);
+        for (int depth = 0; e != kNoEntry && depth < kClassScanDepth; ++depth) {
+          const PageEntry& entry = shard.table.entry(e);
+          if ((entry.kind == StorageKind::kLz4 ||
+               entry.kind == StorageKind::kRaw) &&
+              BlobRef::Unpack(entry.payload).slot_bytes() == slot_bytes) {
+            Pool& pool = RemoveEntryLocked(shard, e);
+            vm.counters.Inc(reason);
+            pool.counters.Inc(reason);
+            return true;
+          }
+          e = entry.lru_prev;
+        }
+      }
+    }
     for (uint32_t i = 0; i < n; ++i) {
       Shard& shard = *shards_[(start + i) % n];
       MutexLock lock(&shard.mu);
@@ -751,7 +781,7 @@ class TmemStore::Impl {
   }
 
   // Evicts one page from the VM furthest over its weighted fair share.
-  bool EvictForHost() {
+  bool EvictForHost(size_t slot_bytes = 0) {
     std::vector<Vm*> vms;
     std::vector<ShareInput> inputs;
     CollectShares(vms, inputs);
@@ -760,7 +790,9 @@ class TmemStore::Impl {
     for (size_t tries = 0; tries < vms.size(); ++tries) {
       const int victim = PickEvictionVictim(inputs);
       if (victim < 0) return false;
-      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap)) return true;
+      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap, slot_bytes)) {
+        return true;
+      }
       inputs[victim].charged_bytes = 0;
     }
     return false;

@@ -15,48 +15,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
-
-Page FilledWith(uint64_t word) {
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += sizeof(word)) {
-    std::memcpy(page.data() + off, &word, sizeof(word));
-  }
-  return page;
-}
-
-// English-like text: compresses well, like most page-cache pages.
-Page TextPage(uint64_t seed) {
-  static constexpr std::string_view kWords[] = {
-      "the ",   "quick ",  "brown ", "fox ",    "jumps ",  "over ",
-      "lazy ",  "dog ",    "page ",  "cache ",  "memory ", "host ",
-      "guest ", "kernel ", "file ",  "server ", "read ",   "write ",
-      "block ", "inode ",  "\n",     "tmem ",   "pool ",   "object "};
-  std::mt19937_64 rng(seed);
-  Page page;
-  size_t off = 0;
-  while (off < kPageSize) {
-    std::string_view w = kWords[rng() % std::size(kWords)];
-    const size_t n = std::min(w.size(), kPageSize - off);
-    std::memcpy(page.data() + off, w.data(), n);
-    off += n;
-  }
-  return page;
-}
-
-Page RandomPage(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += 8) {
-    const uint64_t v = rng();
-    std::memcpy(page.data() + off, &v, 8);
-  }
-  return page;
-}
+using test::FilledWith;
+using test::Page;
+using test::RandomPage;
+using test::TextPage;
 
 // Looks like an executable: small integers, pointers with a common prefix,
 // runs of zeros and some noise.

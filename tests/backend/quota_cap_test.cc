@@ -14,11 +14,15 @@
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "gtest/gtest.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
+using test::FilledWith;
+using test::Page;
+using test::RandomPage;
+using test::TextPage;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
 constexpr uint64_t kRawPageCharge = kPageSize + kPageMetadataCharge;
@@ -27,40 +31,6 @@ constexpr uint64_t kRawPageCharge = kPageSize + kPageMetadataCharge;
 // put that grew it runs ("one table growth per concurrently putting thread");
 // that put then evicts back under the cap. These tests put from one thread
 // and look between calls, so no slack applies: the cap holds exactly.
-
-Page FilledWith(uint64_t word) {
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += sizeof(word)) {
-    std::memcpy(page.data() + off, &word, sizeof(word));
-  }
-  return page;
-}
-
-Page RandomPage(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += 8) {
-    const uint64_t v = rng();
-    std::memcpy(page.data() + off, &v, 8);
-  }
-  return page;
-}
-
-Page TextPage(uint64_t seed) {
-  static constexpr std::string_view kWords[] = {
-      "the ", "quick ", "brown ", "fox ",  "jumps ", "over ", "lazy ",
-      "dog ", "page ",  "cache ", "host ", "guest ", "file ", "\n"};
-  std::mt19937_64 rng(seed);
-  Page page;
-  size_t off = 0;
-  while (off < kPageSize) {
-    std::string_view w = kWords[rng() % std::size(kWords)];
-    const size_t n = std::min(w.size(), kPageSize - off);
-    std::memcpy(page.data() + off, w.data(), n);
-    off += n;
-  }
-  return page;
-}
 
 uint64_t Get(const CounterValues& v, Counter c) {
   return v[static_cast<int>(c)];

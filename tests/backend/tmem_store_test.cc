@@ -24,49 +24,16 @@
 #include "backend/slab_pool.h"
 #include "backend/stats.h"
 #include "gtest/gtest.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
+using test::FilledWith;
+using test::Page;
+using test::RandomPage;
+using test::TextPage;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-
-Page FilledWith(uint64_t word) {
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += sizeof(word)) {
-    std::memcpy(page.data() + off, &word, sizeof(word));
-  }
-  return page;
-}
-
-// Compresses to well under half a page, like most page-cache pages.
-Page TextPage(uint64_t seed) {
-  static constexpr std::string_view kWords[] = {
-      "the ",   "quick ",  "brown ", "fox ",   "jumps ",  "over ",
-      "lazy ",  "dog ",    "page ",  "cache ", "memory ", "host ",
-      "guest ", "kernel ", "file ",  "\n",     "inode ",  "tmem "};
-  std::mt19937_64 rng(seed);
-  Page page;
-  size_t off = 0;
-  while (off < kPageSize) {
-    std::string_view w = kWords[rng() % std::size(kWords)];
-    const size_t n = std::min(w.size(), kPageSize - off);
-    std::memcpy(page.data() + off, w.data(), n);
-    off += n;
-  }
-  return page;
-}
-
-// Incompressible.
-Page RandomPage(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += 8) {
-    const uint64_t v = rng();
-    std::memcpy(page.data() + off, &v, 8);
-  }
-  return page;
-}
 
 size_t Lz4Size(const Page& page) {
   std::vector<uint8_t> block(kMaxCompressedPage);

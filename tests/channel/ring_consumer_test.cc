@@ -32,53 +32,20 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/shared_region.h"
 #include "proto/tmem_abi.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
+using test::FilledWith;
+using test::Page;
+using test::RandomPage;
+using test::TextPage;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 constexpr uint64_t kRegionBytes = 256 << 10;
 constexpr uint32_t kRingEntries = 8;
 
 // ---------------------------------------------------------------- pages
-
-// Compressible, and unique per seed (the seed is spelled out first).
-Page TextPage(uint64_t seed) {
-  static constexpr std::string_view kWords[] = {
-      "the ", "quick ", "brown ", "fox ",  "jumps ", "over ", "lazy ",
-      "dog ", "page ",  "cache ", "host ", "guest ", "tmem ", "\n"};
-  std::mt19937_64 rng(seed);
-  Page page{};
-  std::memcpy(page.data(), &seed, sizeof(seed));
-  size_t off = sizeof(seed);
-  while (off < kPageSize) {
-    const std::string_view w = kWords[rng() % std::size(kWords)];
-    const size_t n = std::min(w.size(), kPageSize - off);
-    std::memcpy(page.data() + off, w.data(), n);
-    off += n;
-  }
-  return page;
-}
-
-// Incompressible.
-Page RandomPage(uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += 8) {
-    const uint64_t v = rng();
-    std::memcpy(page.data() + off, &v, 8);
-  }
-  return page;
-}
-
-Page FilledWith(uint64_t word) {
-  Page page;
-  for (size_t off = 0; off < kPageSize; off += 8) {
-    std::memcpy(page.data() + off, &word, 8);
-  }
-  return page;
-}
 
 // A distinct page per version, through every storage kind the store has.
 Page VersionPage(uint64_t version) {
