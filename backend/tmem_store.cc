@@ -371,6 +371,17 @@ class TmemStore::Impl {
   // gauges, pool gauges. Callers count why (eviction, invalidate, ...).
   // Returns the pool the page belonged to.
   // With `keep_blob`, the caller takes over the blob and frees it later.
+  // Tells the eviction listener which key entry `e` held.
+  void NotifyEvictionLocked(Shard& shard, uint32_t e)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    if (options_.eviction_listener == nullptr) return;
+    const PageEntry& entry = shard.table.entry(e);
+    const Vm* owner = slots_[entry.vm_slot].load(std::memory_order_acquire);
+    if (owner == nullptr) return;
+    options_.eviction_listener->OnEvicted(
+        owner->id, KeyHash(shard.table.object(entry.object).oid, entry.index));
+  }
+
   Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): pool keys are Pool addresses.
@@ -722,6 +733,7 @@ class TmemStore::Impl {
           if ((entry.kind == StorageKind::kLz4 ||
                entry.kind == StorageKind::kRaw) &&
               BlobRef::Unpack(entry.payload).slot_bytes() == slot_bytes) {
+            NotifyEvictionLocked(shard, e);
             Pool& pool = RemoveEntryLocked(shard, e);
             vm.counters.Inc(reason);
             pool.counters.Inc(reason);
@@ -736,6 +748,7 @@ class TmemStore::Impl {
       MutexLock lock(&shard.mu);
       const uint32_t e = shard.table.LruTail(vm.slot);
       if (e == kNoEntry) continue;
+      NotifyEvictionLocked(shard, e);
       Pool& pool = RemoveEntryLocked(shard, e);
       vm.counters.Inc(reason);
       pool.counters.Inc(reason);
@@ -774,6 +787,7 @@ class TmemStore::Impl {
     const int victim = PickEvictionVictim(inputs);
     if (victim < 0) return false;
     Vm& vm = *vms[victim];
+    NotifyEvictionLocked(shard, shard.table.LruTail(vm.slot));
     Pool& pool = RemoveEntryLocked(shard, shard.table.LruTail(vm.slot));
     vm.counters.Inc(Counter::kEvictionsHostCap);
     pool.counters.Inc(Counter::kEvictionsHostCap);

@@ -71,6 +71,18 @@ inline constexpr int kMaxPoolsPerVm = 1024;
 
 enum class PoorCompressionAction : uint8_t { kStoreRaw, kRefuse };
 
+// A VM's handle: slot and generation, so a stale id never reaches a new VM.
+using VmId = uint32_t;
+
+// Told about every page the store evicts (not invalidates), so the valve
+// can remember the key as a "ghost". Called with a shard lock held: must be
+// quick, must not block and must not call back into the store.
+class EvictionListener {
+ public:
+  virtual ~EvictionListener() = default;
+  virtual void OnEvicted(VmId vm, uint64_t key_hash) = 0;
+};
+
 struct StoreOptions {
   uint64_t memory_cap_bytes = uint64_t{1} << 30;
   // Virtual address space reserved for blobs; bounds later cap raises.
@@ -85,6 +97,7 @@ struct StoreOptions {
   // Upper bound on pages a single put evicts before it gives up (no memory).
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
+  EvictionListener* eviction_listener = nullptr;  // optional; must outlive
 };
 
 struct VmPolicy {
@@ -92,10 +105,9 @@ struct VmPolicy {
   uint32_t weight = 100;
   bool enabled = true;  // false: puts refused (policy); gets still served
   bool frozen = false;  // like Xen's tmem-freeze: puts refused, gets served
+  // Read by the valve, not the store.
+  ValveMode mode = ValveMode::kDefault;
 };
-
-// A VM's handle: slot and generation, so a stale id never reaches a new VM.
-using VmId = uint32_t;
 
 struct PutResult {
   bool stored = false;

@@ -30,4 +30,29 @@ std::string_view RefuseReasonName(RefuseReason reason) {
   return "unknown";
 }
 
+std::string_view ValveModeName(ValveMode mode) {
+  switch (mode) {
+    case ValveMode::kDefault:
+      return "default";
+    case ValveMode::kOff:
+      return "off";
+    case ValveMode::kAlways:
+      return "always";
+    case ValveMode::kAdaptive:
+      return "adaptive";
+  }
+  return "unknown";
+}
+
+bool ParseValveMode(std::string_view text, ValveMode* mode) {
+  for (ValveMode m : {ValveMode::kDefault, ValveMode::kOff, ValveMode::kAlways,
+                      ValveMode::kAdaptive}) {
+    if (text == ValveModeName(m)) {
+      *mode = m;
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace tmem

@@ -48,6 +48,19 @@ struct PoolUuid {
 
 using PageIndex = uint64_t;
 
+// A well-mixed 64-bit hash of a page's (object, index), pool left out: the
+// valve's reuse tracking (ghost keys) only needs "probably the same page",
+// and the ring consumer and the store both compute it without pool ids.
+inline uint64_t KeyHash(const ObjectId& oid, PageIndex index) {
+  uint64_t h = index * 0x9e3779b97f4a7c15ull;
+  for (uint32_t w : oid.words) {
+    h = (h ^ w) * 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
+  }
+  h = (h ^ (h >> 29)) * 0xc4ceb9fe1a85ec53ull;
+  return h ^ (h >> 32);
+}
+
 // A VM's name for one of its pools. Pool ids are per VM, small, and reused
 // after DestroyPool, like cleancache's pool ids.
 using PoolId = int32_t;
@@ -80,6 +93,18 @@ enum class PutMode : uint8_t {
   kRaw = 1,       // skip LZ4, store verbatim (CPU is scarce)
   kDrop = 2,      // do not store; counted as refused by policy
 };
+
+// How the valve treats a VM's puts (backend/valve.h). kDefault follows the
+// host's default mode.
+enum class ValveMode : uint8_t {
+  kDefault = 0,
+  kOff = 1,       // no tmem: every put dropped, guests told not to send
+  kAlways = 2,    // compress every put (zcache-like; what the 2011 report saw)
+  kAdaptive = 3,  // compress with spare CPU, else raw or drop; admit by reuse
+};
+std::string_view ValveModeName(ValveMode mode);
+// "default", "off", "always", "adaptive"; false for anything else.
+bool ParseValveMode(std::string_view text, ValveMode* mode);
 
 }  // namespace tmem
 

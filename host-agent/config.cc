@@ -116,6 +116,35 @@ class TableReader {
     return absl::OkStatus();
   }
 
+  absl::Status Double(std::string_view key, double* out, double lo,
+                      double hi) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    std::optional<double> d = n->value<double>();  // integers convert too
+    if (!d) return Bad(key, *n, "must be a number");
+    if (!(*d >= lo && *d <= hi)) {
+      return Bad(key, *n, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+    }
+    *out = *d;
+    return absl::OkStatus();
+  }
+
+  absl::Status Mode(std::string_view key, ValveMode* out,
+                    bool allow_default) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    auto text = n->value<std::string>();
+    ValveMode m;
+    if (!text || !ParseValveMode(*text, &m) ||
+        (!allow_default && m == ValveMode::kDefault)) {
+      return Bad(key, *n,
+                 allow_default ? "use default, off, always or adaptive"
+                               : "use off, always or adaptive");
+    }
+    *out = m;
+    return absl::OkStatus();
+  }
+
   absl::Status String(std::string_view key,
                       std::optional<std::string>* out) const {
     const toml::node* n = table_.get(key);
@@ -208,10 +237,56 @@ absl::Status ApplyChannels(const toml::table& t, TmemdConfig& c) {
   return absl::OkStatus();
 }
 
-absl::Status ApplyWorker(const toml::table& t, WorkerOptions& w) {
-  TableReader r(t, "worker.");
-  if (auto s = r.CheckKeys({"poll_us", "batch", "idle_check_ms"}); !s.ok())
+absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
+  TableReader r(t, "valve.");
+  if (auto s = r.CheckKeys({"mode", "cpu_budget_percent", "spare_cpu_fraction",
+                            "cpu_pressure_start", "cpu_pressure_full",
+                            "sample_period_ms", "smoothing", "throttle_below",
+                            "restore_above", "min_samples", "min_dwell_periods",
+                            "min_admission", "memory_headroom_fraction"});
+      !s.ok()) {
     return s;
+  }
+  absl::Status s;
+  if (s = r.Mode("mode", &v.default_mode, false); !s.ok()) return s;
+  if (s = r.Double("cpu_budget_percent", &v.cpu_budget_percent, 0, 100);
+      !s.ok())
+    return s;
+  if (s = r.Double("spare_cpu_fraction", &v.spare_cpu_fraction, 0, 1); !s.ok())
+    return s;
+  if (s = r.Double("cpu_pressure_start", &v.cpu_pressure_start, 0, 100);
+      !s.ok())
+    return s;
+  if (s = r.Double("cpu_pressure_full", &v.cpu_pressure_full, 0, 100); !s.ok())
+    return s;
+  if (s = r.Integer("sample_period_ms", &v.sample_period_ms, 10, 10000);
+      !s.ok())
+    return s;
+  if (s = r.Double("smoothing", &v.smoothing, 0.01, 1); !s.ok()) return s;
+  if (s = r.Double("throttle_below", &v.throttle_below, 0, 1); !s.ok())
+    return s;
+  if (s = r.Double("restore_above", &v.restore_above, 0, 1); !s.ok()) return s;
+  if (s = r.Integer("min_samples", &v.min_samples, 0, 100000000); !s.ok())
+    return s;
+  if (s = r.Integer("min_dwell_periods", &v.min_dwell_periods, 0, 100000);
+      !s.ok())
+    return s;
+  if (s = r.Integer("min_admission", &v.min_admission, 1, 65536); !s.ok())
+    return s;
+  if (s = r.Double("memory_headroom_fraction", &v.memory_headroom_fraction, 0,
+                   0.99);
+      !s.ok())
+    return s;
+  return Valve::ValidateOptions(v);
+}
+
+absl::Status ApplyWorker(const toml::table& t, TmemdConfig& c) {
+  WorkerOptions& w = c.worker;
+  TableReader r(t, "worker.");
+  if (auto s = r.CheckKeys({"workers", "poll_us", "batch", "idle_check_ms"});
+      !s.ok())
+    return s;
+  if (auto s = r.Integer("workers", &c.workers, 0, 64); !s.ok()) return s;
   if (auto s = r.Integer("poll_us", &w.poll_us, 0, 1000000); !s.ok()) return s;
   if (auto s = r.Integer("batch", &w.batch, 1, 4096); !s.ok()) return s;
   if (auto s = r.Integer("idle_check_ms", &w.idle_check_ms, 1, 10000); !s.ok())
@@ -252,7 +327,8 @@ absl::Status ApplyLog(const toml::table& t, TmemdConfig& c) {
 
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
-  if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled"}); !s.ok())
+  if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
+      !s.ok())
     return s;
   VmConfig vm;
   std::optional<std::string> name;
@@ -266,6 +342,7 @@ absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   if (auto s = r.Integer("weight", &vm.policy.weight, 1, 1000000); !s.ok())
     return s;
   if (auto s = r.Bool("enabled", &vm.policy.enabled); !s.ok()) return s;
+  if (auto s = r.Mode("mode", &vm.policy.mode, true); !s.ok()) return s;
   c.vms.push_back(vm);
   return absl::OkStatus();
 }
@@ -304,22 +381,26 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
     }
     const toml::table* t = node.as_table();
     if (t == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown top-level key '", std::string(k),
-          "' (sections: [store], [channels], [worker], [log], [[vm]])"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown top-level key '", std::string(k),
+                       "' (sections: [store], [channels], [worker], [valve], "
+                       "[log], [[vm]])"));
     }
     if (k == "store") {
       s = ApplyStore(*t, c.store);
     } else if (k == "channels") {
       s = ApplyChannels(*t, c);
     } else if (k == "worker") {
-      s = ApplyWorker(*t, c.worker);
+      s = ApplyWorker(*t, c);
+    } else if (k == "valve") {
+      s = ApplyValve(*t, c.valve);
     } else if (k == "log") {
       s = ApplyLog(*t, c);
     } else {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "unknown section [", std::string(k),
-          "] (sections: [store], [channels], [worker], [log], [[vm]])"));
+      s = absl::InvalidArgumentError(
+          absl::StrCat("unknown section [", std::string(k),
+                       "] (sections: [store], [channels], [worker], [valve], "
+                       "[log], [[vm]])"));
     }
     if (!s.ok()) return s;
   }
@@ -338,6 +419,19 @@ absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
   return ParseConfig(buf.str(), path, std::move(base));
 }
 
+absl::Status ValidateVmName(std::string_view name) {
+  if (name.empty() || name.size() > 64 ||
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR"
+                             "STUVWXYZ0123456789._-") != std::string::npos ||
+      name[0] == '.') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "VM name '", std::string(name),
+        "' must be 1-64 characters of letters, digits, '.', '_' or '-' "
+        "(it names the socket file) and not start with '.'"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateConfig(const TmemdConfig& c) {
   if (!std::has_single_bit(c.region_bytes)) {
     return absl::InvalidArgumentError(
@@ -353,16 +447,7 @@ absl::Status ValidateConfig(const TmemdConfig& c) {
   }
   absl::flat_hash_set<std::string> names;
   for (const VmConfig& vm : c.vms) {
-    if (vm.name.empty() || vm.name.size() > 64 ||
-        vm.name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR"
-                                  "STUVWXYZ0123456789._-") !=
-            std::string::npos ||
-        vm.name[0] == '.') {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "VM name '", vm.name,
-          "' must be 1-64 characters of letters, digits, '.', '_' or '-' "
-          "(it names the socket file) and not start with '.'"));
-    }
+    if (absl::Status s = ValidateVmName(vm.name); !s.ok()) return s;
     if (!names.insert(vm.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("VM '", vm.name, "' is configured twice"));

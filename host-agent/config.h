@@ -11,6 +11,9 @@
 //   [channels]
 //   socket_dir = "/run/tmemd"
 //   socket_group = "kvm"
+//   [valve]
+//   mode = "adaptive"          # off | always | adaptive
+//   cpu_budget_percent = 25
 //   [[vm]]
 //   name = "web1"
 //   quota = "512MiB"
@@ -28,6 +31,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend/tmem_store.h"
+#include "backend/valve.h"
 #include "host-agent/log.h"
 #include "host-agent/worker.h"
 
@@ -48,6 +52,8 @@ struct TmemdConfig {
   mode_t socket_mode = 0660;
   std::optional<std::string> socket_group;  // group name or numeric gid
   WorkerOptions worker;
+  int workers = 0;  // worker threads; 0: one per online CPU
+  ValveOptions valve;
   std::vector<VmConfig> vms;
   // Process.
   LogLevel log_level = LogLevel::kInfo;
@@ -67,6 +73,10 @@ absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
 absl::StatusOr<TmemdConfig> ParseConfig(std::string_view toml,
                                         std::string_view source_name,
                                         TmemdConfig base);
+
+// A VM name names its socket file: 1-64 of [A-Za-z0-9._-], not starting
+// with '.'. INVALID_ARGUMENT with the rule otherwise.
+absl::Status ValidateVmName(std::string_view name);
 
 // Cross-field checks (region size, vectors, VM names unique and safe as
 // file names, quota/weight ranges).

@@ -18,20 +18,18 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "backend/tmem_store.h"
-#include "host-agent/channel/channel.h"
+#include "host-agent/agent.h"
 #include "host-agent/config.h"
 #include "host-agent/log.h"
-#include "host-agent/worker.h"
 
 namespace tmem {
 namespace {
 
 uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
 
-void LogStats(const TmemStore& store,
-              const std::vector<std::unique_ptr<Channel>>& channels,
-              std::string_view event) {
-  const HostStats h = store.GetHostStats();
+void LogStats(const Agent& agent, std::string_view event) {
+  const AgentStatus st = agent.Status();
+  const HostStats& h = st.store;
   Log(LogLevel::kInfo, event,
       {{"memory_used", h.memory_used_bytes},
        {"memory_cap", h.memory_cap_bytes},
@@ -40,28 +38,54 @@ void LogStats(const TmemStore& store,
        {"puts_raw", C(h.counters, Counter::kPutsRaw)},
        {"puts_zero_same", C(h.counters, Counter::kPutsZero) +
                               C(h.counters, Counter::kPutsSameFilled)},
+       {"puts_refused",
+        C(h.counters, Counter::kPutsRefusedQuota) +
+            C(h.counters, Counter::kPutsRefusedPoorCompression) +
+            C(h.counters, Counter::kPutsRefusedNoMemory) +
+            C(h.counters, Counter::kPutsRefusedPolicy)},
        {"gets_hit", C(h.counters, Counter::kGetsHit)},
        {"gets_miss", C(h.counters, Counter::kGetsMiss)},
        {"evictions", C(h.counters, Counter::kEvictionsHostCap) +
                          C(h.counters, Counter::kEvictionsQuota)},
-       {"compression_ratio", CompressionRatio(h.counters)}});
-  for (const auto& ch : channels) {
-    const ChannelMetrics& m = ch->metrics();
-    Log(LogLevel::kInfo, "vm_channel_stats",
-        {{"vm", ch->name()},
-         {"connected", ch->server().connected()},
-         {"sqe_processed", m.Get(ChannelCounter::kSqeProcessed)},
-         {"doorbells", m.Get(ChannelCounter::kDoorbells)},
-         {"poll_rounds", m.Get(ChannelCounter::kPollRounds)},
-         {"interrupts", m.Get(ChannelCounter::kInterruptsSent)},
-         {"bad_entries", m.Get(ChannelCounter::kSqeBadOpcode) +
-                             m.Get(ChannelCounter::kSqeBadPool) +
-                             m.Get(ChannelCounter::kSqeBadSlot) +
-                             m.Get(ChannelCounter::kSqeBadFlags)},
-         {"resets", m.Get(ChannelCounter::kChannelResets)},
-         {"corrupt_rings", m.Get(ChannelCounter::kRingCorruptIndex)},
-         {"guest_restarts", m.Get(ChannelCounter::kGuestRestarts)},
-         {"handshake_failures", m.Get(ChannelCounter::kHandshakeFailures)}});
+       {"compression_ratio", CompressionRatio(h.counters)},
+       {"host_busy", st.valve.host_busy_fraction},
+       {"agent_busy", st.valve.agent_busy_fraction},
+       {"cpu_budget", st.valve.budget_fraction}});
+  for (const VmInfo& vm : agent.ListVms()) {
+    auto ch = [&vm](ChannelCounter c) {
+      return vm.channel[static_cast<int>(c)];
+    };
+    auto vc = [&vm](ValveCounter c) {
+      return vm.valve.counters[static_cast<int>(c)];
+    };
+    Log(LogLevel::kInfo, "vm_stats",
+        {{"vm", vm.name},
+         {"connected", vm.connected},
+         {"mode", ValveModeName(vm.valve.effective_mode)},
+         {"pages", C(vm.stats.counters, Counter::kPagesHeld)},
+         {"gets_hit", C(vm.stats.counters, Counter::kGetsHit)},
+         {"gets_miss", C(vm.stats.counters, Counter::kGetsMiss)},
+         {"admission", vm.valve.admission},
+         {"reuse", vm.valve.reuse_ratio},
+         {"valve_compressed", vc(ValveCounter::kCompressed)},
+         {"valve_raw", vc(ValveCounter::kRaw)},
+         {"valve_dropped_cpu", vc(ValveCounter::kDroppedCpu)},
+         {"valve_dropped_reuse", vc(ValveCounter::kDroppedReuse)},
+         {"valve_dropped_memory", vc(ValveCounter::kDroppedMemory)},
+         {"valve_dropped_off", vc(ValveCounter::kDroppedOff)},
+         {"valve_cpu_ns", vm.valve.cpu_used_ns},
+         {"sqe_processed", ch(ChannelCounter::kSqeProcessed)},
+         {"doorbells", ch(ChannelCounter::kDoorbells)},
+         {"poll_rounds", ch(ChannelCounter::kPollRounds)},
+         {"interrupts", ch(ChannelCounter::kInterruptsSent)},
+         {"bad_entries", ch(ChannelCounter::kSqeBadOpcode) +
+                             ch(ChannelCounter::kSqeBadPool) +
+                             ch(ChannelCounter::kSqeBadSlot) +
+                             ch(ChannelCounter::kSqeBadFlags)},
+         {"resets", ch(ChannelCounter::kChannelResets)},
+         {"corrupt_rings", ch(ChannelCounter::kRingCorruptIndex)},
+         {"guest_restarts", ch(ChannelCounter::kGuestRestarts)},
+         {"handshake_failures", ch(ChannelCounter::kHandshakeFailures)}});
   }
 }
 
@@ -86,14 +110,22 @@ int Run(int argc, char** argv) {
       "pages over ivshmem-doorbell channels, one per VM."};
   std::string config_path;
   std::vector<std::string> vm_names;
-  std::string socket_dir, memory_cap, log_level, log_format;
+  std::string socket_dir, memory_cap, log_level, log_format, mode;
   int stats_interval = -1;
+  int workers = -1;
+  double cpu_budget = -1;
   app.add_option("-c,--config", config_path, "TOML config file");
   app.add_option("--vm", vm_names,
                  "create a channel for VM NAME (repeatable; adds to the "
                  "config's [[vm]] list), socket SOCKET_DIR/NAME.sock");
   app.add_option("--socket-dir", socket_dir, "directory for channel sockets");
   app.add_option("--memory-cap", memory_cap, "host memory cap, e.g. 2GiB");
+  app.add_option("--mode", mode,
+                 "host default valve mode: off|always|adaptive (adaptive)");
+  app.add_option("--cpu-budget", cpu_budget,
+                 "tmemd's CPU budget, percent of the whole host (25)");
+  app.add_option("--workers", workers,
+                 "worker threads (0: one per CPU, the default)");
   app.add_option("--log-level", log_level, "debug|info|warn|error");
   app.add_option("--log-format", log_format, "text|json");
   app.add_option("--stats-interval", stats_interval,
@@ -138,6 +170,14 @@ int Run(int argc, char** argv) {
     return 2;
   }
   if (stats_interval >= 0) config.stats_interval_seconds = stats_interval;
+  if (workers >= 0) config.workers = workers;
+  if (cpu_budget >= 0) config.valve.cpu_budget_percent = cpu_budget;
+  if (!mode.empty() && (!ParseValveMode(mode, &config.valve.default_mode) ||
+                        config.valve.default_mode == ValveMode::kDefault)) {
+    Log(LogLevel::kError, "config_error",
+        {{"flag", "--mode"}, {"error", "use off, always or adaptive"}});
+    return 2;
+  }
   SetLogLevel(config.log_level);
   SetLogFormat(config.log_format);
   if (absl::Status s = ValidateConfig(config); !s.ok()) {
@@ -176,53 +216,36 @@ int Run(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a vanished client must not kill us
 
-  absl::StatusOr<std::unique_ptr<TmemStore>> store =
-      TmemStore::Create(config.store);
-  if (!store.ok()) {
-    Log(LogLevel::kError, "store_error", {{"error", store.status().message()}});
+  AgentOptions options;
+  options.store = config.store;
+  options.valve = config.valve;
+  options.socket_dir = config.socket_dir;
+  options.region_bytes = config.region_bytes;
+  options.ring_entries = config.ring_entries;
+  options.vectors = config.vectors;
+  options.socket_mode = config.socket_mode;
+  options.socket_gid = group;
+  options.workers = config.workers;
+  options.worker = config.worker;
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(options);
+  if (!agent.ok()) {
+    Log(LogLevel::kError, "agent_error", {{"error", agent.status().message()}});
     return 1;
   }
-  // Distinct across restarts, so guests notice a new tmemd.
-  const auto host_generation = static_cast<uint64_t>(
-      std::chrono::system_clock::now().time_since_epoch().count());
-
-  std::vector<std::unique_ptr<Channel>> channels;
   for (const VmConfig& vm : config.vms) {
-    ChannelOptions opts;
-    opts.vm_name = vm.name;
-    opts.policy = vm.policy;
-    opts.region_bytes = config.region_bytes;
-    opts.ring_entries = config.ring_entries;
-    opts.server.socket_path =
-        absl::StrCat(config.socket_dir, "/", vm.name, ".sock");
-    opts.server.vectors = config.vectors;
-    opts.server.socket_mode = config.socket_mode;
-    opts.server.socket_group = group;
-    absl::StatusOr<std::unique_ptr<Channel>> ch =
-        Channel::Create(opts, store->get(), host_generation);
-    if (!ch.ok()) {
+    absl::StatusOr<VmInfo> added = (*agent)->AddVm(vm.name, vm.policy);
+    if (!added.ok()) {
       Log(LogLevel::kError, "channel_error",
-          {{"vm", vm.name}, {"error", ch.status().message()}});
+          {{"vm", vm.name}, {"error", added.status().message()}});
       return 1;
     }
-    Log(LogLevel::kInfo, "channel_created",
-        {{"vm", vm.name},
-         {"socket", opts.server.socket_path},
-         {"region_bytes", opts.region_bytes},
-         {"slots", (*ch)->region().layout().slot_count},
-         {"ring_entries", opts.ring_entries}});
-    channels.push_back(std::move(*ch));
   }
-
-  Worker worker(config.worker);
-  if (absl::Status s = worker.Start(); !s.ok()) {
-    Log(LogLevel::kError, "worker_error", {{"error", s.message()}});
-    return 1;
-  }
-  for (auto& ch : channels) worker.AddChannel(ch.get());
   Log(LogLevel::kInfo, "tmemd_ready",
-      {{"vms", static_cast<uint64_t>(channels.size())},
+      {{"vms", static_cast<uint64_t>(config.vms.size())},
        {"memory_cap", config.store.memory_cap_bytes},
+       {"mode", ValveModeName(config.valve.default_mode)},
+       {"cpu_budget_percent", config.valve.cpu_budget_percent},
+       {"workers", (*agent)->Status().workers},
        {"pid", static_cast<int64_t>(getpid())}});
 
   for (;;) {
@@ -231,7 +254,7 @@ int Run(int argc, char** argv) {
       timespec ts{config.stats_interval_seconds, 0};
       sig = sigtimedwait(&signals, nullptr, &ts);
       if (sig < 0) {
-        if (errno == EAGAIN) LogStats(**store, channels, "stats");
+        if (errno == EAGAIN) LogStats(**agent, "stats");
         continue;
       }
     } else if (sigwait(&signals, &sig) != 0) {
@@ -240,9 +263,8 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
-  worker.Stop();
-  LogStats(**store, channels, "final_stats");
-  channels.clear();  // unlinks sockets, forgets VMs
+  LogStats(**agent, "final_stats");
+  agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");
   return 0;
 }

@@ -83,7 +83,7 @@ banner "tmemd shutdown (SIGTERM) and final statistics"
 kill -TERM "${tmemd_pid}"
 wait "${tmemd_pid}" || status=1
 tmemd_pid=""
-grep -E 'event=(final_stats|vm_channel_stats|tmemd_stopped)' "${work}/tmemd.log" |
+grep -E 'event=(final_stats|vm_stats|tmemd_stopped)' "${work}/tmemd.log" |
   sed 's/^/  tmemd | /'
 if ((status != 0)); then
   echo "FAILED: a guest or tmemd exited non-zero (logs above)" >&2

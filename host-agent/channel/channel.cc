@@ -53,4 +53,13 @@ void Channel::OnGuestDetached() {
   metrics_.Inc(ChannelCounter::kChannelResets);
 }
 
+void Channel::PublishAdmissionHint() {
+  if (advisor_ == nullptr) return;
+  const uint32_t hint = advisor_->AdmissionHint(vm_);
+  uint32_t* field = &region_->header()->admission_hint;
+  if (__atomic_load_n(field, __ATOMIC_RELAXED) != hint) {
+    __atomic_store_n(field, hint, __ATOMIC_RELAXED);
+  }
+}
+
 }  // namespace tmem

@@ -47,12 +47,17 @@ class Channel {
   SharedRegion& region() { return *region_; }
   IvshmemServer& server() { return *server_; }
   RingConsumer& consumer() { return *consumer_; }
+  PutAdvisor* advisor() const { return advisor_; }
   ChannelMetrics& metrics() { return metrics_; }
   const ChannelMetrics& metrics() const { return metrics_; }
 
   // The guest went away (client disconnected): its pool ids die with it,
   // so drop its pools and reset the region for the next client.
   void OnGuestDetached();
+
+  // Copies the advisor's admission rate for this VM into the shared header
+  // (host-written field) if it changed. Worker thread only.
+  void PublishAdmissionHint();
 
  private:
   Channel(ChannelOptions options, TmemStore* store, VmId vm);

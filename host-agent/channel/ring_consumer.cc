@@ -109,14 +109,15 @@ class EntryExecutor {
  public:
   EntryExecutor(const RegionLayout& layout, uint8_t* base, TmemStore* store,
                 VmId vm, ChannelMetrics* metrics, PutAdvisor* advisor,
-                std::bitset<TMEM_MAX_POOLS>* pools)
+                std::bitset<TMEM_MAX_POOLS>* pools, bool guest_applies_hint)
       : layout_(layout),
         base_(base),
         store_(store),
         vm_(vm),
         metrics_(metrics),
         advisor_(advisor),
-        pools_(pools) {}
+        pools_(pools),
+        guest_applies_hint_(guest_applies_hint) {}
 
   // `sqe` is tmemd's own copy: every field is read from it, never from the
   // ring, and validated before use.
@@ -222,12 +223,15 @@ class EntryExecutor {
     // byte is overwritten by the copy.
     std::array<uint8_t, kPageSize> page;  // NOLINT(*-member-init)
     CopyFromGuest(page.data(), Slot(sqe.slot), kPageSize);
-    const PutMode mode =
-        advisor_ != nullptr ? advisor_->Advise(vm_) : PutMode::kCompress;
+    const ObjectId oid = ObjectIdOf(sqe);
+    const PutMode mode = advisor_ != nullptr
+                             ? advisor_->Advise(vm_, KeyHash(oid, sqe.index),
+                                                guest_applies_hint_)
+                             : PutMode::kCompress;
     // Even a put the valve drops goes to the store: a refused put must
     // still remove the key's earlier page (invariant 1).
-    absl::StatusOr<PutResult> put = store_->Put(
-        vm_, sqe.pool, ObjectIdOf(sqe), sqe.index, ConstPage(page), mode);
+    absl::StatusOr<PutResult> put =
+        store_->Put(vm_, sqe.pool, oid, sqe.index, ConstPage(page), mode);
     if (!put.ok()) return Done(put.status());
     if (!put->stored) {
       return Fail(ChannelCounter::kPutsDroppedByHost, TMEM_ERR_DROPPED);
@@ -239,9 +243,12 @@ class EntryExecutor {
     // Decompress into tmemd's memory, then copy once: the store never
     // writes into (or reads back from) memory the guest can change.
     std::array<uint8_t, kPageSize> page;  // NOLINT(*-member-init)
-    absl::StatusOr<bool> hit = store_->Get(vm_, sqe.pool, ObjectIdOf(sqe),
-                                           sqe.index, MutablePage(page));
+    const ObjectId oid = ObjectIdOf(sqe);
+    absl::StatusOr<bool> hit =
+        store_->Get(vm_, sqe.pool, oid, sqe.index, MutablePage(page));
     if (!hit.ok()) return Done(hit.status());
+    if (advisor_ != nullptr)
+      advisor_->OnGet(vm_, KeyHash(oid, sqe.index), *hit);
     if (!*hit) return {TMEM_OK, 0};
     CopyToGuest(Slot(sqe.slot), page.data(), kPageSize);
     return {TMEM_OK, 1};
@@ -254,6 +261,7 @@ class EntryExecutor {
   ChannelMetrics* const metrics_;
   PutAdvisor* const advisor_;
   std::bitset<TMEM_MAX_POOLS>* const pools_;
+  const bool guest_applies_hint_;
 };
 
 }  // namespace
@@ -290,8 +298,12 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
   uint8_t* const cq_base = region_->base() + layout.cq_offset;
   const uint32_t sq_mask = layout.sq_entries - 1;
   const uint32_t cq_mask = layout.cq_entries - 1;
+  // Read once per drain; a guest that lies only changes who samples its
+  // puts (the CPU budget still bounds what they cost).
+  const bool guest_applies_hint =
+      (LoadRelaxed(&h->features_guest) & TMEM_FEAT_ADMISSION_HINT) != 0;
   EntryExecutor executor(layout, region_->base(), store_, vm_, metrics_,
-                         advisor_, &pools_);
+                         advisor_, &pools_, guest_applies_hint);
 
   // Rounds: each reads the guest's indices once, then works from those
   // snapshots; a later round picks up what the guest posted meanwhile.

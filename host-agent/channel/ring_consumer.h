@@ -33,19 +33,13 @@
 #include <bitset>
 #include <cstdint>
 
+#include "backend/put_advisor.h"
 #include "backend/tmem_store.h"
 #include "host-agent/channel/channel_metrics.h"
 #include "host-agent/channel/shared_region.h"
 #include "proto/tmem_abi.h"
 
 namespace tmem {
-
-// What the valve (issue 4) decides per put; until then always kCompress.
-class PutAdvisor {
- public:
-  virtual ~PutAdvisor() = default;
-  virtual PutMode Advise(VmId vm) = 0;
-};
 
 class RingConsumer {
  public:

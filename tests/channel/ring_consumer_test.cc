@@ -211,7 +211,10 @@ std::unique_ptr<SharedRegion> MakeRegion(const std::string& name,
 
 class FixedAdvisor : public PutAdvisor {
  public:
-  PutMode Advise(VmId /*vm*/) override { return mode; }
+  PutMode Advise(uint32_t /*vm*/, uint64_t /*key_hash*/,
+                 bool /*guest_applies_hint*/) override {
+    return mode;
+  }
   PutMode mode = PutMode::kCompress;
 };
 

@@ -48,7 +48,10 @@ constexpr char kVmName[] = "fuzz-vm";
 
 class ModeAdvisor : public PutAdvisor {
  public:
-  PutMode Advise(VmId /*vm*/) override { return mode; }
+  PutMode Advise(uint32_t /*vm*/, uint64_t /*key_hash*/,
+                 bool /*guest_applies_hint*/) override {
+    return mode;
+  }
   PutMode mode = PutMode::kCompress;
 };
 

@@ -205,10 +205,10 @@ TEST_F(TmemdE2eTest, ServesSeveralGuestsCoherentlyAndShutsDownCleanly) {
   // Pages really went through tmemd, and came back.
   EXPECT_GT(LogValue(log, "final_stats", "", "gets_hit"), 0) << log;
   for (const char* vm : {"g1", "g2", "g3"}) {
-    EXPECT_GT(LogValue(log, "vm_channel_stats", vm, "sqe_processed"), 1000)
+    EXPECT_GT(LogValue(log, "vm_stats", vm, "sqe_processed"), 1000)
         << vm << "\n"
         << log;
-    EXPECT_EQ(LogValue(log, "vm_channel_stats", vm, "bad_entries"), 0) << log;
+    EXPECT_EQ(LogValue(log, "vm_stats", vm, "bad_entries"), 0) << log;
   }
   EXPECT_NE(log.find("event=tmemd_stopped"), std::string::npos) << log;
   // Clean shutdown removes the sockets.
@@ -226,8 +226,8 @@ TEST_F(TmemdE2eTest, GuestRestartGetsAFreshStartWithNoStaleData) {
   EXPECT_EQ(StopTmemd(*tmemd), 0);
   const std::string log = tmemd->Log();
   // Each detach resets the channel; the next guest attached again.
-  EXPECT_GE(LogValue(log, "vm_channel_stats", "g1", "resets"), 3) << log;
-  EXPECT_GE(LogValue(log, "vm_channel_stats", "g1", "sqe_processed"), 3 * 5000)
+  EXPECT_GE(LogValue(log, "vm_stats", "g1", "resets"), 3) << log;
+  EXPECT_GE(LogValue(log, "vm_stats", "g1", "sqe_processed"), 3 * 5000)
       << log;
 }
 
@@ -265,12 +265,12 @@ TEST_F(TmemdE2eTest, HostileGuestIsResetWhileOthersKeepWorking) {
   evil->reset();
   EXPECT_EQ(StopTmemd(*tmemd), 0);
   const std::string log = tmemd->Log();
-  EXPECT_GT(LogValue(log, "vm_channel_stats", "evil", "corrupt_rings"), 0)
+  EXPECT_GT(LogValue(log, "vm_stats", "evil", "corrupt_rings"), 0)
       << log;
-  EXPECT_GT(LogValue(log, "vm_channel_stats", "evil", "resets"), 0) << log;
-  EXPECT_EQ(LogValue(log, "vm_channel_stats", "good", "corrupt_rings"), 0)
+  EXPECT_GT(LogValue(log, "vm_stats", "evil", "resets"), 0) << log;
+  EXPECT_EQ(LogValue(log, "vm_stats", "good", "corrupt_rings"), 0)
       << log;
-  EXPECT_EQ(LogValue(log, "vm_channel_stats", "good", "bad_entries"), 0) << log;
+  EXPECT_EQ(LogValue(log, "vm_stats", "good", "bad_entries"), 0) << log;
   EXPECT_GT(rounds, 10);
 }
 

@@ -1,0 +1,31 @@
+// PutAdvisor: who decides what happens to each put, as the data plane sees
+// it. The valve (backend/valve.h) is the real one; tests plug in fixed
+// answers.
+#ifndef TMEMD_BACKEND_PUT_ADVISOR_H_
+#define TMEMD_BACKEND_PUT_ADVISOR_H_
+
+#include <cstdint>
+
+#include "backend/types.h"
+
+namespace tmem {
+
+class PutAdvisor {
+ public:
+  virtual ~PutAdvisor() = default;
+  // `vm` is the store's VmId; `key_hash` is KeyHash(oid, index);
+  // `guest_applies_hint`: the guest advertised TMEM_FEAT_ADMISSION_HINT.
+  virtual PutMode Advise(uint32_t vm, uint64_t key_hash,
+                         bool guest_applies_hint) = 0;
+  // Every get's outcome (for reuse tracking).
+  virtual void OnGet(uint32_t /*vm*/, uint64_t /*key_hash*/, bool /*hit*/) {}
+  // CPU the host spent on this VM's ring entries (measured per batch).
+  virtual void ChargeCpu(uint32_t /*vm*/, int64_t /*nanos*/) {}
+  // The admission rate to publish in the VM's shared header, out of 65536
+  // (TMEM_ADMIT_ALL).
+  virtual uint32_t AdmissionHint(uint32_t /*vm*/) const { return 65536; }
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_PUT_ADVISOR_H_

@@ -1,0 +1,502 @@
+#include "backend/valve.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace tmem {
+namespace {
+
+constexpr uint32_t kAdmitAll = 65536;  // TMEM_ADMIT_ALL
+
+int SlotOf(VmId vm) { return static_cast<int>(vm & 0xffff); }
+
+}  // namespace
+
+std::string_view ValveCounterName(ValveCounter c) {
+  switch (c) {
+    case ValveCounter::kCompressed:
+      return "compressed";
+    case ValveCounter::kRaw:
+      return "raw";
+    case ValveCounter::kDroppedCpu:
+      return "dropped_cpu";
+    case ValveCounter::kDroppedReuse:
+      return "dropped_reuse";
+    case ValveCounter::kDroppedMemory:
+      return "dropped_memory";
+    case ValveCounter::kDroppedOff:
+      return "dropped_off";
+    case ValveCounter::kGhostHits:
+      return "ghost_hits";
+    case ValveCounter::kThrottleEvents:
+      return "throttle_events";
+    case ValveCounter::kRestoreEvents:
+      return "restore_events";
+    case ValveCounter::kNumCounters:
+      break;
+  }
+  return "unknown";
+}
+
+struct Valve::VmState {
+  explicit VmState(VmId vm, int ghost_bits)
+      : id(vm),
+        ghost_mask((uint64_t{1} << ghost_bits) - 1),
+        ghost(new std::atomic<uint64_t>[size_t{1} << ghost_bits]) {
+    for (uint64_t i = 0; i <= ghost_mask; ++i) ghost[i].store(0);
+  }
+  void Count(ValveCounter c) {
+    counters[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);
+  }
+  // Direct-mapped set of recently let-go key hashes (never 0 when set).
+  void GhostInsert(uint64_t h) {
+    ghost[h & ghost_mask].store(h | 1, std::memory_order_relaxed);
+  }
+  bool GhostTake(uint64_t h) {
+    std::atomic<uint64_t>& slot = ghost[h & ghost_mask];
+    uint64_t want = h | 1;
+    return slot.compare_exchange_strong(want, 0, std::memory_order_relaxed);
+  }
+
+  const VmId id;
+  // Hot-path state.
+  std::atomic<uint8_t> mode{static_cast<uint8_t>(ValveMode::kDefault)};
+  std::atomic<uint32_t> weight{100};
+  std::atomic<uint32_t> admission{kAdmitAll};
+  std::atomic<int64_t> tokens{0};
+  std::atomic<int64_t> share{0};
+  std::atomic<uint64_t> cpu_used{0};
+  std::atomic<uint64_t> admitted_puts{0};  // since the last tick
+  std::atomic<uint64_t> useful_gets{0};    // hits + ghost hits, since tick
+  std::atomic<uint64_t> starved{0};        // raw/drop-cpu decisions since tick
+  std::atomic<uint64_t> sample_credit{0};
+  std::array<std::atomic<uint64_t>, kNumValveCounters> counters{};
+  const uint64_t ghost_mask;
+  std::unique_ptr<std::atomic<uint64_t>[]> ghost;
+
+  // Tick-only state (under the valve's mutex).
+  double win_puts = 0;
+  double win_useful = 0;
+  double demand_ns = 0;  // smoothed CPU per period it used or wanted
+  uint64_t last_cpu_used = 0;
+  bool throttled = false;
+  int periods_in_state = 0;
+};
+
+Valve::Valve(const ValveOptions& options, const TmemStore* store)
+    : store_(store),
+      options_(options),
+      by_slot_(new std::atomic<VmState*>[size_t{kMaxVms} + 1]),
+      default_mode_(static_cast<int>(options.default_mode)) {
+  for (int i = 0; i <= kMaxVms; ++i) by_slot_[i].store(nullptr);
+  host_.options = options;
+  // Until samples say otherwise, assume the whole budget is there: a valve
+  // that starts closed would drop the first puts of every VM.
+  host_.budget_fraction = options.cpu_budget_percent / 100.0;
+  host_.num_cpus = 1;
+}
+
+Valve::~Valve() = default;
+
+void Valve::AttachStore(const TmemStore* store) {
+  MutexLock lock(&mu_);
+  store_ = store;
+}
+
+absl::Status Valve::ValidateOptions(const ValveOptions& o) {
+  if (o.default_mode == ValveMode::kDefault) {
+    return absl::InvalidArgumentError(
+        "the host default mode must be off, always or adaptive");
+  }
+  if (!(o.cpu_budget_percent >= 0 && o.cpu_budget_percent <= 100)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu_budget_percent ", o.cpu_budget_percent, " is not in 0..100"));
+  }
+  if (!(o.spare_cpu_fraction >= 0 && o.spare_cpu_fraction <= 1)) {
+    return absl::InvalidArgumentError("spare_cpu_fraction must be in 0..1");
+  }
+  if (!(o.cpu_pressure_start >= 0 &&
+        o.cpu_pressure_full > o.cpu_pressure_start &&
+        o.cpu_pressure_full <= 100)) {
+    return absl::InvalidArgumentError(
+        "need 0 <= cpu_pressure_start < cpu_pressure_full <= 100");
+  }
+  if (o.sample_period_ms < 10 || o.sample_period_ms > 10000) {
+    return absl::InvalidArgumentError("sample_period_ms must be in 10..10000");
+  }
+  if (!(o.smoothing > 0 && o.smoothing <= 1)) {
+    return absl::InvalidArgumentError("smoothing must be in (0, 1]");
+  }
+  if (!(o.throttle_below >= 0 && o.restore_above > o.throttle_below &&
+        o.restore_above <= 1)) {
+    return absl::InvalidArgumentError(
+        "need 0 <= throttle_below < restore_above <= 1 (the gap is the "
+        "hysteresis)");
+  }
+  if (o.min_admission < 1 || o.min_admission > kAdmitAll) {
+    return absl::InvalidArgumentError(
+        "min_admission must be in 1..65536 (of 65536)");
+  }
+  if (!(o.reuse_window_decay > 0 && o.reuse_window_decay < 1)) {
+    return absl::InvalidArgumentError("reuse_window_decay must be in (0, 1)");
+  }
+  if (o.ghost_bits < 4 || o.ghost_bits > 24) {
+    return absl::InvalidArgumentError("ghost_bits must be in 4..24");
+  }
+  if (!(o.memory_headroom_fraction >= 0 && o.memory_headroom_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        "memory_headroom_fraction must be in 0..1");
+  }
+  if (o.min_dwell_periods < 0) {
+    return absl::InvalidArgumentError("min_dwell_periods must be >= 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Valve::SetOptions(const ValveOptions& options) {
+  if (absl::Status s = ValidateOptions(options); !s.ok()) return s;
+  MutexLock lock(&mu_);
+  if (options.ghost_bits != options_.ghost_bits && !owned_.empty()) {
+    return absl::FailedPreconditionError(
+        "ghost_bits can only change while no VM is registered");
+  }
+  options_ = options;
+  host_.options = options;
+  default_mode_.store(static_cast<int>(options.default_mode),
+                      std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
+ValveOptions Valve::options() const {
+  MutexLock lock(&mu_);
+  return options_;
+}
+
+void Valve::AddVm(VmId vm, const VmPolicy& policy) {
+  MutexLock lock(&mu_);
+  auto state = std::make_unique<VmState>(vm, options_.ghost_bits);
+  state->mode.store(static_cast<uint8_t>(policy.mode));
+  state->weight.store(std::max<uint32_t>(policy.weight, 1));
+  VmState* raw = state.get();
+  // A new VM starts with an even share of the current budget so its first
+  // puts compress; the next tick re-balances.
+  if (host_.budget_fraction > 0) {  // (num_cpus is 1 until the first tick)
+    const double period_ns = options_.sample_period_ms * 1e6;
+    const auto share = static_cast<int64_t>(
+        host_.budget_fraction * host_.num_cpus * period_ns /
+        static_cast<double>(owned_.size() + 1));
+    raw->tokens.store(share);
+    raw->share.store(share);
+  }
+  owned_.push_back(std::move(state));
+  by_slot_[SlotOf(vm)].store(raw, std::memory_order_release);
+}
+
+void Valve::RemoveVm(VmId vm) {
+  MutexLock lock(&mu_);
+  VmState* s = by_slot_[SlotOf(vm)].load(std::memory_order_acquire);
+  if (s == nullptr || s->id != vm) return;
+  by_slot_[SlotOf(vm)].store(nullptr, std::memory_order_release);
+  std::erase_if(owned_, [s](const auto& p) { return p.get() == s; });
+}
+
+void Valve::SetVmPolicy(VmId vm, const VmPolicy& policy) {
+  MutexLock lock(&mu_);
+  VmState* s = Find(vm);
+  if (s == nullptr) return;
+  s->mode.store(static_cast<uint8_t>(policy.mode), std::memory_order_relaxed);
+  s->weight.store(std::max<uint32_t>(policy.weight, 1),
+                  std::memory_order_relaxed);
+}
+
+Valve::VmState* Valve::Find(VmId vm) const {
+  if (SlotOf(vm) > kMaxVms) return nullptr;
+  VmState* s = by_slot_[SlotOf(vm)].load(std::memory_order_acquire);
+  return s != nullptr && s->id == vm ? s : nullptr;
+}
+
+PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
+  VmState* s = Find(vm);
+  if (s == nullptr) return PutMode::kCompress;
+  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kDefault) {
+    mode =
+        static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
+  }
+  if (mode == ValveMode::kOff) {
+    s->Count(ValveCounter::kDroppedOff);
+    return PutMode::kDrop;
+  }
+  if (mode == ValveMode::kAlways) {
+    s->admitted_puts.fetch_add(1, std::memory_order_relaxed);
+    s->Count(ValveCounter::kCompressed);
+    return PutMode::kCompress;
+  }
+  const uint32_t admission = s->admission.load(std::memory_order_relaxed);
+  if (admission < kAdmitAll && !guest_applies_hint) {
+    // The guest ignores the hint: sample here, evenly (Bresenham), so the
+    // VM sees the same rate a cooperating guest would apply.
+    const uint64_t credit =
+        s->sample_credit.fetch_add(admission, std::memory_order_relaxed) +
+        admission;
+    if (credit / kAdmitAll == (credit - admission) / kAdmitAll) {
+      s->GhostInsert(key_hash);
+      s->Count(ValveCounter::kDroppedReuse);
+      return PutMode::kDrop;
+    }
+  }
+  s->admitted_puts.fetch_add(1, std::memory_order_relaxed);
+  const int64_t tokens = s->tokens.load(std::memory_order_relaxed);
+  if (tokens > 0) {
+    s->Count(ValveCounter::kCompressed);
+    return PutMode::kCompress;
+  }
+  s->starved.fetch_add(1, std::memory_order_relaxed);
+  const int64_t share = s->share.load(std::memory_order_relaxed);
+  if (tokens > -share) {
+    if (memory_tight_.load(std::memory_order_relaxed)) {
+      s->GhostInsert(key_hash);
+      s->Count(ValveCounter::kDroppedMemory);
+      return PutMode::kDrop;
+    }
+    s->Count(ValveCounter::kRaw);
+    return PutMode::kRaw;
+  }
+  s->GhostInsert(key_hash);
+  s->Count(ValveCounter::kDroppedCpu);
+  return PutMode::kDrop;
+}
+
+void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {
+  VmState* s = Find(vm);
+  if (s == nullptr) return;
+  if (hit) {
+    s->useful_gets.fetch_add(1, std::memory_order_relaxed);
+  } else if (s->GhostTake(key_hash)) {
+    s->useful_gets.fetch_add(1, std::memory_order_relaxed);
+    s->Count(ValveCounter::kGhostHits);
+  }
+}
+
+void Valve::RecordEviction(VmId vm, uint64_t key_hash) {
+  VmState* s = Find(vm);
+  if (s != nullptr) s->GhostInsert(key_hash);
+}
+
+void Valve::ChargeCpu(VmId vm, int64_t nanos) {
+  VmState* s = Find(vm);
+  if (s == nullptr || nanos <= 0) return;
+  s->tokens.fetch_sub(nanos, std::memory_order_relaxed);
+  s->cpu_used.fetch_add(static_cast<uint64_t>(nanos),
+                        std::memory_order_relaxed);
+}
+
+void Valve::Tick(const CpuSample& sample) {
+  MutexLock lock(&mu_);
+  const ValveOptions& o = options_;
+  host_.num_cpus = std::max(sample.num_cpus, 1);
+  ++host_.ticks;
+  if (!have_sample_) {
+    last_sample_ = sample;
+    have_sample_ = true;
+    return;
+  }
+  const int64_t dt = sample.wall_nanos - last_sample_.wall_nanos;
+  const uint64_t d_total =
+      sample.host_total_nanos - last_sample_.host_total_nanos;
+  if (dt <= 0 || d_total == 0 ||
+      sample.host_total_nanos < last_sample_.host_total_nanos) {
+    last_sample_ = sample;
+    return;
+  }
+  const uint64_t d_busy =
+      sample.host_busy_nanos >= last_sample_.host_busy_nanos
+          ? sample.host_busy_nanos - last_sample_.host_busy_nanos
+          : 0;
+  const uint64_t d_agent = sample.agent_nanos >= last_sample_.agent_nanos
+                               ? sample.agent_nanos - last_sample_.agent_nanos
+                               : 0;
+  last_sample_ = sample;
+
+  // Host utilization, and tmemd's part of it, as shares of the whole host.
+  const double busy = std::clamp(
+      static_cast<double>(d_busy) / static_cast<double>(d_total), 0.0, 1.0);
+  const double agent = std::clamp(
+      static_cast<double>(d_agent) / (static_cast<double>(dt) * host_.num_cpus),
+      0.0, 1.0);
+  const double a = o.smoothing;
+  const bool first = host_.ticks <= 2;
+  host_.host_busy_fraction =
+      first ? busy : a * busy + (1 - a) * host_.host_busy_fraction;
+  host_.agent_busy_fraction =
+      first ? agent : a * agent + (1 - a) * host_.agent_busy_fraction;
+  host_.cpu_pressure = sample.has_pressure ? sample.pressure_some_avg10 : 0;
+
+  // Budget: what the host does not use for anything but tmemd, scaled by
+  // spare_cpu_fraction, capped by cpu_budget_percent, and shrunk when tasks
+  // queue for CPU.
+  const double others =
+      std::max(0.0, host_.host_busy_fraction - host_.agent_busy_fraction);
+  double budget = std::min(o.cpu_budget_percent / 100.0,
+                           (1.0 - others) * o.spare_cpu_fraction);
+  if (sample.has_pressure && host_.cpu_pressure > o.cpu_pressure_start) {
+    budget *=
+        std::max(0.0, 1.0 - (host_.cpu_pressure - o.cpu_pressure_start) /
+                                (o.cpu_pressure_full - o.cpu_pressure_start));
+  }
+  host_.budget_fraction = std::max(0.0, budget);
+  const double period_budget_ns =
+      host_.budget_fraction * host_.num_cpus * static_cast<double>(dt);
+
+  // Memory headroom (host-wide).
+  if (store_ != nullptr) {
+    const HostStats hs = store_->GetHostStats();
+    const double free_fraction =
+        hs.memory_cap_bytes == 0
+            ? 0.0
+            : 1.0 - static_cast<double>(hs.memory_used_bytes) /
+                        static_cast<double>(hs.memory_cap_bytes);
+    memory_tight_.store(free_fraction < o.memory_headroom_fraction,
+                        std::memory_order_relaxed);
+  }
+
+  // Demand per adaptive VM: what it used, or "everything" if it ran out of
+  // tokens this period. Then water-fill the budget by weight: VMs that want
+  // less than their weighted share get what they want, the rest is split
+  // among the others (lending).
+  struct Claim {
+    VmState* s;
+    double want;
+    double weight;
+    double give = 0;
+  };
+  std::vector<Claim> claims;
+  const auto default_mode =
+      static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
+  for (auto& owned : owned_) {
+    VmState* s = owned.get();
+    auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+    if (mode == ValveMode::kDefault) mode = default_mode;
+    const uint64_t used_total = s->cpu_used.load(std::memory_order_relaxed);
+    const auto used = static_cast<double>(used_total - s->last_cpu_used);
+    s->last_cpu_used = used_total;
+    const bool starved = s->starved.exchange(0, std::memory_order_relaxed) > 0;
+    s->demand_ns = a * used + (1 - a) * s->demand_ns;
+
+    // Reuse window.
+    const auto puts = static_cast<double>(
+        s->admitted_puts.exchange(0, std::memory_order_relaxed));
+    const auto useful = static_cast<double>(
+        s->useful_gets.exchange(0, std::memory_order_relaxed));
+    s->win_puts = s->win_puts * o.reuse_window_decay + puts;
+    s->win_useful = s->win_useful * o.reuse_window_decay + useful;
+    ++s->periods_in_state;
+    if (mode != ValveMode::kAdaptive) {
+      s->throttled = false;
+      s->admission.store(mode == ValveMode::kOff ? 0 : kAdmitAll,
+                         std::memory_order_relaxed);
+      continue;
+    }
+    const double ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+    if (!s->throttled) {
+      // Judged only on enough evidence: min_samples admitted puts in the
+      // window, and a state held for min_dwell_periods.
+      if (s->win_puts >= static_cast<double>(o.min_samples) &&
+          ratio < o.throttle_below &&
+          s->periods_in_state >= o.min_dwell_periods) {
+        s->throttled = true;
+        s->periods_in_state = 0;
+        s->Count(ValveCounter::kThrottleEvents);
+      }
+    } else if (ratio > o.restore_above &&
+               s->periods_in_state >= o.min_dwell_periods) {
+      s->throttled = false;
+      s->periods_in_state = 0;
+      s->Count(ValveCounter::kRestoreEvents);
+    }
+    s->admission.store(s->throttled ? o.min_admission : kAdmitAll,
+                       std::memory_order_relaxed);
+    claims.push_back(
+        {s,
+         starved ? period_budget_ns
+                 : s->demand_ns * 1.25 + 0.01 * period_budget_ns,
+         static_cast<double>(s->weight.load(std::memory_order_relaxed))});
+  }
+  double left = period_budget_ns;
+  std::vector<Claim*> open;
+  for (Claim& c : claims) open.push_back(&c);
+  for (bool capped = true; capped && !open.empty();) {
+    capped = false;
+    double wsum = 0;
+    for (Claim* c : open) wsum += c->weight;
+    const double per_weight = left / wsum;
+    for (auto it = open.begin(); it != open.end();) {
+      if ((*it)->want <= per_weight * (*it)->weight) {
+        (*it)->give = (*it)->want;
+        left -= (*it)->want;
+        it = open.erase(it);
+        capped = true;
+      } else {
+        ++it;
+      }
+    }
+  }
+  double wsum = 0;
+  for (Claim* c : open) wsum += c->weight;
+  for (Claim* c : open) c->give = std::max(left, 0.0) * c->weight / wsum;
+  for (Claim& c : claims) {
+    const auto give = static_cast<int64_t>(c.give);
+    c.s->share.store(give, std::memory_order_relaxed);
+    // Refill, but never bank more than one period's share: an idle VM must
+    // not save up a burst that blows the budget later. Debt carries over.
+    int64_t cur = c.s->tokens.load(std::memory_order_relaxed);
+    int64_t next;
+    do {
+      next = std::min(cur + give, give);
+    } while (!c.s->tokens.compare_exchange_weak(cur, next,
+                                                std::memory_order_relaxed));
+  }
+}
+
+uint32_t Valve::AdmissionHint(VmId vm) const {
+  VmState* s = Find(vm);
+  if (s == nullptr) return kAdmitAll;
+  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kDefault) {
+    mode =
+        static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
+  }
+  if (mode == ValveMode::kOff) return 0;
+  if (mode == ValveMode::kAlways) return kAdmitAll;
+  return s->admission.load(std::memory_order_relaxed);
+}
+
+ValveVmStatus Valve::VmStatus(VmId vm) const {
+  MutexLock lock(&mu_);
+  ValveVmStatus out;
+  VmState* s = Find(vm);
+  if (s == nullptr) return out;
+  out.mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+  out.effective_mode =
+      out.mode == ValveMode::kDefault ? options_.default_mode : out.mode;
+  out.weight = s->weight.load(std::memory_order_relaxed);
+  out.admission = AdmissionHint(vm);
+  out.throttled = s->throttled;
+  out.reuse_ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+  out.cpu_tokens_ns = s->tokens.load(std::memory_order_relaxed);
+  out.cpu_share_ns = s->share.load(std::memory_order_relaxed);
+  out.cpu_used_ns = s->cpu_used.load(std::memory_order_relaxed);
+  for (int i = 0; i < kNumValveCounters; ++i) {
+    out.counters[i] = s->counters[i].load(std::memory_order_relaxed);
+  }
+  return out;
+}
+
+ValveHostStatus Valve::HostStatus() const {
+  MutexLock lock(&mu_);
+  return host_;
+}
+
+}  // namespace tmem

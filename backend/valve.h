@@ -1,0 +1,187 @@
+// Valve: tmemd's host-wide, CPU-aware throttle across VMs (pure logic).
+//
+// For every put the valve answers compress, store raw, or drop, and per VM
+// it publishes an admission rate the guest applies before it even copies a
+// page. Inputs:
+//  * CPU: a host-wide budget for tmemd, "at most cpu_budget_percent of the
+//    host, and only cycles the host is not using" (from CpuSample), split
+//    across VMs by weight as token buckets in CPU-nanoseconds. The worker
+//    charges each VM what its ring batches actually cost (ChargeCpu). A VM
+//    that does not use its share lends it to the others (the refill is
+//    water-filled over the VMs' recent demand). A VM with tokens compresses;
+//    one in debt up to one period's share stores raw (a memcpy instead of
+//    LZ4); one deeper in debt drops.
+//  * Memory: with less than memory_headroom_fraction of the cap free, a VM
+//    out of tokens drops instead of storing raw (raw pages would only evict
+//    compressed ones).
+//  * Reuse: per VM, the share of admitted puts that came back (gets that hit,
+//    plus gets for "ghost" keys the valve dropped or the store evicted
+//    recently, which show admitting would have paid). A VM below
+//    throttle_below (with enough samples) is throttled to min_admission,
+//    a sampling rate that lets it recover once its pages return; above
+//    restore_above it gets full admission again. The gap between the two and
+//    min_dwell_periods keep it from flapping.
+//  * Modes (per VM, or the host default): off drops every put and tells the
+//    guest to send nothing; always compresses every put regardless of CPU
+//    (the zcache-like behaviour of the 2011 report); adaptive is all of the
+//    above.
+//
+// Every decision is counted per VM (ValveCounter).
+//
+// Threads: Decide/RecordGet/RecordEviction/ChargeCpu are called by workers
+// (any number, concurrently; a VM is driven by one worker at a time) and are
+// lock-free. Tick, AddVm/RemoveVm/SetVmPolicy, SetOptions and the status
+// getters take an internal mutex and may be called from any thread. A VM
+// must not be removed while a worker may still call Decide for it.
+#ifndef TMEMD_BACKEND_VALVE_H_
+#define TMEMD_BACKEND_VALVE_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "backend/clock.h"
+#include "backend/cpu_sample.h"
+#include "backend/mutex.h"
+#include "backend/put_advisor.h"
+#include "backend/tmem_store.h"
+#include "backend/types.h"
+
+namespace tmem {
+
+struct ValveOptions {
+  ValveMode default_mode = ValveMode::kAdaptive;  // never kDefault
+  // At most this share of the whole host (all cores) for tmemd's puts...
+  double cpu_budget_percent = 25.0;
+  // ...and at most this share of the cycles the host leaves idle.
+  double spare_cpu_fraction = 0.8;
+  // Above this CPU pressure (PSI "some" avg10, percent) the budget shrinks
+  // linearly to zero at cpu_pressure_full.
+  double cpu_pressure_start = 20.0;
+  double cpu_pressure_full = 80.0;
+  int sample_period_ms = 100;
+  double smoothing = 0.5;  // EWMA weight of the newest sample, (0, 1]
+  // Reuse-aware admission.
+  double throttle_below = 0.02;     // reuse ratio that throttles a VM
+  double restore_above = 0.08;      // reuse ratio that restores it
+  uint64_t min_samples = 512;       // admitted puts before judging reuse
+  int min_dwell_periods = 10;       // periods between state changes
+  uint32_t min_admission = 1024;    // of TMEM_ADMIT_ALL (65536): 1/64
+  double reuse_window_decay = 0.9;  // per period, of the reuse counters
+  int ghost_bits = 16;              // ghost list: 2^bits key hashes per VM
+  double memory_headroom_fraction = 0.05;
+};
+
+// The valve's per-VM decision counters.
+enum class ValveCounter : int {
+  kCompressed = 0,  // told to compress
+  kRaw,             // told to store raw (out of CPU tokens)
+  kDroppedCpu,      // dropped: deep in CPU debt
+  kDroppedReuse,    // dropped: throttled for no reuse (host-side sampling)
+  kDroppedMemory,   // dropped: out of tokens and no memory headroom
+  kDroppedOff,      // dropped: mode off
+  kGhostHits,       // a get missed on a key the valve/store had let go
+  kThrottleEvents,  // transitions to the throttled state
+  kRestoreEvents,   // transitions back to full admission
+  kNumCounters,
+};
+inline constexpr int kNumValveCounters =
+    static_cast<int>(ValveCounter::kNumCounters);
+std::string_view ValveCounterName(ValveCounter c);
+using ValveCounterValues = std::array<uint64_t, kNumValveCounters>;
+
+struct ValveVmStatus {
+  ValveMode mode = ValveMode::kDefault;  // as set on the VM
+  ValveMode effective_mode = ValveMode::kAdaptive;
+  uint32_t weight = 100;
+  uint32_t admission = 65536;  // of 65536
+  bool throttled = false;      // reuse throttle engaged
+  double reuse_ratio = 0;      // smoothed (hits + ghost hits) / admitted puts
+  int64_t cpu_tokens_ns = 0;   // may be negative (debt)
+  int64_t cpu_share_ns = 0;    // refill per period
+  uint64_t cpu_used_ns = 0;    // total charged
+  ValveCounterValues counters{};
+};
+
+struct ValveHostStatus {
+  ValveOptions options;
+  int num_cpus = 0;
+  double host_busy_fraction = 0;   // smoothed, whole host, incl. tmemd
+  double agent_busy_fraction = 0;  // smoothed, tmemd's share of the host
+  double cpu_pressure = 0;         // PSI some avg10, percent
+  double budget_fraction = 0;      // tmemd's current budget, share of host
+  uint64_t ticks = 0;
+};
+
+class Valve final : public PutAdvisor, public EvictionListener {
+ public:
+  Valve(const ValveOptions& options, const TmemStore* store);
+  ~Valve();
+  Valve(const Valve&) = delete;
+  Valve& operator=(const Valve&) = delete;
+
+  // The store whose memory headroom Tick reads (may be set after
+  // construction, since the store takes the valve as its eviction listener).
+  void AttachStore(const TmemStore* store);
+
+  static absl::Status ValidateOptions(const ValveOptions& options);
+  absl::Status SetOptions(const ValveOptions& options);
+  ValveOptions options() const;
+
+  void AddVm(VmId vm, const VmPolicy& policy);
+  void RemoveVm(VmId vm);
+  void SetVmPolicy(VmId vm, const VmPolicy& policy);
+
+  // Hot path. `key_hash`: any well-mixed hash of (pool, object, index).
+  // `guest_applies_hint`: the guest advertised TMEM_FEAT_ADMISSION_HINT, so
+  // what arrives is already the sample; otherwise the valve samples itself.
+  PutMode Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint);
+  void RecordGet(VmId vm, uint64_t key_hash, bool hit);
+  void RecordEviction(VmId vm, uint64_t key_hash);
+  void ChargeCpu(VmId vm, int64_t nanos) override;
+
+  // PutAdvisor and EvictionListener: the same, for the data plane and the
+  // store.
+  PutMode Advise(uint32_t vm, uint64_t key_hash,
+                 bool guest_applies_hint) override {
+    return Decide(vm, key_hash, guest_applies_hint);
+  }
+  void OnGet(uint32_t vm, uint64_t key_hash, bool hit) override {
+    RecordGet(vm, key_hash, hit);
+  }
+  void OnEvicted(VmId vm, uint64_t key_hash) override {
+    RecordEviction(vm, key_hash);
+  }
+
+  // Periodic (every sample_period_ms): CPU budget from the sample, token
+  // refill by weight with lending, reuse evaluation, admission rates.
+  void Tick(const CpuSample& sample);
+
+  uint32_t AdmissionHint(VmId vm) const override;
+  ValveVmStatus VmStatus(VmId vm) const;
+  ValveHostStatus HostStatus() const;
+
+ private:
+  struct VmState;
+  VmState* Find(VmId vm) const;
+
+  mutable Mutex mu_;
+  const TmemStore* store_ ABSL_GUARDED_BY(mu_);
+  ValveOptions options_ ABSL_GUARDED_BY(mu_);
+  ValveHostStatus host_ ABSL_GUARDED_BY(mu_);
+  CpuSample last_sample_ ABSL_GUARDED_BY(mu_);
+  bool have_sample_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<VmState>> owned_ ABSL_GUARDED_BY(mu_);
+  // Indexed by VM slot; read lock-free on the hot path.
+  std::unique_ptr<std::atomic<VmState*>[]> by_slot_;
+  std::atomic<int> default_mode_;
+  std::atomic<bool> memory_tight_{false};
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_BACKEND_VALVE_H_

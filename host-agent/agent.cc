@@ -1,0 +1,252 @@
+#include "host-agent/agent.h"
+
+#include <unistd.h>
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/config.h"
+#include "host-agent/cpu_sampler.h"
+#include "host-agent/log.h"
+
+namespace tmem {
+
+Agent::Agent(const AgentOptions& options) : options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
+    const AgentOptions& options) {
+  if (absl::Status s = Valve::ValidateOptions(options.valve); !s.ok()) {
+    return s;
+  }
+  std::unique_ptr<Agent> a(new Agent(options));
+  a->host_generation_ = static_cast<uint64_t>(
+      std::chrono::system_clock::now().time_since_epoch().count());
+  a->start_nanos_ = SteadyClock::Default()->NowNanos();
+  // The valve needs the store for memory headroom and the store tells the
+  // valve about evictions: build the valve first, point it at the store
+  // once the store exists (it reads the store only in Tick).
+  a->valve_ = std::make_unique<Valve>(options.valve, nullptr);
+  StoreOptions store_options = options.store;
+  store_options.eviction_listener = a->valve_.get();
+  absl::StatusOr<std::unique_ptr<TmemStore>> store =
+      TmemStore::Create(store_options);
+  if (!store.ok()) return store.status();
+  a->store_ = std::move(*store);
+  a->valve_->AttachStore(a->store_.get());
+
+  if (options.cpu_sampler != nullptr) {
+    a->sampler_ = options.cpu_sampler;
+  } else {
+    a->owned_sampler_ = std::make_unique<ProcCpuSampler>();
+    a->sampler_ = a->owned_sampler_.get();
+  }
+  int workers = options.workers;
+  if (workers <= 0) workers = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
+  workers = std::clamp(workers, 1, 64);
+  for (int i = 0; i < workers; ++i) {
+    auto w = std::make_unique<Worker>(options.worker);
+    if (absl::Status s = w->Start(); !s.ok()) return s;
+    a->load_[w.get()] = 0;
+    a->workers_.push_back(std::move(w));
+  }
+  if (options.run_valve_ticker) {
+    a->ticker_ = std::thread([p = a.get()] { p->TickerLoop(); });
+  }
+  return a;
+}
+
+Agent::~Agent() {
+  {
+    std::lock_guard<std::mutex> lock(ticker_mu_);
+    ticker_stop_ = true;
+  }
+  ticker_cv_.notify_all();
+  if (ticker_.joinable()) ticker_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, e] : vms_) {
+    e.worker->RemoveChannel(e.channel.get());
+    valve_->RemoveVm(e.channel->vm());
+  }
+  for (auto& w : workers_) w->Stop();
+  vms_.clear();  // unlinks sockets, forgets VMs
+}
+
+absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
+                                    const VmPolicy& policy,
+                                    const std::string& socket_path) {
+  if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (vms_.contains(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("VM '", name, "' already has a channel"));
+  }
+  ChannelOptions opts;
+  opts.vm_name = name;
+  opts.policy = policy;
+  opts.region_bytes = options_.region_bytes;
+  opts.ring_entries = options_.ring_entries;
+  opts.server.socket_path =
+      socket_path.empty()
+          ? absl::StrCat(options_.socket_dir, "/", name, ".sock")
+          : socket_path;
+  opts.server.vectors = options_.vectors;
+  opts.server.socket_mode = options_.socket_mode;
+  opts.server.socket_group = options_.socket_gid;
+  absl::StatusOr<std::unique_ptr<Channel>> ch =
+      Channel::Create(opts, store_.get(), host_generation_, valve_.get());
+  if (!ch.ok()) {
+    return absl::Status(
+        ch.status().code(),
+        absl::StrCat("VM '", name, "': ", ch.status().message()));
+  }
+  valve_->AddVm((*ch)->vm(), policy);
+  Worker* least = nullptr;
+  for (auto& [w, n] : load_) {
+    if (least == nullptr || n < load_[least]) least = w;
+  }
+  ++load_[least];
+  VmEntry& e = vms_[name];
+  e.channel = std::move(*ch);
+  e.worker = least;
+  e.socket_path = opts.server.socket_path;
+  least->AddChannel(e.channel.get());
+  Log(LogLevel::kInfo, "channel_created",
+      {{"vm", name},
+       {"socket", e.socket_path},
+       {"region_bytes", options_.region_bytes},
+       {"slots", e.channel->region().layout().slot_count},
+       {"ring_entries", options_.ring_entries}});
+  return InfoLocked(name, e);
+}
+
+absl::Status Agent::RemoveVm(const std::string& name) {
+  std::unique_ptr<Channel> doomed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = vms_.find(name);
+    if (it == vms_.end()) {
+      return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+    }
+    it->second.worker->RemoveChannel(it->second.channel.get());
+    --load_[it->second.worker];
+    valve_->RemoveVm(it->second.channel->vm());
+    doomed = std::move(it->second.channel);
+    vms_.erase(it);
+  }
+  doomed.reset();  // unlinks the socket, drops the VM's pages
+  Log(LogLevel::kInfo, "channel_removed", {{"vm", name}});
+  return absl::OkStatus();
+}
+
+bool Agent::HasVm(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return vms_.contains(name);
+}
+
+std::vector<std::string> Agent::VmNames() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& [name, e] : vms_) out.push_back(name);
+  return out;
+}
+
+VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
+  VmInfo info;
+  info.name = name;
+  info.socket_path = e.socket_path;
+  info.connected = e.channel->server().connected();
+  absl::StatusOr<VmStats> stats = store_->GetVmStats(e.channel->vm());
+  if (stats.ok()) {
+    info.stats = *stats;
+    info.policy = stats->policy;
+  }
+  for (int i = 0; i < kNumChannelCounters; ++i) {
+    info.channel[i] = e.channel->metrics().Get(static_cast<ChannelCounter>(i));
+  }
+  info.valve = valve_->VmStatus(e.channel->vm());
+  return info;
+}
+
+absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = vms_.find(name);
+  if (it == vms_.end()) {
+    return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+  }
+  return InfoLocked(name, it->second);
+}
+
+std::vector<VmInfo> Agent::ListVms() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<VmInfo> out;
+  for (const auto& [name, e] : vms_) out.push_back(InfoLocked(name, e));
+  return out;
+}
+
+absl::Status Agent::SetVmPolicy(const std::string& name,
+                                const VmPolicy& policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = vms_.find(name);
+  if (it == vms_.end()) {
+    return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+  }
+  const VmId vm = it->second.channel->vm();
+  if (absl::Status s = store_->SetVmPolicy(vm, policy); !s.ok()) return s;
+  valve_->SetVmPolicy(vm, policy);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = vms_.find(name);
+  if (it == vms_.end()) {
+    return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+  }
+  return store_->GetVmPolicy(it->second.channel->vm());
+}
+
+absl::Status Agent::SetMemoryCap(uint64_t cap_bytes) {
+  return store_->SetMemoryCap(cap_bytes);
+}
+
+absl::Status Agent::SetValveOptions(const ValveOptions& options) {
+  return valve_->SetOptions(options);
+}
+
+ValveOptions Agent::GetValveOptions() const { return valve_->options(); }
+
+AgentStatus Agent::Status() const {
+  AgentStatus s;
+  s.store = store_->GetHostStats();
+  s.valve = valve_->HostStatus();
+  s.workers = static_cast<int>(workers_.size());
+  s.uptime_nanos = SteadyClock::Default()->NowNanos() - start_nanos_;
+  return s;
+}
+
+absl::Status Agent::TickValve() {
+  absl::StatusOr<CpuSample> sample = sampler_->Sample();
+  if (!sample.ok()) return sample.status();
+  valve_->Tick(*sample);
+  return absl::OkStatus();
+}
+
+void Agent::TickerLoop() {
+  bool warned = false;
+  std::unique_lock<std::mutex> lock(ticker_mu_);
+  while (!ticker_stop_) {
+    const int period_ms = valve_->options().sample_period_ms;
+    ticker_cv_.wait_for(lock, std::chrono::milliseconds(period_ms),
+                        [this] { return ticker_stop_; });
+    if (ticker_stop_) break;
+    lock.unlock();
+    if (absl::Status s = TickValve(); !s.ok() && !warned) {
+      // Without samples the budget stays where it was; say so once.
+      Log(LogLevel::kWarn, "cpu_sample_failed", {{"error", s.message()}});
+      warned = true;
+    }
+    lock.lock();
+  }
+}
+
+}  // namespace tmem

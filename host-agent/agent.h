@@ -1,0 +1,150 @@
+// Agent: tmemd's domain object. Owns the store, the valve, the VMs'
+// channels and the workers that drive them, and the valve's ticker.
+//
+// Everything that steers tmemd -- the command line, the gRPC service, the
+// libvirt glue -- goes through this class, so the logic is tested without
+// any of them. Names are VM names (unique per host); VmIds stay inside.
+//
+// VMs: AddVm creates the VM's channel (store registration, sealed memfd
+// region, listening ivshmem socket, in that order) and hands it to the
+// least loaded worker; RemoveVm takes it back (returns once no worker
+// touches it) and destroys it, which unlinks the socket and drops the VM's
+// pages.
+//
+// Threads: every public method is thread-safe. Methods that change the set
+// of VMs or policies serialize on one mutex; statistics readers take it too
+// (they are cheap).
+#ifndef TMEMD_HOST_AGENT_AGENT_H_
+#define TMEMD_HOST_AGENT_AGENT_H_
+
+#include <sys/types.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backend/cpu_sample.h"
+#include "backend/tmem_store.h"
+#include "backend/valve.h"
+#include "host-agent/channel/channel.h"
+#include "host-agent/worker.h"
+
+namespace tmem {
+
+struct AgentOptions {
+  StoreOptions store;
+  ValveOptions valve;
+  // Channels.
+  std::string socket_dir = "/run/tmemd";
+  uint64_t region_bytes = uint64_t{4} << 20;
+  uint32_t ring_entries = 256;
+  int vectors = 1;
+  mode_t socket_mode = 0660;
+  std::optional<gid_t> socket_gid;
+  // Workers: 0 means one per online CPU.
+  int workers = 0;
+  WorkerOptions worker;
+  // nullptr: ProcCpuSampler on /proc. Tests inject their own (must outlive
+  // the agent).
+  CpuSampler* cpu_sampler = nullptr;
+  // false: no ticker thread; tests call TickValve() by hand.
+  bool run_valve_ticker = true;
+};
+
+// One VM as the agent sees it.
+struct VmInfo {
+  std::string name;
+  std::string socket_path;
+  bool connected = false;  // a QEMU (or guestsim) is attached
+  VmPolicy policy;
+  VmStats stats;  // store counters, per-pool stats
+  std::array<uint64_t, kNumChannelCounters> channel{};  // data-plane counters
+  ValveVmStatus valve;
+};
+
+struct AgentStatus {
+  HostStats store;
+  ValveHostStatus valve;
+  int workers = 0;
+  int64_t uptime_nanos = 0;
+};
+
+class Agent {
+ public:
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(
+      const AgentOptions& options);
+  ~Agent();  // stops workers and the ticker, removes every VM
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  // ALREADY_EXISTS if the name is taken; INVALID_ARGUMENT for a name that is
+  // not safe as a file name. `socket_path` empty: SOCKET_DIR/NAME.sock.
+  absl::StatusOr<VmInfo> AddVm(const std::string& name, const VmPolicy& policy,
+                               const std::string& socket_path = "");
+  absl::Status RemoveVm(const std::string& name);  // NOT_FOUND if unknown
+  bool HasVm(const std::string& name) const;
+  std::vector<std::string> VmNames() const;  // sorted
+  absl::StatusOr<VmInfo> GetVm(const std::string& name) const;
+  std::vector<VmInfo> ListVms() const;
+
+  // Quota, weight, enabled, frozen and mode at once (store + valve).
+  absl::Status SetVmPolicy(const std::string& name, const VmPolicy& policy);
+  absl::StatusOr<VmPolicy> GetVmPolicy(const std::string& name) const;
+
+  // Host-wide: memory cap (evicts down to it) and valve options.
+  absl::Status SetMemoryCap(uint64_t cap_bytes);
+  absl::Status SetValveOptions(const ValveOptions& options);
+  ValveOptions GetValveOptions() const;
+
+  AgentStatus Status() const;
+
+  // One valve period by hand (tests; the ticker does this otherwise).
+  absl::Status TickValve();
+
+  TmemStore& store() { return *store_; }
+  Valve& valve() { return *valve_; }
+  const AgentOptions& options() const { return options_; }
+  // Distinct across restarts, so guests notice a new tmemd.
+  uint64_t host_generation() const { return host_generation_; }
+
+ private:
+  struct VmEntry {
+    std::unique_ptr<Channel> channel;
+    Worker* worker = nullptr;
+    std::string socket_path;
+  };
+
+  explicit Agent(const AgentOptions& options);
+  VmInfo InfoLocked(const std::string& name, const VmEntry& e) const;
+  void TickerLoop();
+
+  AgentOptions options_;
+  uint64_t host_generation_ = 0;
+  int64_t start_nanos_ = 0;
+  std::unique_ptr<Valve> valve_;  // before store_: the store calls it
+  std::unique_ptr<TmemStore> store_;
+  std::unique_ptr<CpuSampler> owned_sampler_;
+  CpuSampler* sampler_ = nullptr;
+  std::vector<std::unique_ptr<Worker>> workers_;
+
+  mutable std::mutex mu_;
+  std::map<std::string, VmEntry> vms_;  // guarded by mu_
+  std::map<Worker*, int> load_;         // guarded by mu_
+
+  std::mutex ticker_mu_;
+  std::condition_variable ticker_cv_;
+  bool ticker_stop_ = false;  // guarded by ticker_mu_
+  std::thread ticker_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_AGENT_H_
