@@ -1,0 +1,47 @@
+// DomainControl: what the control plane asks of the hypervisor side.
+//
+// The gRPC service (AttachDomain/DetachDomain) and tmemctl talk to this
+// interface; the libvirt glue (host-agent/libvirt/) implements it. When
+// tmemd runs without libvirt the service has none and answers
+// FAILED_PRECONDITION ("libvirt integration is not enabled: start tmemd
+// with --libvirt-uri").
+//
+// Thread-safe: called from gRPC threads.
+#ifndef TMEMD_HOST_AGENT_DOMAIN_CONTROL_H_
+#define TMEMD_HOST_AGENT_DOMAIN_CONTROL_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tmem {
+
+struct DomainAttachState {
+  std::string domain;       // libvirt domain name
+  std::string vm;           // tmemd VM name (channel)
+  bool attached = false;    // the shmem device is in the live config
+  bool persistent = false;  // ... and in the persistent config
+  std::string detail;       // e.g. "detach requested, waiting for guest ack"
+};
+
+class DomainControl {
+ public:
+  virtual ~DomainControl() = default;
+  // Creates the VM's channel, then live-attaches the ivshmem-doorbell
+  // device; `persistent` also adds it to the domain's persistent config.
+  // NOT_FOUND (no such domain), FAILED_PRECONDITION (not running, machine
+  // type cannot hotplug: the message says how to fix it), ALREADY_EXISTS.
+  virtual absl::StatusOr<DomainAttachState> Attach(const std::string& domain,
+                                                   bool persistent) = 0;
+  // Requests detach; completes asynchronously (DEVICE_REMOVED). Returns the
+  // state right after the request.
+  virtual absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
+                                                   bool persistent) = 0;
+  virtual std::vector<DomainAttachState> List() = 0;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_DOMAIN_CONTROL_H_
