@@ -80,6 +80,7 @@ struct Valve::VmState {
   double win_puts = 0;
   double win_useful = 0;
   double demand_ns = 0;  // smoothed CPU per period it used or wanted
+  double cpu_admission = kAdmitAll;  // what CPU alone would admit
   uint64_t last_cpu_used = 0;
   bool throttled = false;
   int periods_in_state = 0;
@@ -113,6 +114,12 @@ absl::Status Valve::ValidateOptions(const ValveOptions& o) {
   if (!(o.cpu_budget_percent >= 0 && o.cpu_budget_percent <= 100)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cpu_budget_percent ", o.cpu_budget_percent, " is not in 0..100"));
+  }
+  if (!(o.cpu_floor_percent >= 0 &&
+        o.cpu_floor_percent <= o.cpu_budget_percent)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cpu_floor_percent ", o.cpu_floor_percent,
+        " must be in 0..cpu_budget_percent (", o.cpu_budget_percent, ")"));
   }
   if (!(o.spare_cpu_fraction >= 0 && o.spare_cpu_fraction <= 1)) {
     return absl::InvalidArgumentError("spare_cpu_fraction must be in 0..1");
@@ -253,20 +260,25 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
     s->Count(ValveCounter::kCompressed);
     return PutMode::kCompress;
   }
+  // Out of tokens. The lever that saves real CPU is the admission hint
+  // (Tick lowers it), so the guest stops sending; what still arrives is
+  // stored raw -- the page is already copied out of the slot, a raw store is
+  // one more memcpy -- unless memory is short, or the guest ignores the
+  // hint and is a whole period's share in debt.
   s->starved.fetch_add(1, std::memory_order_relaxed);
-  const int64_t share = s->share.load(std::memory_order_relaxed);
-  if (tokens > -share) {
-    if (memory_tight_.load(std::memory_order_relaxed)) {
-      s->GhostInsert(key_hash);
-      s->Count(ValveCounter::kDroppedMemory);
-      return PutMode::kDrop;
-    }
-    s->Count(ValveCounter::kRaw);
-    return PutMode::kRaw;
+  if (memory_tight_.load(std::memory_order_relaxed)) {
+    s->GhostInsert(key_hash);
+    s->Count(ValveCounter::kDroppedMemory);
+    return PutMode::kDrop;
   }
-  s->GhostInsert(key_hash);
-  s->Count(ValveCounter::kDroppedCpu);
-  return PutMode::kDrop;
+  if (!guest_applies_hint &&
+      tokens <= -s->share.load(std::memory_order_relaxed)) {
+    s->GhostInsert(key_hash);
+    s->Count(ValveCounter::kDroppedCpu);
+    return PutMode::kDrop;
+  }
+  s->Count(ValveCounter::kRaw);
+  return PutMode::kRaw;
 }
 
 void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {
@@ -346,7 +358,7 @@ void Valve::Tick(const CpuSample& sample) {
         std::max(0.0, 1.0 - (host_.cpu_pressure - o.cpu_pressure_start) /
                                 (o.cpu_pressure_full - o.cpu_pressure_start));
   }
-  host_.budget_fraction = std::max(0.0, budget);
+  host_.budget_fraction = std::max(o.cpu_floor_percent / 100.0, budget);
   const double period_budget_ns =
       host_.budget_fraction * host_.num_cpus * static_cast<double>(dt);
 
@@ -368,6 +380,7 @@ void Valve::Tick(const CpuSample& sample) {
   // among the others (lending).
   struct Claim {
     VmState* s;
+    double used;
     double want;
     double weight;
     double give = 0;
@@ -416,10 +429,8 @@ void Valve::Tick(const CpuSample& sample) {
       s->periods_in_state = 0;
       s->Count(ValveCounter::kRestoreEvents);
     }
-    s->admission.store(s->throttled ? o.min_admission : kAdmitAll,
-                       std::memory_order_relaxed);
     claims.push_back(
-        {s,
+        {s, used,
          starved ? period_budget_ns
                  : s->demand_ns * 1.25 + 0.01 * period_budget_ns,
          static_cast<double>(s->weight.load(std::memory_order_relaxed))});
@@ -449,6 +460,23 @@ void Valve::Tick(const CpuSample& sample) {
   for (Claim& c : claims) {
     const auto give = static_cast<int64_t>(c.give);
     c.s->share.store(give, std::memory_order_relaxed);
+    // CPU admission: a VM spending more than its share is told to send
+    // less (multiplicative decrease, at most halving per period); one well
+    // within it gets admission back (multiplicative increase).
+    VmState* s = c.s;
+    if (c.used > c.give * 1.1) {
+      const double factor =
+          std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
+      s->cpu_admission =
+          std::max<double>(o.min_admission, s->cpu_admission * factor);
+    } else if (c.used < c.give * 0.8) {
+      s->cpu_admission =
+          std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
+    }
+    const uint32_t reuse_admission = s->throttled ? o.min_admission : kAdmitAll;
+    s->admission.store(
+        std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
+        std::memory_order_relaxed);
     // Refill, but never bank more than one period's share: an idle VM must
     // not save up a burst that blows the budget later. Debt carries over.
     int64_t cur = c.s->tokens.load(std::memory_order_relaxed);

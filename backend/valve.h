@@ -9,8 +9,10 @@
 //    charges each VM what its ring batches actually cost (ChargeCpu). A VM
 //    that does not use its share lends it to the others (the refill is
 //    water-filled over the VMs' recent demand). A VM with tokens compresses;
-//    one in debt up to one period's share stores raw (a memcpy instead of
-//    LZ4); one deeper in debt drops.
+//    one without stores raw (a memcpy instead of LZ4), and its admission
+//    hint is cut in proportion to its overspend, so its guest stops even
+//    copying pages (the CPU that matters is saved there). A guest that
+//    ignores the hint and is a period's share in debt gets drops.
 //  * Memory: with less than memory_headroom_fraction of the cap free, a VM
 //    out of tokens drops instead of storing raw (raw pages would only evict
 //    compressed ones).
@@ -59,6 +61,9 @@ struct ValveOptions {
   double cpu_budget_percent = 25.0;
   // ...and at most this share of the cycles the host leaves idle.
   double spare_cpu_fraction = 0.8;
+  // ...but never less than this (so a saturated host still gets its
+  // re-read VMs served, at a trickle).
+  double cpu_floor_percent = 2.0;
   // Above this CPU pressure (PSI "some" avg10, percent) the budget shrinks
   // linearly to zero at cpu_pressure_full.
   double cpu_pressure_start = 20.0;

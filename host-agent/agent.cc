@@ -55,13 +55,18 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   return a;
 }
 
-Agent::~Agent() {
+void Agent::StopServing() {
   {
     std::lock_guard<std::mutex> lock(ticker_mu_);
     ticker_stop_ = true;
   }
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
+  for (auto& w : workers_) w->Stop();
+}
+
+Agent::~Agent() {
+  StopServing();
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, e] : vms_) {
     e.worker->RemoveChannel(e.channel.get());

@@ -106,6 +106,11 @@ class Agent {
 
   AgentStatus Status() const;
 
+  // Stops the valve ticker and the workers (idempotent): the data plane is
+  // quiet afterwards, so statistics read next are final. The VMs stay until
+  // the agent is destroyed.
+  void StopServing();
+
   // One valve period by hand (tests; the ticker does this otherwise).
   absl::Status TickValve();
 

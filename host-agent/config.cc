@@ -239,11 +239,12 @@ absl::Status ApplyChannels(const toml::table& t, TmemdConfig& c) {
 
 absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
   TableReader r(t, "valve.");
-  if (auto s = r.CheckKeys({"mode", "cpu_budget_percent", "spare_cpu_fraction",
-                            "cpu_pressure_start", "cpu_pressure_full",
-                            "sample_period_ms", "smoothing", "throttle_below",
-                            "restore_above", "min_samples", "min_dwell_periods",
-                            "min_admission", "memory_headroom_fraction"});
+  if (auto s = r.CheckKeys({"mode", "cpu_budget_percent", "cpu_floor_percent",
+                            "spare_cpu_fraction", "cpu_pressure_start",
+                            "cpu_pressure_full", "sample_period_ms",
+                            "smoothing", "throttle_below", "restore_above",
+                            "min_samples", "min_dwell_periods", "min_admission",
+                            "memory_headroom_fraction"});
       !s.ok()) {
     return s;
   }
@@ -251,6 +252,8 @@ absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
   if (s = r.Mode("mode", &v.default_mode, false); !s.ok()) return s;
   if (s = r.Double("cpu_budget_percent", &v.cpu_budget_percent, 0, 100);
       !s.ok())
+    return s;
+  if (s = r.Double("cpu_floor_percent", &v.cpu_floor_percent, 0, 100); !s.ok())
     return s;
   if (s = r.Double("spare_cpu_fraction", &v.spare_cpu_fraction, 0, 1); !s.ok())
     return s;

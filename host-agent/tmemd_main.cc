@@ -73,6 +73,9 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"valve_dropped_reuse", vc(ValveCounter::kDroppedReuse)},
          {"valve_dropped_memory", vc(ValveCounter::kDroppedMemory)},
          {"valve_dropped_off", vc(ValveCounter::kDroppedOff)},
+         {"valve_ghost_hits", vc(ValveCounter::kGhostHits)},
+         {"valve_throttle_events", vc(ValveCounter::kThrottleEvents)},
+         {"valve_restore_events", vc(ValveCounter::kRestoreEvents)},
          {"valve_cpu_ns", vm.valve.cpu_used_ns},
          {"sqe_processed", ch(ChannelCounter::kSqeProcessed)},
          {"doorbells", ch(ChannelCounter::kDoorbells)},
@@ -263,6 +266,7 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
+  (*agent)->StopServing();
   LogStats(**agent, "final_stats");
   agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");

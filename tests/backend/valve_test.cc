@@ -1,0 +1,409 @@
+// Valve decision logic, driven by hand-made CPU samples (no clock, no /proc).
+#include "backend/valve.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/tmem_store.h"
+#include "tests/test_pages.h"
+
+namespace tmem {
+namespace {
+
+using test::Page;
+using test::RandomPage;
+
+constexpr uint32_t kAll = 65536;
+constexpr int64_t kPeriodNs = 100'000'000;  // 100 ms
+
+// A host whose counters the test moves: each Advance is one period with the
+// given whole-host busy share (others + tmemd) and tmemd share.
+class FakeHost {
+ public:
+  explicit FakeHost(int cpus = 2) { s_.num_cpus = cpus; }
+  CpuSample Advance(double busy, double agent, double pressure = -1) {
+    const auto total = static_cast<uint64_t>(kPeriodNs) * s_.num_cpus;
+    s_.wall_nanos += kPeriodNs;
+    s_.host_total_nanos += total;
+    s_.host_busy_nanos += static_cast<uint64_t>(busy * total);
+    s_.agent_nanos += static_cast<uint64_t>(agent * total);
+    s_.has_pressure = pressure >= 0;
+    s_.pressure_some_avg10 = pressure < 0 ? 0 : pressure;
+    return s_;
+  }
+
+ private:
+  CpuSample s_;
+};
+
+ValveOptions TestOptions() {
+  ValveOptions o;
+  o.smoothing = 1.0;  // no EWMA lag: each tick sees exactly its sample
+  o.cpu_budget_percent = 25;
+  o.spare_cpu_fraction = 0.8;
+  o.cpu_floor_percent = 0;
+  o.min_samples = 100;
+  o.min_dwell_periods = 3;
+  o.reuse_window_decay = 0.5;
+  return o;
+}
+
+VmPolicy Policy(uint32_t weight = 100, ValveMode mode = ValveMode::kDefault) {
+  VmPolicy p;
+  p.weight = weight;
+  p.mode = mode;
+  return p;
+}
+
+// Makes `vm` want more CPU than it has: charge a lot, then decide once.
+void Starve(Valve& v, VmId vm) {
+  v.ChargeCpu(vm, 10 * kPeriodNs);
+  v.Decide(vm, 1, true);
+}
+
+uint64_t Count(const Valve& v, VmId vm, ValveCounter c) {
+  return v.VmStatus(vm).counters[static_cast<int>(c)];
+}
+
+TEST(ValveTest, ValidateOptionsRejectsNonsense) {
+  ValveOptions o;
+  EXPECT_TRUE(Valve::ValidateOptions(o).ok());
+  o.default_mode = ValveMode::kDefault;
+  EXPECT_FALSE(Valve::ValidateOptions(o).ok());
+  o = ValveOptions{};
+  o.cpu_budget_percent = 150;
+  EXPECT_FALSE(Valve::ValidateOptions(o).ok());
+  o = ValveOptions{};
+  o.throttle_below = 0.2;
+  o.restore_above = 0.1;  // no hysteresis gap
+  EXPECT_FALSE(Valve::ValidateOptions(o).ok());
+  o = ValveOptions{};
+  o.min_admission = 0;
+  EXPECT_FALSE(Valve::ValidateOptions(o).ok());
+}
+
+TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
+  Valve v(TestOptions(), nullptr);
+  v.AddVm(1, Policy(100, ValveMode::kOff));
+  v.AddVm(2, Policy(100, ValveMode::kAlways));
+  Starve(v, 2);  // deep in debt: always compresses anyway
+  EXPECT_EQ(v.Decide(1, 7, true), PutMode::kDrop);
+  EXPECT_EQ(v.AdmissionHint(1), 0u);
+  EXPECT_EQ(v.Decide(2, 7, true), PutMode::kCompress);
+  EXPECT_EQ(v.AdmissionHint(2), kAll);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedOff), 1u);
+
+  // The host default applies to VMs on kDefault, and follows SetOptions.
+  v.AddVm(3, Policy());
+  EXPECT_EQ(v.VmStatus(3).effective_mode, ValveMode::kAdaptive);
+  ValveOptions o = TestOptions();
+  o.default_mode = ValveMode::kOff;
+  ASSERT_TRUE(v.SetOptions(o).ok());
+  EXPECT_EQ(v.Decide(3, 7, true), PutMode::kDrop);
+  EXPECT_EQ(v.AdmissionHint(3), 0u);
+}
+
+TEST(ValveTest, AdaptiveCompressesWithTokensThenRawThenDrops) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.Tick(host.Advance(0, 0));  // budget 25% of 2 CPUs: 50 ms per period
+  const ValveVmStatus st = v.VmStatus(1);
+  ASSERT_GT(st.cpu_tokens_ns, 0);
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kCompress);
+  // Spend the tokens: raw (a memcpy) while in debt of under one share...
+  v.ChargeCpu(1, st.cpu_tokens_ns + 1);
+  EXPECT_EQ(v.Decide(1, 2, true), PutMode::kRaw);
+  // ...and a whole share beyond it: still raw for a guest that applies the
+  // admission hint (the hint is what throttles it), dropped for one that
+  // ignores the hint.
+  v.ChargeCpu(1, v.VmStatus(1).cpu_share_ns + 1);
+  EXPECT_EQ(v.Decide(1, 3, true), PutMode::kRaw);
+  EXPECT_EQ(v.Decide(1, 4, false), PutMode::kDrop);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kCompressed), 1u);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kRaw), 2u);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedCpu), 1u);
+}
+
+TEST(ValveTest, BudgetIsSplitByWeightAmongHungryVms) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy(100));
+  v.AddVm(2, Policy(300));
+  Starve(v, 1);
+  Starve(v, 2);
+  v.Tick(host.Advance(0, 0));
+  const int64_t s1 = v.VmStatus(1).cpu_share_ns;
+  const int64_t s2 = v.VmStatus(2).cpu_share_ns;
+  // 25% of 2 CPUs over 100 ms = 50 ms, split 1:3.
+  EXPECT_NEAR(static_cast<double>(s1), 12.5e6, 0.01e6);
+  EXPECT_NEAR(static_cast<double>(s2), 37.5e6, 0.01e6);
+}
+
+TEST(ValveTest, UnusedShareIsLent) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy(100));  // light: uses 1 ms per period
+  v.AddVm(2, Policy(100));  // hungry
+  for (int i = 0; i < 3; ++i) {
+    v.ChargeCpu(1, 1'000'000);
+    Starve(v, 2);
+    v.Tick(host.Advance(0, 0));
+  }
+  const int64_t s1 = v.VmStatus(1).cpu_share_ns;
+  const int64_t s2 = v.VmStatus(2).cpu_share_ns;
+  // The light VM keeps what it uses (plus margin); the rest goes to the
+  // hungry one, far beyond its 25 ms fair share.
+  EXPECT_GE(s1, 1'000'000);
+  EXPECT_LT(s1, 3'000'000);
+  EXPECT_GT(s2, 45'000'000);
+  EXPECT_NEAR(static_cast<double>(s1 + s2), 50e6, 0.01e6);
+}
+
+TEST(ValveTest, BudgetUsesOnlySpareCpuAndShrinksUnderPressure) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0.0, 0.0));
+  EXPECT_NEAR(v.HostStatus().budget_fraction, 0.25, 1e-9);
+  // Others use 90% of the host: 10% spare x 0.8.
+  v.Tick(host.Advance(0.95, 0.05));
+  EXPECT_NEAR(v.HostStatus().budget_fraction, 0.08, 1e-6);
+  // tmemd's own use does not count against it: 30% busy, all tmemd.
+  v.Tick(host.Advance(0.30, 0.30));
+  EXPECT_NEAR(v.HostStatus().budget_fraction, 0.25, 1e-6);
+  // Pressure halfway between start (20) and full (80): half the budget.
+  v.Tick(host.Advance(0.0, 0.0, 50.0));
+  EXPECT_NEAR(v.HostStatus().budget_fraction, 0.125, 1e-6);
+  v.Tick(host.Advance(0.0, 0.0, 95.0));
+  EXPECT_EQ(v.HostStatus().budget_fraction, 0.0);
+}
+
+TEST(ValveTest, SaturatedHostGetsRawPutsAndGuestsToldToStopSending) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.Tick(host.Advance(1.0, 0.0));  // others take every cycle
+  EXPECT_EQ(v.HostStatus().budget_fraction, 0.0);
+  v.ChargeCpu(1, v.VmStatus(1).cpu_tokens_ns + 1);
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kRaw);
+  // Every period it keeps spending with no budget: admission halves each
+  // period down to the floor.
+  uint32_t last = v.AdmissionHint(1);
+  for (int i = 0; i < 12; ++i) {
+    v.ChargeCpu(1, 5'000'000);
+    v.Decide(1, 2, true);
+    v.Tick(host.Advance(1.0, 0.0));
+    const uint32_t now = v.AdmissionHint(1);
+    EXPECT_LE(now, last);
+    last = now;
+  }
+  EXPECT_EQ(last, o.min_admission);
+  EXPECT_FALSE(v.VmStatus(1).throttled);  // CPU, not reuse
+  // The floor knob keeps a trickle of budget on a saturated host.
+  ValveOptions floor = o;
+  floor.cpu_floor_percent = 2;
+  ASSERT_TRUE(v.SetOptions(floor).ok());
+  v.Tick(host.Advance(1.0, 0.0));
+  EXPECT_NEAR(v.HostStatus().budget_fraction, 0.02, 1e-9);
+}
+
+TEST(ValveTest, AdmissionComesBackWhenTheVmFitsItsShareAgain) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  for (int i = 0; i < 8; ++i) {  // overspend: 200 ms per 50 ms budget
+    v.ChargeCpu(1, 200'000'000);
+    v.Decide(1, 2, true);
+    v.Tick(host.Advance(0.5, 0.5));
+  }
+  ASSERT_LT(v.AdmissionHint(1), kAll / 8);
+  for (int i = 0; i < 20; ++i) {  // then only 1 ms per period
+    v.ChargeCpu(1, 1'000'000);
+    v.Tick(host.Advance(0.0, 0.0));
+  }
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+}
+
+TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  uint64_t key = 0;
+  // Streaming: many puts, no gets.
+  for (int period = 0; period < 6; ++period) {
+    for (int i = 0; i < 500; ++i) v.Decide(1, ++key, true);
+    v.Tick(host.Advance(0, 0));
+  }
+  ValveVmStatus st = v.VmStatus(1);
+  EXPECT_TRUE(st.throttled);
+  EXPECT_EQ(st.admission, o.min_admission);
+  EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
+
+  // The sampled puts start coming back: restored after the dwell time.
+  for (int period = 0; period < 6; ++period) {
+    for (int i = 0; i < 20; ++i) {
+      v.Decide(1, ++key, true);
+      v.RecordGet(1, key, /*hit=*/true);
+    }
+    v.Tick(host.Advance(0, 0));
+  }
+  st = v.VmStatus(1);
+  EXPECT_FALSE(st.throttled);
+  EXPECT_EQ(st.admission, kAll);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kRestoreEvents), 1u);
+}
+
+TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
+  const ValveOptions o = TestOptions();  // throttle < 0.02, restore > 0.08
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  uint64_t key = 0;
+  // 5% reuse: neither throttles an admitted VM...
+  for (int period = 0; period < 20; ++period) {
+    for (int i = 0; i < 200; ++i) {
+      v.Decide(1, ++key, true);
+      if (i % 20 == 0) v.RecordGet(1, key, true);
+    }
+    v.Tick(host.Advance(0, 0));
+    EXPECT_FALSE(v.VmStatus(1).throttled) << "period " << period;
+  }
+  // ...nor restores a throttled one.
+  for (int period = 0; period < 8; ++period) {
+    for (int i = 0; i < 200; ++i) v.Decide(1, ++key, true);
+    v.Tick(host.Advance(0, 0));
+  }
+  ASSERT_TRUE(v.VmStatus(1).throttled);
+  for (int period = 0; period < 20; ++period) {
+    for (int i = 0; i < 200; ++i) {
+      v.Decide(1, ++key, true);
+      if (i % 20 == 0) v.RecordGet(1, key, true);
+    }
+    v.Tick(host.Advance(0, 0));
+    EXPECT_TRUE(v.VmStatus(1).throttled) << "period " << period;
+  }
+  EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kRestoreEvents), 0u);
+}
+
+TEST(ValveTest, FewSamplesNeverThrottle) {
+  Valve v(TestOptions(), nullptr);  // min_samples 100
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  uint64_t key = 0;
+  for (int period = 0; period < 30; ++period) {
+    for (int i = 0; i < 10; ++i) v.Decide(1, ++key, true);
+    v.Tick(host.Advance(0, 0));
+  }
+  EXPECT_FALSE(v.VmStatus(1).throttled);
+}
+
+TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  uint64_t key = 0;
+  for (int period = 0; period < 6; ++period) {
+    for (int i = 0; i < 500; ++i) v.Decide(1, ++key, true);
+    v.Tick(host.Advance(0, 0));
+  }
+  ASSERT_TRUE(v.VmStatus(1).throttled);
+  int admitted = 0;
+  const int n = 64 * 100;
+  for (int i = 0; i < n; ++i) {
+    if (v.Decide(1, ++key, /*guest_applies_hint=*/false) != PutMode::kDrop) {
+      ++admitted;
+    }
+  }
+  EXPECT_EQ(admitted, n / (kAll / o.min_admission));
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedReuse),
+            static_cast<uint64_t>(n - admitted));
+}
+
+TEST(ValveTest, GetOfADroppedKeyIsAGhostHitAndCountsAsReuse) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.Tick(host.Advance(1.0, 0.0));  // no budget
+  v.ChargeCpu(1, v.VmStatus(1).cpu_tokens_ns + v.VmStatus(1).cpu_share_ns + 1);
+  ASSERT_EQ(v.Decide(1, 0xabcdef, /*guest_applies_hint=*/false),
+            PutMode::kDrop);
+  v.RecordGet(1, 0x123456, false);  // an unrelated miss: no ghost
+  EXPECT_EQ(Count(v, 1, ValveCounter::kGhostHits), 0u);
+  v.RecordGet(1, 0xabcdef, false);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kGhostHits), 1u);
+  v.RecordGet(1, 0xabcdef, false);  // taken once
+  EXPECT_EQ(Count(v, 1, ValveCounter::kGhostHits), 1u);
+}
+
+TEST(ValveTest, StoreEvictionsBecomeGhosts) {
+  ValveOptions vo = TestOptions();
+  Valve v(vo, nullptr);
+  StoreOptions so;
+  so.memory_cap_bytes = 1 << 20;
+  so.address_space_bytes = 64 << 20;
+  so.num_shards = 4;
+  so.eviction_listener = &v;
+  auto store = TmemStore::Create(so);
+  ASSERT_TRUE(store.ok());
+  v.AttachStore(store->get());
+  auto vm = (*store)->AddVm("a", VmPolicy{});
+  ASSERT_TRUE(vm.ok());
+  v.AddVm(*vm, VmPolicy{});
+  auto pool = (*store)->NewPool(*vm, nullptr);
+  ASSERT_TRUE(pool.ok());
+  const ObjectId oid = ObjectId::FromInode(42);
+  // Far more pages than 1 MiB holds: the first ones get evicted.
+  for (uint64_t i = 0; i < 2000; ++i) {
+    const Page page = RandomPage(i);
+    ASSERT_TRUE(
+        (*store)->Put(*vm, *pool, oid, i, ConstPage(page), PutMode::kRaw).ok());
+  }
+  Page out{};
+  absl::StatusOr<bool> hit =
+      (*store)->Get(*vm, *pool, oid, 0, MutablePage(out));
+  ASSERT_TRUE(hit.ok());
+  ASSERT_FALSE(*hit);
+  v.RecordGet(*vm, KeyHash(oid, 0), false);
+  EXPECT_EQ(Count(v, *vm, ValveCounter::kGhostHits), 1u);
+  // Memory headroom: the store is full, so a VM out of tokens drops.
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0));
+  v.ChargeCpu(*vm, v.VmStatus(*vm).cpu_tokens_ns + 1);
+  EXPECT_EQ(v.Decide(*vm, 99, true), PutMode::kDrop);
+  EXPECT_EQ(Count(v, *vm, ValveCounter::kDroppedMemory), 1u);
+}
+
+TEST(ValveTest, RemovedVmIsForgotten) {
+  Valve v(TestOptions(), nullptr);
+  v.AddVm(1, Policy(100, ValveMode::kOff));
+  v.RemoveVm(1);
+  // Unknown VMs are not throttled (the store decides what happens to them).
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kCompress);
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+  // A new VM in the same slot with another generation starts clean.
+  v.AddVm(1 | (1u << 16), Policy());
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kCompress);
+}
+
+}  // namespace
+}  // namespace tmem
