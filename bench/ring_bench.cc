@@ -531,9 +531,11 @@ Rounds RunRounds(const RingBenchOptions& o, const PageSet* probe_pages,
 // --- The host: tmemd's components, in this process -------------------------
 
 // One TmemStore, `guests` channels (each its own VM, region and socket),
-// one Worker driving them, and per channel a TmemGuest attached through a
-// real ivshmem client with one private pool. Teardown stops the worker
-// first, so nothing touches a channel while it goes away.
+// driven as tmemd drives them -- one Worker per CPU, channels spread over
+// them round robin (tmemd gives each new VM the least loaded worker) --
+// and per channel a TmemGuest attached through a real ivshmem client with
+// one private pool. Teardown stops the workers first, so nothing touches a
+// channel while it goes away.
 class RingHost {
  public:
   RingHost(int guests, const WorkerOptions& worker_options) {
@@ -564,15 +566,23 @@ class RingHost {
       paths_.push_back(co.server.socket_path);
       channels_.push_back(*std::move(ch));
     }
-    worker_ = std::make_unique<Worker>(worker_options);
-    // The thread Start() adds is the worker: its CPU time is tmemd's host
-    // cost, apart from the guests' (which includes their waiting).
-    const std::set<std::string> before = TaskIds();
-    if (absl::Status s = worker_->Start(); !s.ok()) Die("Worker::Start", s);
-    for (const std::string& tid : TaskIds()) {
-      if (before.count(tid) == 0) worker_tid_ = tid;
+    const int workers = std::clamp<int>(
+        static_cast<int>(std::thread::hardware_concurrency()), 1, guests);
+    for (int w = 0; w < workers; ++w) {
+      workers_.push_back(std::make_unique<Worker>(worker_options));
+      // The thread Start() adds is the worker: its CPU time is tmemd's
+      // host cost, apart from the guests' (which includes their waiting).
+      const std::set<std::string> before = TaskIds();
+      if (absl::Status s = workers_.back()->Start(); !s.ok()) {
+        Die("Worker::Start", s);
+      }
+      for (const std::string& tid : TaskIds()) {
+        if (before.count(tid) == 0) worker_tids_.push_back(tid);
+      }
     }
-    for (auto& ch : channels_) worker_->AddChannel(ch.get());
+    for (size_t i = 0; i < channels_.size(); ++i) {
+      workers_[i % workers_.size()]->AddChannel(channels_[i].get());
+    }
     for (int i = 0; i < guests; ++i) {
       absl::StatusOr<std::unique_ptr<IvshmemClient>> client =
           IvshmemClient::Connect(paths_[i], IvshmemClientOptions{});
@@ -598,7 +608,7 @@ class RingHost {
   }
 
   ~RingHost() {
-    worker_.reset();
+    workers_.clear();
     guests_.clear();
     clients_.clear();
     channels_.clear();  // unlinks the sockets, forgets the VMs
@@ -620,8 +630,13 @@ class RingHost {
             TMEM_HOST_NEEDS_DOORBELL) != 0;
   }
 
-  // CPU time of the worker thread so far (0 if it could not be found).
-  int64_t WorkerCpuNs() const { return TaskCpuNs(worker_tid_); }
+  // CPU time of the worker threads so far (0 if none could be found).
+  int64_t WorkerCpuNs() const {
+    int64_t ns = 0;
+    for (const std::string& tid : worker_tids_) ns += TaskCpuNs(tid);
+    return ns;
+  }
+  int workers() const { return static_cast<int>(workers_.size()); }
 
   uint64_t Metric(int i, ChannelCounter c) const {
     return channels_[i]->metrics().Get(c);
@@ -642,8 +657,8 @@ class RingHost {
   std::vector<std::string> paths_;
   std::unique_ptr<TmemStore> store_;
   std::vector<std::unique_ptr<Channel>> channels_;
-  std::unique_ptr<Worker> worker_;
-  std::string worker_tid_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<std::string> worker_tids_;
   std::vector<std::unique_ptr<IvshmemClient>> clients_;
   std::vector<std::unique_ptr<TmemGuest>> guests_;
   std::vector<const tmem_shm_header*> headers_;
@@ -965,7 +980,8 @@ void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
       progress.Note(Fmt("round %d: CPUs ring %.2f, in-process 4 %.2f, 1 %.2f",
                         i, ring.cpus[i], local4.cpus[i], local1.cpus[i]));
     }
-    return TwoCpus(d) && ring.cpus[i] >= kMinCpuShare * usable(kGuests + 1) &&
+    return TwoCpus(d) &&
+           ring.cpus[i] >= kMinCpuShare * usable(kGuests + h.workers()) &&
            local4.cpus[i] >= kMinCpuShare * usable(kGuests) &&
            local1.cpus[i] >= kMinCpuShare * usable(1);
   };
@@ -1014,15 +1030,14 @@ void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
        Fmt("median of %zu paired rounds, IQR %.3f-%.3f, all %d rounds %.3f; ",
            r.used.size(), vs4.used.p25, vs4.used.p75, r.count(), vs4.all) +
            r.Describe() +
-           Fmt("; 4 guest threads + 1 worker on %u CPUs; in-process 4 "
+           Fmt("; 4 guest threads + %d workers on %u CPUs; in-process 4 "
                "threads reached %.2fx one thread in the same rounds (the "
-               "store runs on every core), the ring %.2fx (one worker does "
-               "all compression); ",
-               std::thread::hardware_concurrency(), local_scaling.used.median,
-               ring_over_one_core.used.median) +
+               "store runs on every core), the ring %.2fx; ",
+               h.workers(), std::thread::hardware_concurrency(),
+               local_scaling.used.median, ring_over_one_core.used.median) +
            kPutMethod +
-           Fmt("; ring full before %.0f%% of puts; the worker ran %.0f%% of "
-               "the wall time (a CPU's worth is the ring's ceiling) at %.0f "
+           Fmt("; ring full before %.0f%% of puts; the workers ran %.0f%% of "
+               "the wall time (summed over workers, in CPUs) at %.0f "
                "ns/page; CPU/page, all threads: ring %.0f ns, in-process "
                "%.0f ns",
                100 * full, 100 * worker_busy.median,

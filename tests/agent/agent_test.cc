@@ -1,0 +1,176 @@
+// Agent: VM lifecycle, policies reaching the store and the valve, and the
+// valve's admission hint reaching a real guest through the shared header.
+// Real channels, sockets and workers; only the CPU sampler is a fake.
+#include "host-agent/agent.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include "guest-driver/userspace/ivshmem_client.h"
+#include "guest-driver/userspace/tmem_guest.h"
+#include "proto/tmem_abi.h"
+
+namespace tmem {
+namespace {
+
+class FakeSampler final : public CpuSampler {
+ public:
+  absl::StatusOr<CpuSample> Sample() override {
+    s_.num_cpus = 2;
+    s_.wall_nanos += 100'000'000;
+    s_.host_total_nanos += 200'000'000;
+    s_.host_busy_nanos += static_cast<uint64_t>(busy * 200'000'000);
+    return s_;
+  }
+  double busy = 0;
+
+ private:
+  CpuSample s_;
+};
+
+class AgentTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tmem-agent-test-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    AgentOptions o;
+    o.socket_dir = dir_;
+    o.store.memory_cap_bytes = 64 << 20;
+    o.store.address_space_bytes = 256 << 20;
+    o.workers = 2;
+    o.cpu_sampler = &sampler_;
+    o.run_valve_ticker = false;
+    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agent_ = std::move(*a);
+  }
+  void TearDown() override {
+    agent_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  FakeSampler sampler_;
+  std::string dir_;
+  std::unique_ptr<Agent> agent_;
+};
+
+TEST_F(AgentTest, AddListGetRemove) {
+  absl::StatusOr<VmInfo> a = agent_->AddVm("a", VmPolicy{});
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->socket_path, dir_ + "/a.sock");
+  EXPECT_FALSE(a->connected);
+  struct stat st {};
+  EXPECT_EQ(stat(a->socket_path.c_str(), &st), 0) << "socket must listen";
+  ASSERT_TRUE(agent_->AddVm("b", VmPolicy{}, dir_ + "/custom.sock").ok());
+  EXPECT_EQ(agent_->VmNames(), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(agent_->ListVms().size(), 2u);
+  EXPECT_EQ(agent_->GetVm("b")->socket_path, dir_ + "/custom.sock");
+
+  EXPECT_EQ(agent_->AddVm("a", VmPolicy{}).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(agent_->AddVm("../etc", VmPolicy{}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(agent_->GetVm("zz").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(agent_->RemoveVm("zz").code(), absl::StatusCode::kNotFound);
+
+  ASSERT_TRUE(agent_->RemoveVm("a").ok());
+  EXPECT_NE(stat((dir_ + "/a.sock").c_str(), &st), 0) << "socket unlinked";
+  EXPECT_FALSE(agent_->HasVm("a"));
+  // The name is free again.
+  EXPECT_TRUE(agent_->AddVm("a", VmPolicy{}).ok());
+  EXPECT_EQ(agent_->Status().workers, 2);
+  EXPECT_EQ(agent_->Status().store.vms, 2u);
+}
+
+TEST_F(AgentTest, PolicyReachesStoreAndValve) {
+  ASSERT_TRUE(agent_->AddVm("a", VmPolicy{}).ok());
+  VmPolicy p;
+  p.quota_bytes = 1 << 20;
+  p.weight = 300;
+  p.mode = ValveMode::kAlways;
+  ASSERT_TRUE(agent_->SetVmPolicy("a", p).ok());
+  absl::StatusOr<VmInfo> info = agent_->GetVm("a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->policy.quota_bytes, uint64_t{1} << 20);
+  EXPECT_EQ(info->policy.weight, 300u);
+  EXPECT_EQ(info->valve.mode, ValveMode::kAlways);
+  EXPECT_EQ(info->valve.weight, 300u);
+  EXPECT_EQ(agent_->SetVmPolicy("nope", p).code(), absl::StatusCode::kNotFound);
+
+  ValveOptions bad = agent_->GetValveOptions();
+  bad.cpu_budget_percent = -1;
+  EXPECT_EQ(agent_->SetValveOptions(bad).code(),
+            absl::StatusCode::kInvalidArgument);
+  ValveOptions good = agent_->GetValveOptions();
+  good.cpu_budget_percent = 40;
+  ASSERT_TRUE(agent_->SetValveOptions(good).ok());
+  ASSERT_TRUE(agent_->TickValve().ok());
+  ASSERT_TRUE(agent_->TickValve().ok());
+  EXPECT_NEAR(agent_->Status().valve.budget_fraction, 0.40, 1e-9);
+}
+
+// Polls `cond` for up to 5 s.
+template <typename Cond>
+bool Eventually(Cond cond) {
+  for (int i = 0; i < 500; ++i) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return cond();
+}
+
+TEST_F(AgentTest, AdmissionHintReachesTheGuestAndItStopsSending) {
+  absl::StatusOr<VmInfo> vm = agent_->AddVm("g", VmPolicy{});
+  ASSERT_TRUE(vm.ok());
+  absl::StatusOr<std::unique_ptr<IvshmemClient>> client =
+      IvshmemClient::Connect(vm->socket_path, IvshmemClientOptions{});
+  ASSERT_TRUE(client.ok()) << client.status();
+  absl::StatusOr<std::unique_ptr<TmemGuest>> guest =
+      TmemGuest::Create(client->get());
+  ASSERT_TRUE(guest.ok()) << guest.status();
+  absl::StatusOr<TmemGuest::PoolHandle> pool = (*guest)->InitFs();
+  ASSERT_TRUE(pool.ok());
+  ASSERT_TRUE(Eventually([&] { return agent_->GetVm("g")->connected; }));
+  const auto* header =
+      reinterpret_cast<const tmem_shm_header*>((*client)->shm_base());
+  const auto hint = [&] {
+    return __atomic_load_n(&header->admission_hint, __ATOMIC_RELAXED);
+  };
+  ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
+
+  // Mode off: the worker publishes 0 and the guest skips every put.
+  VmPolicy off;
+  off.mode = ValveMode::kOff;
+  ASSERT_TRUE(agent_->SetVmPolicy("g", off).ok());
+  ASSERT_TRUE(Eventually([&] { return hint() == 0; })) << hint();
+  std::array<uint8_t, TMEM_PAGE_SIZE> page{};
+  page[0] = 1;
+  const uint64_t skipped0 = (*guest)->counters().puts_skipped_by_hint;
+  for (uint64_t i = 0; i < 100; ++i) {
+    (*guest)->Put(*pool, TmemGuest::ObjectId{1}, i, page);
+  }
+  EXPECT_EQ((*guest)->counters().puts_skipped_by_hint - skipped0, 100u);
+
+  // Back to adaptive: full admission, puts flow and come back.
+  VmPolicy adaptive;
+  adaptive.mode = ValveMode::kAdaptive;
+  ASSERT_TRUE(agent_->SetVmPolicy("g", adaptive).ok());
+  ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
+  (*guest)->Put(*pool, TmemGuest::ObjectId{2}, 0, page);
+  std::array<uint8_t, TMEM_PAGE_SIZE> out{};
+  EXPECT_TRUE((*guest)->Get(*pool, TmemGuest::ObjectId{2}, 0, out));
+  EXPECT_EQ(out, page);
+  const VmInfo info = *agent_->GetVm("g");
+  EXPECT_GE(info.valve.counters[static_cast<int>(ValveCounter::kCompressed)],
+            1u);
+  EXPECT_GT(info.valve.cpu_used_ns, 0u) << "the worker charges CPU per batch";
+}
+
+}  // namespace
+}  // namespace tmem
