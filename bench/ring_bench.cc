@@ -886,9 +886,9 @@ struct RatioFigures {
 const char* const kPutMethod =
     "wall time from the first put to the last CQE reaped (the host has "
     "copied, compressed and stored every page); the guest copies into the "
-    "slot and waits for room when the ring is full (never drops); the one "
-    "worker thread (tmemd's defaults: poll_us 50, batch 64) copies out and "
-    "compresses; steady state (every key already held)";
+    "slot and waits for room when the ring is full (never drops); the "
+    "worker threads (tmemd's defaults: one per CPU, poll_us 50, batch 64) "
+    "copy out and compress; steady state (every key already held)";
 
 ResultRow Judged(ResultRow row, const Rounds& r) {
   // As the summary's scaling row: a pass stands even on a busy machine;
