@@ -125,7 +125,7 @@ struct ValveHostStatus {
 class Valve final : public PutAdvisor, public EvictionListener {
  public:
   Valve(const ValveOptions& options, const TmemStore* store);
-  ~Valve();
+  ~Valve() override;
   Valve(const Valve&) = delete;
   Valve& operator=(const Valve&) = delete;
 

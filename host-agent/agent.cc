@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "host-agent/config.h"
@@ -11,7 +12,7 @@
 
 namespace tmem {
 
-Agent::Agent(const AgentOptions& options) : options_(options) {}
+Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     const AgentOptions& options) {

@@ -127,7 +127,7 @@ class Agent {
     std::string socket_path;
   };
 
-  explicit Agent(const AgentOptions& options);
+  explicit Agent(AgentOptions options);
   VmInfo InfoLocked(const std::string& name, const VmEntry& e) const;
   void TickerLoop();
 

@@ -27,8 +27,9 @@ class FakeHost {
     const auto total = static_cast<uint64_t>(kPeriodNs) * s_.num_cpus;
     s_.wall_nanos += kPeriodNs;
     s_.host_total_nanos += total;
-    s_.host_busy_nanos += static_cast<uint64_t>(busy * total);
-    s_.agent_nanos += static_cast<uint64_t>(agent * total);
+    s_.host_busy_nanos +=
+        static_cast<uint64_t>(busy * static_cast<double>(total));
+    s_.agent_nanos += static_cast<uint64_t>(agent * static_cast<double>(total));
     s_.has_pressure = pressure >= 0;
     s_.pressure_some_avg10 = pressure < 0 ? 0 : pressure;
     return s_;
