@@ -9,10 +9,13 @@
 //  2. a miss asks tmem first (TmemGuest::Get, cleancache's get_page); a hit
 //     is checked against the page's known contents (any other bytes are a
 //     coherency mismatch) and costs no disk read.
-//  3. a tmem miss reads the disk: a token bucket of --disk-mbps with a burst
-//     of --readahead-pages (the disk works ahead of the application, as
-//     readahead does). The guest sleeps while the disk has no page ready
-//     (I/O wait is idle time, not CPU).
+//  3. a tmem miss reads the disk. Sequential reads (the next page of the
+//     last one read) stream: a token bucket of --disk-mbps with a burst of
+//     --readahead-pages (the disk works ahead of the application, as
+//     readahead does). A read elsewhere waits --disk-latency-us plus its
+//     transfer time (a synchronous random read: readahead cannot help).
+//     The guest sleeps while the disk has no page ready (I/O wait is idle
+//     time, not CPU).
 //  4. the page enters the cache; the cache's least recently used page is
 //     evicted and put into tmem (cleancache's put_page of a clean page),
 //     with its real contents: a realistic page from the corpus file.
@@ -68,6 +71,7 @@ struct Options {
   uint64_t working_set = 12288;
   double disk_mbps = 300;
   uint64_t readahead_pages = 32;
+  double disk_latency_us = 100;
   int app_passes = 4;
   double duration = 5;
   uint64_t seed = 1;
@@ -172,12 +176,21 @@ class LruCache {
 // A disk with a bandwidth limit; the burst is the readahead window.
 class Disk {
  public:
-  Disk(double mbps, uint64_t burst_pages)
+  Disk(double mbps, uint64_t burst_pages, double latency_us)
       : page_ns_(static_cast<double>(kPage) * 1e3 / mbps),
         burst_(static_cast<double>(std::max<uint64_t>(burst_pages, 1))),
+        latency_ns_(latency_us * 1e3),
         last_(Clock::now()) {}
 
-  // Blocks (sleeping) until the disk has delivered one more page.
+  // A random read: latency plus transfer, nothing overlapped.
+  void ReadRandomPage() {
+    const auto ns = static_cast<int64_t>(latency_ns_ + page_ns_);
+    std::this_thread::sleep_for(std::chrono::nanoseconds(ns));
+    wait_ns_ += ns;
+  }
+
+  // A sequential read: blocks (sleeping) until the disk has delivered one
+  // more page.
   void ReadPage() {
     Refill();
     if (tokens_ < 1) {
@@ -207,6 +220,7 @@ class Disk {
   }
   double page_ns_;
   double burst_;
+  double latency_ns_;
   double tokens_ = 0;
   Clock::time_point last_;
   int64_t wait_ns_ = 0;
@@ -231,7 +245,7 @@ class Guest {
         tmem_(tmem),
         pool_(pool),
         cache_(o.cache_pages),
-        disk_(o.disk_mbps, o.readahead_pages) {}
+        disk_(o.disk_mbps, o.readahead_pages, o.disk_latency_us) {}
 
   void Read(uint64_t key) {
     ++s_.pages_read;
@@ -250,7 +264,12 @@ class Guest {
         if (std::memcmp(buf_.data(), data, kPage) != 0) ++s_.mismatches;
         data = buf_.data();
       } else {
-        disk_.ReadPage();
+        if (key == last_disk_key_ + 1) {
+          disk_.ReadPage();
+        } else {
+          disk_.ReadRandomPage();
+        }
+        last_disk_key_ = key;
         ++s_.disk_reads;
       }
       uint64_t evicted = 0;
@@ -284,6 +303,7 @@ class Guest {
   Stats s_;
   alignas(4096) std::array<uint8_t, kPage> buf_{};
   uint64_t sink_ = 0;
+  uint64_t last_disk_key_ = UINT64_MAX;  // UINT64_MAX + 1 == 0: key 0 streams
 };
 
 double Seconds(Clock::duration d) {
@@ -314,6 +334,9 @@ int Main(int argc, char** argv) {
   app.add_option("--readahead-pages", o.readahead_pages,
                  "disk burst (readahead window), pages")
       ->check(CLI::PositiveNumber);
+  app.add_option("--disk-latency-us", o.disk_latency_us,
+                 "latency of a random (non-sequential) disk read")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--app-passes", o.app_passes,
                  "checksum passes per page read (application CPU)")
       ->check(CLI::NonNegativeNumber);
@@ -423,7 +446,7 @@ int Main(int argc, char** argv) {
 
   const Stats& s = guest.stats();
   std::string out = absl::StrCat(
-      "result {\"workload\": \"", o.workload, "\", \"seconds\": ", seconds,
+      R"(result {"workload": ")", o.workload, R"(", "seconds": )", seconds,
       ", \"warmup_seconds\": ", warmup_seconds, ", \"mb_per_s\": ",
       static_cast<double>(s.pages_read * kPage) / 1e6 / seconds,
       ", \"pages_read\": ", s.pages_read, ", \"cache_hits\": ", s.cache_hits,

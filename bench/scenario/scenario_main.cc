@@ -92,8 +92,9 @@ struct Config {
   uint64_t working_set = 12288;  // 48 MiB: > cache, < cache + tmem
   double disk_mbps = 300;
   uint64_t readahead_pages = 32;
-  double app_us = 6;     // application CPU per page read
-  int stream_hogs = -1;  // -1: one per online CPU
+  double disk_latency_us = 100;  // random reads (an SSD's, about)
+  double app_us = 6;             // application CPU per page read
+  int stream_hogs = -1;          // -1: one per online CPU
   int other_hogs = 0;
   size_t corpus_pages = 1024;
   int micro_rounds = 0;  // 0: 5 quick, 11 full
@@ -322,12 +323,12 @@ class Runner {
         "--stats-interval",
         "1"};
     if (c_.workers > 0) {
-      targv.push_back("--workers");
-      targv.push_back(absl::StrCat(c_.workers));
+      targv.emplace_back("--workers");
+      targv.emplace_back(absl::StrCat(c_.workers));
     }
     for (const std::string& vm : vms) {
-      targv.push_back("--vm");
-      targv.push_back(vm);
+      targv.emplace_back("--vm");
+      targv.emplace_back(vm);
     }
     const std::string tlog = (dir / "tmemd.log").string();
     const int tfd = open(tlog.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -398,6 +399,8 @@ class Runner {
           absl::StrCat(c_.disk_mbps),
           "--readahead-pages",
           absl::StrCat(c_.readahead_pages),
+          "--disk-latency-us",
+          absl::StrCat(c_.disk_latency_us),
           "--app-passes",
           absl::StrCat(passes_),
           "--duration",
@@ -502,7 +505,7 @@ class Runner {
       std::string line;
       std::map<std::string, double> peak_pages;
       while (std::getline(f, line)) {
-        if (line.find("\"event\":\"vm_stats\"") == std::string::npos) continue;
+        if (line.find(R"("event":"vm_stats")") == std::string::npos) continue;
         auto m = ParseFlatJson(line);
         peak_pages[m["vm"]] = std::max(peak_pages[m["vm"]], Num(m, "pages"));
         vm_stats[m["vm"]] = m;
@@ -918,9 +921,14 @@ bool Plot(const Config& c, const std::vector<Row>& rows) {
   gp += "\nunset multiplot\n";
   const std::string gp_path = (dir / "scenario.gp").string();
   if (!bench::WriteFile(gp_path, gp)) return false;
-  const std::string cmd = absl::StrCat("gnuplot '", gp_path, "' 2>'",
-                                       (dir / "gnuplot.log").string(), "'");
-  return std::system(cmd.c_str()) == 0;
+  const std::string log = (dir / "gnuplot.log").string();
+  const int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  const pid_t pid = Spawn({"/usr/bin/gnuplot", gp_path}, fd, fd);
+  close(fd);
+  if (pid < 0) return false;
+  struct rusage ru {};
+  const int status = WaitWithTimeout(pid, std::chrono::seconds(60), &ru);
+  return status >= 0 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 // ---------------------------------------------------------------------------
@@ -960,6 +968,8 @@ int Main(int argc, char** argv) {
   app.add_option("--disk-mbps", c.disk_mbps, "simulated disk bandwidth");
   app.add_option("--readahead-pages", c.readahead_pages,
                  "disk burst (readahead window), pages");
+  app.add_option("--disk-latency-us", c.disk_latency_us,
+                 "latency of a random (non-sequential) disk read");
   app.add_option("--app-us", c.app_us,
                  "application CPU per page read, microseconds (calibrated)");
   app.add_option("--stream-hogs", c.stream_hogs,
@@ -1055,7 +1065,8 @@ int Main(int argc, char** argv) {
       "%s\nrun %s; %d rounds x %zu scenarios x %zu modes, %.0f s measured "
       "per guest\n"
       "tmemd: --memory-cap %s --cpu-budget %.0f; guest: cache %llu pages, "
-      "working set %llu pages, disk %.0f MB/s (readahead %llu pages), app "
+      "working set %llu pages, disk %.0f MB/s (readahead %llu pages; random "
+      "reads +%.0f us), app "
       "%.1f us/page (%d passes of %.0f ns); hogs: stream %d, others %d\n"
       "corpus: %zu mix pages, LZ4 ratio %.2f\n",
       bench::MachineDescription(),
@@ -1063,7 +1074,7 @@ int Main(int argc, char** argv) {
       c.rounds, c.scenarios.size(), c.modes.size(), c.duration, c.memory_cap,
       c.cpu_budget, static_cast<unsigned long long>(c.cache_pages),
       static_cast<unsigned long long>(c.working_set), c.disk_mbps,
-      static_cast<unsigned long long>(c.readahead_pages),
+      static_cast<unsigned long long>(c.readahead_pages), c.disk_latency_us,
       static_cast<double>(passes) * pass_ns / 1000, passes, pass_ns,
       c.stream_hogs < 0 ? cpus : c.stream_hogs, c.other_hogs, mix.size(),
       lz4_ratio);
