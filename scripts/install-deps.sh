@@ -30,13 +30,15 @@ PACKAGES=(
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
-  gnuplot-nox          # benchmark plots
 
   # --- tmemd daemon and data plane (issue 3) ------------------------------
   libtomlplusplus-dev  # tmemd's TOML config
   libcli11-dev         # command-line flags (tmemd, tmem-guestsim)
   qemu-system-x86      # real QEMU (TCG) for the ivshmem handshake tests
   qemu-utils
+
+  # --- scenario benchmark (issue 4): the 2011 report replayed -------------
+  gnuplot-nox          # bench/scenario: throughput / hit-ratio PNG plot
 
   # --- gRPC control plane, tmemctl (issue 5) -------------------------------
   # protobuf-compiler

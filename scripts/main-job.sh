@@ -11,10 +11,17 @@
 #     workload), "rereader" re-reads a working set, "checker" runs random ops
 #     and verifies every page that comes back against its own model;
 #  4. stops tmemd with SIGTERM and prints its final statistics;
-#  5. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
-#     present, the ring benchmark (bench/run_ring.sh).
+#  5. runs the scenario benchmark (bench/scenario, tmem-scenario): the 2011
+#     report replayed: tmemd serving simulated guests with a page cache, a
+#     300 MB/s disk and an application, streaming and re-reading, in modes
+#     off/always/adaptive side by side, with the targets as PASS/FAIL
+#     (table, CSV and PNG in build/release/bench/scenario-results/);
+#  6. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
+#     present, the ring benchmark (bench/run_ring.sh), unless --scenario-only.
 #
-# Usage: scripts/main-job.sh [--quick]   (--quick: smaller runs)
+# Usage: scripts/main-job.sh [--quick] [--scenario-only]
+#   --quick: smaller runs (the scenario benchmark in ~2-3 min instead of ~8)
+#   --scenario-only: skip the micro and ring benchmarks
 # Environment: TMEM_JOBS (default 2).
 set -euo pipefail
 
@@ -23,7 +30,14 @@ cd "${root}"
 export TMEM_JOBS="${TMEM_JOBS:-2}"
 export BUILD_DIR="${root}/build/release"
 quick=0
-[[ "${1:-}" == "--quick" ]] && quick=1
+scenario_only=0
+for arg in "$@"; do
+  case "${arg}" in
+    --quick) quick=1 ;;
+    --scenario-only) scenario_only=1 ;;
+    *) echo "usage: $0 [--quick] [--scenario-only]" >&2; exit 2 ;;
+  esac
+done
 
 banner() { printf '\n== %s\n' "$*"; }
 
@@ -90,6 +104,18 @@ if ((status != 0)); then
   exit 1
 fi
 
+banner "scenario benchmark: the 2011 report (bench/scenario, tmem-scenario)"
+scenario_args=()
+((quick)) && scenario_args+=(--quick)
+if ! "${bin}/bench/scenario/tmem-scenario" "${scenario_args[@]}" \
+    --out "${bin}/bench/scenario-results"; then
+  echo "FAILED: a scenario run failed (logs in ${bin}/bench/scenario-results/runs)" >&2
+  exit 1
+fi
+
+if ((scenario_only)); then
+  exit 0
+fi
 banner "backend micro-benchmarks (bench/run_micro.sh)"
 bash bench/run_micro.sh
 if [[ -f bench/run_ring.sh ]]; then

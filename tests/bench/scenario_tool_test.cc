@@ -1,0 +1,120 @@
+// Runs tmem-scenario (the scenario benchmark) in a tiny configuration and
+// checks that it produces well-formed, sane output: every scenario/mode/VM
+// row in the CSV, throughputs and hit ratios in range, "off" storing
+// nothing, "always" hitting on the re-read working set, the targets listed.
+// Performance targets are the benchmark's business, never this test's.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream f(p);
+  std::stringstream s;
+  s << f.rdbuf();
+  return s.str();
+}
+
+// CSV rows as maps from header name to field (no quoted commas here).
+std::vector<std::map<std::string, std::string>> ReadCsv(const fs::path& p) {
+  std::vector<std::map<std::string, std::string>> rows;
+  std::ifstream f(p);
+  std::string line;
+  if (!std::getline(f, line)) return rows;
+  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  while (std::getline(f, line)) {
+    const std::vector<std::string> cells = absl::StrSplit(line, ',');
+    EXPECT_EQ(cells.size(), header.size()) << line;
+    std::map<std::string, std::string> row;
+    for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
+      row[header[i]] = cells[i];
+    }
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+double D(const std::map<std::string, std::string>& row, const char* key) {
+  auto it = row.find(key);
+  return it == row.end() ? -1 : std::strtod(it->second.c_str(), nullptr);
+}
+
+TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
+  const fs::path out =
+      fs::temp_directory_path() / absl::StrCat("tmem-scenario-test-", getpid());
+  fs::remove_all(out);
+  const std::string cmd = absl::StrCat(
+      SCENARIO_BIN,
+      " --rounds 1 --duration 0.6 --memory-cap 16MiB --cache-pages 256"
+      " --working-set 768 --stream-hogs 0 --corpus-pages 64"
+      " --micro-rounds 1 --progress 0 --no-plot --out ",
+      out.string(), " > ", (out / "stdout.txt").string(), " 2>&1");
+  fs::create_directories(out);
+  // The test is single-threaded: system() is safe here.
+  const int status = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe)
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << ReadAll(out / "stdout.txt");
+
+  const std::string text = ReadAll(out / "scenario.txt");
+  EXPECT_NE(text.find("targets:"), std::string::npos) << text;
+  EXPECT_NE(text.find("0 run(s) failed"), std::string::npos) << text;
+
+  const auto rows = ReadCsv(out / "scenario.csv");
+  // stream x 3 modes, reread x 3, both (2 VMs) x 3.
+  ASSERT_EQ(rows.size(), 12u) << ReadAll(out / "scenario.csv");
+  for (const auto& r : rows) {
+    SCOPED_TRACE(
+        absl::StrCat(r.at("scenario"), "/", r.at("mode"), "/", r.at("vm")));
+    EXPECT_EQ(r.at("runs"), "1");
+    EXPECT_GT(D(r, "mb_per_s"), 0);
+    EXPECT_LT(D(r, "mb_per_s"), 1e5);
+    EXPECT_GE(D(r, "hit_ratio"), 0);
+    EXPECT_LE(D(r, "hit_ratio"), 1);
+    EXPECT_GE(D(r, "tmemd_cpu_s"), 0);
+    EXPECT_GE(D(r, "tmemd_cpu_frac"), 0);
+    EXPECT_LE(D(r, "tmemd_cpu_frac"), 1.05);
+    EXPECT_GT(D(r, "pages_read"), 0);
+    EXPECT_LE(D(r, "tmem_hits"), D(r, "tmem_gets"));
+    if (r.at("mode") == "off") {
+      // Nothing stored, nothing hit; the valve counted no compression.
+      EXPECT_EQ(D(r, "pages"), 0);
+      EXPECT_EQ(D(r, "hit_ratio"), 0);
+      EXPECT_EQ(D(r, "valve_compressed"), 0);
+    }
+    if (r.at("mode") == "always") {
+      EXPECT_EQ(D(r, "valve_raw") + D(r, "valve_dropped_cpu") +
+                    D(r, "valve_dropped_reuse"),
+                0);
+      EXPECT_GT(D(r, "valve_compressed"), 0);
+      if (r.at("vm") == "reread" && r.at("scenario") == "reread") {
+        EXPECT_GT(D(r, "hit_ratio"), 0.2);  // working set fits in tmem
+      }
+    }
+  }
+
+  const auto runs = ReadCsv(out / "runs.csv");
+  EXPECT_EQ(runs.size(), 12u);
+  for (const auto& r : runs) EXPECT_EQ(r.at("ok"), "1");
+
+  const std::string targets = ReadAll(out / "targets.csv");
+  EXPECT_EQ(std::count(targets.begin(), targets.end(), '\n'), 7) << targets;
+  EXPECT_NE(targets.find("Decide"), std::string::npos);
+  fs::remove_all(out);
+}
+
+}  // namespace
