@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -234,6 +235,16 @@ absl::Status Agent::TickValve() {
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
   valve_->Tick(*sample);
+  // Polling burns CPU no VM is charged for: scale the window with the share
+  // of the configured budget the host leaves tmemd (all of it on an idle
+  // host; almost none on a saturated one, where guests ring doorbells).
+  const ValveHostStatus host = valve_->HostStatus();
+  const double configured = host.options.cpu_budget_percent / 100.0;
+  const double share =
+      configured > 0 ? std::clamp(host.budget_fraction / configured, 0.0, 1.0)
+                     : 0.0;
+  const int poll_us = static_cast<int>(options_.worker.poll_us * share);
+  for (auto& w : workers_) w->SetPollMicros(poll_us);
   return absl::OkStatus();
 }
 

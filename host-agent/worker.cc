@@ -26,7 +26,8 @@ int64_t NowMicros() {
 
 }  // namespace
 
-Worker::Worker(const WorkerOptions& options) : options_(options) {}
+Worker::Worker(const WorkerOptions& options)
+    : options_(options), poll_us_(options.poll_us) {}
 
 Worker::~Worker() {
   Stop();
@@ -301,7 +302,8 @@ void Worker::Loop() {
       }
       continue;
     }
-    if (polling_ && now - last_work_us >= options_.poll_us) {
+    if (polling_ &&
+        now - last_work_us >= poll_us_.load(std::memory_order_relaxed)) {
       // Going to sleep: ask for doorbells, then look once more.
       polling_ = SetNeedsDoorbell(true);
       if (polling_) SetNeedsDoorbell(false);

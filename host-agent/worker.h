@@ -15,6 +15,7 @@
 #ifndef TMEMD_HOST_AGENT_WORKER_H_
 #define TMEMD_HOST_AGENT_WORKER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <mutex>
@@ -48,6 +49,13 @@ class Worker {
   // Returns once the worker no longer touches the channel.
   void RemoveChannel(Channel* channel);
 
+  // The polling window in force (options.poll_us at start). Polling spins a
+  // CPU that no VM is charged for, so the agent shrinks the window when the
+  // valve's CPU budget shrinks. Any thread.
+  void SetPollMicros(int poll_us) {
+    poll_us_.store(poll_us, std::memory_order_relaxed);
+  }
+
  private:
   enum class FdKind : uint8_t { kWake, kListen, kClient, kDoorbell };
   struct FdTarget {
@@ -73,6 +81,7 @@ class Worker {
   bool SetNeedsDoorbell(bool needs);
 
   const WorkerOptions options_;
+  std::atomic<int> poll_us_;
   int epoll_fd_ = -1;
   int wake_fd_ = -1;
   std::thread thread_;
