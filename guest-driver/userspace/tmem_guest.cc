@@ -843,6 +843,15 @@ bool TmemGuest::Get(PoolHandle h, const ObjectId& oid, uint64_t index,
     stalled_until_ = {};  // the host moved: it is back
     consecutive_timeouts_ = 0;
   }
+  // A key this guest never sent cannot be there (private pools keep the
+  // filter; it has no false negatives): miss without a round trip, so a
+  // streaming reader's page-cache misses never wait on the host.
+  if (options_.skip_unsent_gets && h >= 0 &&
+      static_cast<size_t>(h) < pools_.size() &&
+      !MaybeSent(pools_[h].sent, KeyHash(oid, index))) {
+    ++counters_.gets_skipped_never_sent;
+    return miss_local();
+  }
   const int id = Resolve(h, /*create=*/true);
   if (id < 0 || Flagged(id)) return miss_local();
   if (!HaveRoom(Need::kGet)) return miss_local();

@@ -86,6 +86,9 @@ struct TmemGuestOptions {
   // 128 KiB, ~3% false positives after 100k distinct keys). 0 disables it:
   // every dropped put then sends an INVAL_PAGE.
   uint32_t sent_filter_bits = 1u << 20;
+  // Gets of keys the filter says were never sent miss at once, without a
+  // round trip (false only for tests that need gets to reach the host).
+  bool skip_unsent_gets = true;
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -104,6 +107,8 @@ struct GuestCounters {
   uint64_t gets_timeout = 0;          // of gets_miss: no CQE within get_timeout
   uint64_t gets_miss_local = 0;       // of gets_miss: decided without the host
   uint64_t gets_skipped_stalled = 0;  // of gets_miss_local: host stalled
+  // Of gets_miss_local: the sent-keys filter says this key was never put.
+  uint64_t gets_skipped_never_sent = 0;
   uint64_t host_stalls = 0;  // times Gets timed out into the stalled state
   uint64_t invalidates = 0;  // Invalidate*() calls
   uint64_t invalidates_for_dropped_puts = 0;  // INVAL_PAGE for unsent puts
@@ -133,6 +138,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("gets_miss", c.gets_miss);
   fn("gets_timeout", c.gets_timeout);
   fn("gets_miss_local", c.gets_miss_local);
+  fn("gets_skipped_never_sent", c.gets_skipped_never_sent);
   fn("gets_skipped_stalled", c.gets_skipped_stalled);
   fn("host_stalls", c.host_stalls);
   fn("invalidates", c.invalidates);
