@@ -75,8 +75,8 @@ TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
   EXPECT_NE(text.find("0 run(s) failed"), std::string::npos) << text;
 
   const auto rows = ReadCsv(out / "scenario.csv");
-  // stream x 3 modes, reread x 3, both (2 VMs) x 3.
-  ASSERT_EQ(rows.size(), 12u) << ReadAll(out / "scenario.csv");
+  // stream x 4 modes, reread x 4, both (2 VMs) x 4.
+  ASSERT_EQ(rows.size(), 16u) << ReadAll(out / "scenario.csv");
   for (const auto& r : rows) {
     SCOPED_TRACE(
         absl::StrCat(r.at("scenario"), "/", r.at("mode"), "/", r.at("vm")));
@@ -90,6 +90,11 @@ TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
     EXPECT_LE(D(r, "tmemd_cpu_frac"), 1.05);
     EXPECT_GT(D(r, "pages_read"), 0);
     EXPECT_LE(D(r, "tmem_hits"), D(r, "tmem_gets"));
+    if (r.at("mode") == "none") {
+      // No tmem at all: no gets, nothing stored.
+      EXPECT_EQ(D(r, "tmem_gets"), 0);
+      EXPECT_EQ(D(r, "pages"), 0);
+    }
     if (r.at("mode") == "off") {
       // Nothing stored, nothing hit; the valve counted no compression.
       EXPECT_EQ(D(r, "pages"), 0);
@@ -108,11 +113,11 @@ TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
   }
 
   const auto runs = ReadCsv(out / "runs.csv");
-  EXPECT_EQ(runs.size(), 12u);
+  EXPECT_EQ(runs.size(), 16u);
   for (const auto& r : runs) EXPECT_EQ(r.at("ok"), "1");
 
   const std::string targets = ReadAll(out / "targets.csv");
-  EXPECT_EQ(std::count(targets.begin(), targets.end(), '\n'), 7) << targets;
+  EXPECT_EQ(std::count(targets.begin(), targets.end(), '\n'), 8) << targets;
   EXPECT_NE(targets.find("Decide"), std::string::npos);
   fs::remove_all(out);
 }
