@@ -99,6 +99,8 @@ class TmemStore::Impl {
     // Policy is read on every put without a lock.
     std::atomic<uint64_t> quota{kUnlimitedQuota};
     std::atomic<uint32_t> weight{100};
+    // Divides the weight when choosing whom to evict (SetEvictionBias).
+    std::atomic<uint32_t> eviction_bias{1};
     std::atomic<bool> enabled{true};
     std::atomic<bool> frozen{false};
     std::atomic<uint32_t> evict_cursor{0};
@@ -220,6 +222,14 @@ class TmemStore::Impl {
     while ((*vm)->charged() > policy.quota_bytes) {
       if (!EvictFromVm(**vm, Counter::kEvictionsQuota)) break;
     }
+    return absl::OkStatus();
+  }
+
+  absl::Status SetEvictionBias(VmId id, uint32_t divisor) {
+    absl::StatusOr<Vm*> vm = LookupVm(id);
+    if (!vm.ok()) return vm.status();
+    (*vm)->eviction_bias.store(std::max<uint32_t>(divisor, 1),
+                               std::memory_order_relaxed);
     return absl::OkStatus();
   }
 
@@ -767,7 +777,10 @@ class TmemStore::Impl {
       if (vm == nullptr) continue;
       vms.push_back(vm);
       inputs.push_back(
-          {vm->charged(), vm->weight.load(std::memory_order_relaxed)});
+          {vm->charged(),
+           std::max<uint32_t>(
+               1, vm->weight.load(std::memory_order_relaxed) /
+                      vm->eviction_bias.load(std::memory_order_relaxed))});
     }
   }
 
@@ -952,6 +965,9 @@ absl::StatusOr<VmId> TmemStore::FindVm(const std::string& name) const {
 std::vector<VmId> TmemStore::ListVms() const { return impl_->ListVms(); }
 absl::Status TmemStore::SetVmPolicy(VmId vm, const VmPolicy& policy) {
   return impl_->SetVmPolicy(vm, policy);
+}
+absl::Status TmemStore::SetEvictionBias(VmId vm, uint32_t divisor) {
+  return impl_->SetEvictionBias(vm, divisor);
 }
 absl::StatusOr<VmPolicy> TmemStore::GetVmPolicy(VmId vm) const {
   return impl_->GetVmPolicy(vm);

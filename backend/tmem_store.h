@@ -160,6 +160,11 @@ class TmemStore {
   // Takes effect for the next put; a lowered quota evicts at once.
   absl::Status SetVmPolicy(VmId vm, const VmPolicy& policy);
   absl::StatusOr<VmPolicy> GetVmPolicy(VmId vm) const;
+  // When the host is full, the victim is the VM with the largest
+  // charged / (weight / divisor): a divisor above 1 makes this VM's pages go
+  // first (the valve sets it for VMs whose pages do not come back). 1 is
+  // neutral; 0 is taken as 1.
+  absl::Status SetEvictionBias(VmId vm, uint32_t divisor);
   // Drops every page the VM put, its pools and its slot.
   absl::Status ForgetVm(VmId vm);
 

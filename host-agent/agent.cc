@@ -13,6 +13,10 @@
 
 namespace tmem {
 
+// How much sooner a reuse-throttled VM's pages are evicted than its weight
+// alone says.
+constexpr uint32_t kThrottledEvictionBias = 16;
+
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
@@ -163,14 +167,15 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   info.socket_path = e.socket_path;
   info.connected = e.channel->server().connected();
   absl::StatusOr<VmStats> stats = store_->GetVmStats(e.channel->vm());
+  info.valve = valve_->VmStatus(e.channel->vm());
   if (stats.ok()) {
     info.stats = *stats;
     info.policy = stats->policy;
+    info.policy.mode = info.valve.mode;  // the valve holds the mode
   }
   for (int i = 0; i < kNumChannelCounters; ++i) {
     info.channel[i] = e.channel->metrics().Get(static_cast<ChannelCounter>(i));
   }
-  info.valve = valve_->VmStatus(e.channel->vm());
   return info;
 }
 
@@ -209,7 +214,9 @@ absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
   }
-  return store_->GetVmPolicy(it->second.channel->vm());
+  absl::StatusOr<VmPolicy> p = store_->GetVmPolicy(it->second.channel->vm());
+  if (p.ok()) p->mode = valve_->VmStatus(it->second.channel->vm()).mode;
+  return p;
 }
 
 absl::Status Agent::SetMemoryCap(uint64_t cap_bytes) {
@@ -235,6 +242,16 @@ absl::Status Agent::TickValve() {
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
   valve_->Tick(*sample);
+  {
+    // A VM throttled for no reuse holds only its samples' pages, which are
+    // unlikely to come back: evict those before a re-reading VM's.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [name, e] : vms_) {
+      const VmId vm = e.channel->vm();
+      (void)store_->SetEvictionBias(
+          vm, valve_->VmStatus(vm).throttled ? kThrottledEvictionBias : 1);
+    }
+  }
   // Polling burns CPU no VM is charged for: scale the window with the share
   // of the configured budget the host leaves tmemd (all of it on an idle
   // host; almost none on a saturated one, where guests ring doorbells).

@@ -180,5 +180,38 @@ TEST_F(FairnessTest, LateComerGetsItsShareFromTheIncumbent) {
               std::max(0.05 * late_share, 4.0 * kPageCharge));
 }
 
+// The valve marks a VM whose pages never come back with an eviction bias:
+// on a full host its pages go first, though the weights are equal.
+TEST_F(FairnessTest, EvictionBiasMakesAVmGoFirst) {
+  const uint64_t cap = 8 * kMiB;
+  Open(cap);
+  Vm reread = AddVm("reread", 100);
+  Vm stream = AddVm("stream", 100);
+  ASSERT_TRUE(store_->SetEvictionBias(stream.id, 16).ok());
+  EXPECT_EQ(store_->SetEvictionBias(12345, 16).code(),
+            absl::StatusCode::kNotFound);
+  // The re-reading VM fills 3/4 of the host, then the streamer pushes.
+  const auto reread_pages = static_cast<int>(3 * cap / 4 / kPageCharge);
+  for (int i = 0; i < reread_pages; ++i) {
+    ASSERT_NO_FATAL_FAILURE(PutNext(reread));
+  }
+  const uint64_t held = Get(Counters(reread), Counter::kPagesHeld);
+  for (int i = 0; i < 4 * static_cast<int>(cap / kPageCharge); ++i) {
+    ASSERT_NO_FATAL_FAILURE(PutNext(stream));
+  }
+  // Unbiased, fair share would cut the re-reader to half the host; biased,
+  // the streamer's share is 1/17 of it, so the re-reader keeps what it had.
+  EXPECT_EQ(Get(Counters(reread), Counter::kPagesHeld), held);
+  EXPECT_EQ(Get(Counters(reread), Counter::kEvictionsHostCap), 0u);
+  EXPECT_GT(Get(Counters(stream), Counter::kEvictionsHostCap), 0u);
+  // Back to neutral: the fair share applies again.
+  ASSERT_TRUE(store_->SetEvictionBias(stream.id, 1).ok());
+  for (int i = 0; i < 4 * static_cast<int>(cap / kPageCharge); ++i) {
+    ASSERT_NO_FATAL_FAILURE(PutNext(stream));
+  }
+  EXPECT_LT(Charged(reread), cap * 6 / 10);
+  EXPECT_GT(Charged(reread), cap * 4 / 10);
+}
+
 }  // namespace
 }  // namespace tmem
