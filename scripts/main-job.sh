@@ -14,7 +14,10 @@
 #  5. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
 #     present, the ring benchmark (bench/run_ring.sh).
 #
-# Usage: scripts/main-job.sh [--quick]   (--quick: smaller runs)
+# Usage: scripts/main-job.sh [--quick] [--real-guest]
+#   --quick: smaller runs. --real-guest: instead of steps 2-5, boot a real
+#   5.10 guest with tmem_ivshmem.ko under QEMU against tmemd
+#   (vm-images/e2e-test.sh; builds the guest kernel first, ~15 min cold).
 # Environment: TMEM_JOBS (default 2).
 set -euo pipefail
 
@@ -22,8 +25,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
 export TMEM_JOBS="${TMEM_JOBS:-2}"
 export BUILD_DIR="${root}/build/release"
-quick=0
-[[ "${1:-}" == "--quick" ]] && quick=1
+quick=0 real_guest=0
+for arg in "$@"; do
+  case "${arg}" in
+    --quick) quick=1 ;;
+    --real-guest) real_guest=1 ;;
+  esac
+done
 
 banner() { printf '\n== %s\n' "$*"; }
 
@@ -33,6 +41,11 @@ scripts/install-deps.sh
 banner "configure + build: release preset (-j${TMEM_JOBS})"
 cmake --preset release >/dev/null
 cmake --build --preset release -j "${TMEM_JOBS}"
+
+if ((real_guest)); then
+  banner "real guest: 5.10 + tmem_ivshmem.ko under QEMU against tmemd (vm-images/e2e-test.sh)"
+  exec vm-images/e2e-test.sh --tmemd "${BUILD_DIR}/host-agent/tmemd"
+fi
 
 bin="${BUILD_DIR}"
 tmemd="${bin}/host-agent/tmemd"

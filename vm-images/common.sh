@@ -3,7 +3,15 @@
 # the kernel version and a hash of the inputs that shape it.
 
 VM_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-CACHE_DIR="${TMEM_CACHE_DIR:-/var/cache/tmemd-vm}"
+# Default /var/cache/tmemd-vm; a user who cannot write there gets ~/.cache.
+if [[ -n "${TMEM_CACHE_DIR:-}" ]]; then
+  CACHE_DIR="${TMEM_CACHE_DIR}"
+elif mkdir -p /var/cache/tmemd-vm 2>/dev/null && [[ -w /var/cache/tmemd-vm ]]; then
+  CACHE_DIR=/var/cache/tmemd-vm
+else
+  CACHE_DIR="${XDG_CACHE_HOME:-${HOME}/.cache}/tmemd-vm"
+fi
+mkdir -p "${CACHE_DIR}"
 KERNEL_PKG="linux-source-5.10"
 KERNEL_SERIES="5.10"
 
