@@ -94,6 +94,14 @@ MODULE_PARM_DESC(stall_after_timeouts,
 static unsigned int stall_probe_ms = 1000;
 module_param(stall_probe_ms, uint, 0644);
 MODULE_PARM_DESC(stall_probe_ms, "a stalled host is probed by one get this often");
+static unsigned int sent_filter_bits = 1u << 20;
+module_param(sent_filter_bits, uint, 0444);
+MODULE_PARM_DESC(sent_filter_bits,
+		 "bits of each private pool's sent-keys filter, a power of two (0: none)");
+static unsigned int ring_full_spin_us = 20;
+module_param(ring_full_spin_us, uint, 0644);
+MODULE_PARM_DESC(ring_full_spin_us,
+		 "an invalidate facing a full ring waits this long for room before the flush barrier");
 static bool use_irq = true;
 module_param(use_irq, bool, 0444);
 MODULE_PARM_DESC(use_irq, "use the MSI-X completion interrupt (else gets poll)");
@@ -114,6 +122,8 @@ struct tmem_counters {
 	u64 host_stalls;
 	u64 invalidates;
 	u64 invalidates_for_dropped_puts;
+	u64 invalidates_skipped_never_sent;
+	u64 gets_skipped_never_sent;
 	u64 flush_fallbacks;
 	u64 guest_resets;
 	u64 resets;
@@ -137,6 +147,14 @@ struct tmem_pool {
 	u64 create_tag;
 	s32 refusal;
 	u64 retry_after_ns;
+	/*
+	 * Private pools: Bloom filter of the keys (and objects) put since the
+	 * host last held nothing of this pool. No false negatives, so a key it
+	 * has never seen needs no invalidate and its get is a local miss.
+	 * NULL: no filter (every key "maybe sent"). Allocated at init_fs.
+	 */
+	unsigned long *sent;
+	u32 sent_bits;
 };
 
 enum waiter_state { WAIT_NONE, WAITING, DONE_HIT, DONE_MISS, ABANDONED };
@@ -572,6 +590,8 @@ static void complete_cqe(const struct tmem_cqe *cqe)
 				pool->state = POOL_READY;
 				pool->host_id = result;
 				pool->incarnation = st.next_incarnation++;
+				if (pool->sent)
+					bitmap_zero(pool->sent, pool->sent_bits);
 				st.c.pools_created++;
 			} else {
 				pool->state = POOL_FAILED;
@@ -688,6 +708,66 @@ static int resolve(int h, bool create)
 	}
 }
 
+/* --- sent-keys filter ------------------------------------------------------ */
+
+static u64 mix64(u64 x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Hash of an object id; of a page when @index is not U64_MAX. */
+static u64 key_hash(const u32 *oid, u64 index)
+{
+	u64 h = mix64(index);
+	int i;
+
+	for (i = 0; i < TMEM_OBJECT_WORDS; i += 2)
+		h = mix64(h ^ (oid[i] | (u64)oid[i + 1] << 32));
+	return h;
+}
+
+static void mark_sent(struct tmem_pool *p, u64 hash)
+{
+	if (!p->sent)
+		return;
+	__set_bit(hash & (p->sent_bits - 1), p->sent);
+	__set_bit((hash >> 32) & (p->sent_bits - 1), p->sent);
+}
+
+static bool maybe_sent(const struct tmem_pool *p, u64 hash)
+{
+	if (!p->sent)
+		return true;
+	return test_bit(hash & (p->sent_bits - 1), p->sent) &&
+	       test_bit((hash >> 32) & (p->sent_bits - 1), p->sent);
+}
+
+/* Could the host hold this page (index) or object (index U64_MAX)? */
+static bool host_may_hold(int h, const u32 *oid, u64 index)
+{
+	struct tmem_pool *p = &st.pools[h];
+
+	return p->shared || maybe_sent(p, key_hash(oid, index));
+}
+
+/* The host holds nothing of these pools any more (or will not, before any
+ * later op reaches them): their filters start empty.
+ */
+static void forget_sent(u64 host_id_bits)
+{
+	int i;
+
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		struct tmem_pool *p = &st.pools[i];
+
+		if (p->state == POOL_READY && p->sent && ((host_id_bits >> p->host_id) & 1))
+			bitmap_zero(p->sent, p->sent_bits);
+	}
+}
+
 /* --- flush barrier and invalidates ---------------------------------------- */
 
 static bool flagged(int host_id)
@@ -723,6 +803,10 @@ static void request_flush(u64 bits)
 		guest_reset(bits);
 		return;
 	}
+	/* Flagged from now on: nothing of these pools is posted until a
+	 * barrier or INVAL_POOL ahead in ring order has wiped them.
+	 */
+	forget_sent(bits);
 	if (st.flush_bits) {
 		/* One barrier at a time: the host acks a seq, not bits. */
 		st.wanted_bits |= bits;
@@ -761,6 +845,7 @@ static void flush_wanted(void)
 		sqe.opcode = TMEM_OP_INVAL_POOL;
 		sqe.pool = id;
 		post(&sqe, NO_SLOT, -1);
+		forget_sent(1ull << id);
 		bits &= bits - 1;
 	}
 }
@@ -775,6 +860,22 @@ static void check_flush_done(void)
 		reap();
 }
 
+/* Ring full: give a busy host a few microseconds (IRQs are off here). */
+static bool wait_for_room(void)
+{
+	u64 deadline = ktime_get_ns() + (u64)ring_full_spin_us * NSEC_PER_USEC;
+
+	while (ktime_get_ns() < deadline) {
+		cpu_relax();
+		reap();
+		if (!st.attached || st.broken)
+			return false;
+		if (have_room(NEED_INVALIDATE))
+			return true;
+	}
+	return false;
+}
+
 static void issue_invalidate(u8 opcode, int h, int host_id, const u32 *oid, u64 index)
 {
 	struct tmem_sqe sqe = {};
@@ -785,7 +886,9 @@ static void issue_invalidate(u8 opcode, int h, int host_id, const u32 *oid, u64 
 		reap();
 		if (!st.attached || st.broken || flagged(host_id))
 			return;
-		if (!have_room(NEED_INVALIDATE)) {
+		if (!have_room(NEED_INVALIDATE) && !wait_for_room()) {
+			if (!st.attached || st.broken || flagged(host_id))
+				return;
 			st.c.flush_fallbacks++;
 			request_flush(1ull << host_id);
 			return;
@@ -797,11 +900,17 @@ static void issue_invalidate(u8 opcode, int h, int host_id, const u32 *oid, u64 
 	if (oid)
 		memcpy(sqe.oid, oid, sizeof(sqe.oid));
 	post(&sqe, NO_SLOT, h);
+	if (opcode == TMEM_OP_INVAL_POOL)
+		forget_sent(1ull << host_id);
 }
 
 /* An unsent put must still kill the host's older page of its key. */
 static void drop_put(int h, int host_id, const u32 *oid, u64 index)
 {
+	if (!host_may_hold(h, oid, index)) {
+		st.c.invalidates_skipped_never_sent++;
+		return;
+	}
 	st.c.invalidates_for_dropped_puts++;
 	issue_invalidate(TMEM_OP_INVAL_PAGE, h, host_id, oid, index);
 }
@@ -828,6 +937,10 @@ static void invalidate(u8 opcode, int h, const u32 *oid, u64 index)
 	if (id < 0) {
 		if (valid_handle(h) && st.pools[h].shared)
 			st.pools[h].inval_on_ready = true;
+		return;
+	}
+	if (oid && !host_may_hold(h, oid, opcode == TMEM_OP_INVAL_PAGE ? index : U64_MAX)) {
+		st.c.invalidates_skipped_never_sent++;
 		return;
 	}
 	check_flush_done();
@@ -857,36 +970,47 @@ static int new_handle(bool shared, const u8 *uuid)
 {
 	unsigned long flags;
 	struct tmem_pool *p;
+	unsigned long *sent = NULL;
 	u64 deadline;
 	int h, ret;
 
+	if (!shared && sent_filter_bits >= BITS_PER_LONG && is_power_of_2(sent_filter_bits))
+		sent = bitmap_zalloc(sent_filter_bits, GFP_KERNEL);
 	spin_lock_irqsave(&st.lock, flags);
 	for (h = 0; h < TMEM_MAX_POOLS; h++)
 		if (st.pools[h].state == POOL_UNUSED)
 			break;
 	if (h == TMEM_MAX_POOLS) {
 		spin_unlock_irqrestore(&st.lock, flags);
+		bitmap_free(sent);
 		pr_warn("out of pool handles (%u)\n", TMEM_MAX_POOLS);
 		return -1;
 	}
 	p = &st.pools[h];
-	memset(p, 0, sizeof(*p));
+	/* A handle's old filter (after invalidate_fs) is freed below. */
+	swap(sent, p->sent);
+	memset(p, 0, offsetof(struct tmem_pool, sent));
+	if (p->sent)
+		p->sent_bits = sent_filter_bits;
 	p->state = POOL_NONE;
 	p->shared = shared;
 	if (shared)
 		memcpy(p->uuid, uuid, sizeof(p->uuid));
 	if (!ensure_attached()) {
 		spin_unlock_irqrestore(&st.lock, flags);
+		bitmap_free(sent);
 		return h; /* made on first use */
 	}
 	if (shared && !(st.features & TMEM_FEAT_SHARED_POOLS)) {
 		p->state = POOL_UNUSED;
 		spin_unlock_irqrestore(&st.lock, flags);
+		bitmap_free(sent);
 		pr_info("host offers no shared pools\n");
 		return -1;
 	}
 	start_create(h);
 	spin_unlock_irqrestore(&st.lock, flags);
+	bitmap_free(sent);
 
 	deadline = ktime_get_ns() + (u64)pool_create_timeout_ms * NSEC_PER_MSEC;
 	for (;;) {
@@ -982,6 +1106,8 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
 		st.c.puts_dropped_no_pool++;
 		goto out;
 	}
+	mark_sent(&st.pools[h], key_hash(key.u.key, index));
+	mark_sent(&st.pools[h], key_hash(key.u.key, U64_MAX));
 	st.c.puts_sent++;
 out:
 	spin_unlock_irqrestore(&st.lock, flags);
@@ -1072,6 +1198,10 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	id = resolve(h, true);
 	if (id < 0 || flagged(id) || !have_room(NEED_GET))
 		goto miss_local;
+	if (!host_may_hold(h, key.u.key, index)) {
+		st.c.gets_skipped_never_sent++;
+		goto miss_local;
+	}
 	slot = st.free_slots[--st.nfree_slots];
 	sqe.opcode = TMEM_OP_GET;
 	sqe.flags = TMEM_SQE_F_IRQ;
@@ -1258,6 +1388,8 @@ static void debugfs_setup(void)
 	COUNTER(host_stalls);
 	COUNTER(invalidates);
 	COUNTER(invalidates_for_dropped_puts);
+	COUNTER(invalidates_skipped_never_sent);
+	COUNTER(gets_skipped_never_sent);
 	COUNTER(flush_fallbacks);
 	COUNTER(guest_resets);
 	COUNTER(resets);

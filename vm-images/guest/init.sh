@@ -43,7 +43,8 @@ counters() {
 	line="COUNTERS $1"
 	for f in puts_sent puts_skipped_by_hint puts_dropped_ring_full puts_dropped_no_pool \
 		puts_dropped_flush_pending puts_dropped_by_host gets_hit gets_miss gets_timeout \
-		gets_miss_local invalidates invalidates_for_dropped_puts flush_fallbacks resets \
+		gets_miss_local gets_skipped_never_sent invalidates invalidates_for_dropped_puts \
+		invalidates_skipped_never_sent flush_fallbacks resets \
 		pools_created doorbells interrupts errors; do
 		line="$line $f=$(ctr $f)"
 	done
