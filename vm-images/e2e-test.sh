@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# End-to-end test with a real guest: a 5.10 guest (TCG, 160 MiB RAM) with
+# End-to-end test with a real guest: a 5.10 guest (TCG, 160 MiB, 2 vCPUs) with
 # tmem_ivshmem.ko, attached to a real tmemd, on an ext4 data disk.
 #  1. writes files totalling several times guest RAM, reads them back twice
 #     and verifies every page (vm-images/guest/pagecheck.c);
@@ -12,17 +12,20 @@
 # the guest's debugfs counters agree, and the kernel logged no BUG/WARNING.
 #
 # Usage: vm-images/e2e-test.sh --tmemd PATH [--pages N] [--files N]
-#          [--mem MIB] [--keep]
+#          [--mem MIB] [--smp N] [--extra "KERNEL ARGS"] [--keep]
+#   --extra passes e.g. "tmem_ivshmem.get_spin_us=200" (module parameters).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" pages=24000 files=4 mem=160 keep=0
+tmemd="" pages=24000 files=4 mem=160 smp=2 extra="" keep=0
 while (($#)); do
   case "$1" in
     --tmemd) tmemd="$2"; shift 2 ;;
     --pages) pages="$2"; shift 2 ;;
     --files) files="$2"; shift 2 ;;
     --mem) mem="$2"; shift 2 ;;
+    --smp) smp="$2"; shift 2 ;;
+    --extra) extra="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
     *) die "unknown argument: $1" ;;
   esac
@@ -64,8 +67,8 @@ start_tmemd "${work}/tmemd1.log"
 serial="${work}/serial.log"
 : >"${serial}"
 "${VM_DIR}/run-guest.sh" --socket "${work}/guest.sock" --disk "${work}/disk.img" \
-  --mem "${mem}" --serial "${serial}" --timeout 600 \
-  --append "tmemtest=e2e tmemtest_pages=${pages} tmemtest_files=${files}" &
+  --mem "${mem}" --smp "${smp}" --serial "${serial}" --timeout 600 \
+  --append "tmemtest=e2e tmemtest_pages=${pages} tmemtest_files=${files} ${extra}" &
 qemu_pid=$!
 t_boot=${SECONDS}
 

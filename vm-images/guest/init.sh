@@ -6,7 +6,8 @@
 #   TMEMTEST WAIT_RESTART                      (host: restart tmemd now)
 #   TMEMTEST DONE fails=N
 # Kernel command line: tmemtest=e2e|bench|probe, tmemtest_pages=N (pages per
-# big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver).
+# big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver);
+# tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
 mount -t sysfs sys /sys
@@ -71,8 +72,12 @@ fi
 
 say "BOOT kernel=$(uname -r) mem_kb=$(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) mode=$MODE pages=$PAGES files=$NFILES"
 if [ "$LOADMOD" = 1 ]; then
-	insmod /tmem_ivshmem.ko
-	check insmod $? ""
+	params=""
+	for w in $(cat /proc/cmdline); do
+		case "$w" in tmem_ivshmem.*=*) params="$params ${w#tmem_ivshmem.}" ;; esac
+	done
+	insmod /tmem_ivshmem.ko $params
+	check insmod $? "$params"
 	cat $D/state | tr '\n' ' ' | sed 's/^/TMEMTEST STATE /'; echo
 	grep -q '^attached 1' $D/state
 	check attached $? ""
