@@ -133,6 +133,8 @@ struct tmem_counters {
 	u64 interrupt_waits;
 	u64 stale_completions;
 	u64 errors;
+	u64 put_ns; /* time spent in put_page, all calls */
+	u64 get_ns; /* time spent in get_page (waits included) */
 };
 
 enum pool_state { POOL_UNUSED, POOL_NONE, POOL_CREATING, POOL_READY, POOL_FAILED };
@@ -1052,6 +1054,7 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
 {
 	unsigned long flags;
 	struct tmem_sqe sqe = {};
+	u64 t0 = ktime_get_ns();
 	void *src;
 	u32 slot;
 	int id;
@@ -1110,6 +1113,7 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
 	mark_sent(&st.pools[h], key_hash(key.u.key, U64_MAX));
 	st.c.puts_sent++;
 out:
+	st.c.put_ns += ktime_get_ns() - t0;
 	spin_unlock_irqrestore(&st.lock, flags);
 }
 
@@ -1177,7 +1181,7 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	struct tmem_sqe sqe = {};
 	struct get_ticket t;
 	struct tmem_pending *p;
-	u64 now, spin_until, deadline;
+	u64 t0 = ktime_get_ns(), now, spin_until, deadline;
 	bool lost = false, hit = false, timed_out = false;
 	void *dst;
 	u32 slot;
@@ -1272,12 +1276,14 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 		st.c.gets_miss++;
 	if (lost)
 		st.c.gets_miss_local++;
+	st.c.get_ns += ktime_get_ns() - t0;
 	spin_unlock_irqrestore(&st.lock, flags);
 	return hit ? 0 : -1;
 
 miss_local:
 	st.c.gets_miss++;
 	st.c.gets_miss_local++;
+	st.c.get_ns += ktime_get_ns() - t0;
 	spin_unlock_irqrestore(&st.lock, flags);
 	return -1;
 }
@@ -1399,6 +1405,8 @@ static void debugfs_setup(void)
 	COUNTER(interrupt_waits);
 	COUNTER(stale_completions);
 	COUNTER(errors);
+	COUNTER(put_ns);
+	COUNTER(get_ns);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);
 }
 

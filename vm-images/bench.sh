@@ -6,16 +6,19 @@
 # the ratio. TCG makes absolute numbers small; compare ratios only.
 #
 # Usage: vm-images/bench.sh --tmemd PATH [--mem MIB] [--pages N] [--files N]
+#          [--extra "tmem_ivshmem.PARAM=V ..."] [--tmemd-config FILE]
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 pages=24576 files=2
+tmemd="" mem=128 pages=24576 files=2 extra="" tconf=()
 while (($#)); do
   case "$1" in
     --tmemd) tmemd="$2"; shift 2 ;;
     --mem) mem="$2"; shift 2 ;;
     --pages) pages="$2"; shift 2 ;;
     --files) files="$2"; shift 2 ;;
+    --extra) extra="$2"; shift 2 ;;
+    --tmemd-config) tconf=(--config "$2"); shift 2 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -29,9 +32,9 @@ run() { # run NAME with_tmem
   local name="$1" with="$2" sockarg=() append
   truncate -s 1G "${work}/disk.img"
   mkfs.ext4 -q -F "${work}/disk.img"
-  append="tmemtest=bench tmemtest_pages=${pages} tmemtest_files=${files}"
+  append="tmemtest=bench tmemtest_pages=${pages} tmemtest_files=${files} ${extra}"
   if ((with)); then
-    "${tmemd}" --vm guest --socket-dir "${work}" >"${work}/tmemd-${name}.log" 2>&1 &
+    "${tmemd}" "${tconf[@]}" --vm guest --socket-dir "${work}" >"${work}/tmemd-${name}.log" 2>&1 &
     tmemd_pid=$!
     for _ in $(seq 100); do [[ -S "${work}/guest.sock" ]] && break; sleep 0.1; done
     sockarg=(--socket "${work}/guest.sock")

@@ -46,7 +46,7 @@ counters() {
 		puts_dropped_flush_pending puts_dropped_by_host gets_hit gets_miss gets_timeout \
 		gets_miss_local gets_skipped_never_sent invalidates invalidates_for_dropped_puts \
 		invalidates_skipped_never_sent flush_fallbacks resets \
-		pools_created doorbells interrupts errors; do
+		pools_created doorbells interrupts errors put_ns get_ns; do
 		line="$line $f=$(ctr $f)"
 	done
 	for f in puts succ_gets failed_gets invalidates; do
