@@ -61,5 +61,9 @@ off=$(rate without-tmem)
 grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && die "a bench pass failed verification"
 vmlog "working set: ${files} x ${pages} pages = $((files * pages * 4 / 1024)) MiB, guest RAM ${mem} MiB"
 vmlog "re-read (passes 2-3): with tmem ${on} MB/s, without ${off} MB/s, ratio $(echo "scale=2; ${on} / ${off}" | bc)"
-vmlog "guest counters with tmem: $(grep -a 'COUNTERS bench-pass3' "${work}/serial-with-tmem.log" | cut -d' ' -f4-)"
+ctrs="$(grep -a 'COUNTERS bench-pass3' "${work}/serial-with-tmem.log" | cut -d' ' -f4-)"
+val() { grep -o "\b$1=[0-9]*" <<<"${ctrs}" | cut -d= -f2; }
+puts=$(val cc_puts) gets=$(( $(val cc_succ_gets) + $(val cc_failed_gets) ))
+vmlog "guest time per op (wall, TCG): put $(( $(val put_ns) / (puts > 0 ? puts : 1) )) ns over ${puts} puts; get $(( $(val get_ns) / (gets > 0 ? gets : 1) )) ns over ${gets} gets ($(val gets_hit) hits, $(val gets_skipped_never_sent) answered locally)"
+vmlog "guest counters with tmem: ${ctrs}"
 vmlog "tmemd: $(grep -a 'event=final_stats' "${work}/tmemd-with-tmem.log" | tail -n1)"
