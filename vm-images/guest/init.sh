@@ -81,6 +81,10 @@ if [ "$LOADMOD" = 1 ]; then
 	cat $D/state | tr '\n' ' ' | sed 's/^/TMEMTEST STATE /'; echo
 	grep -q '^attached 1' $D/state
 	check attached $? ""
+	# cleancache ops cannot be unregistered: the module must refuse to go.
+	rmmod tmem_ivshmem 2>/dev/null
+	[ $? != 0 ] && grep -q tmem_ivshmem /proc/modules
+	check unload-refused $? ""
 fi
 mount -t ext4 /dev/vda /mnt
 check mount $? "ext4 on /dev/vda"
