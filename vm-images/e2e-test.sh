@@ -7,7 +7,11 @@
 #     caches, re-read: no stale page;
 #  3. tmemd is restarted while the guest runs: the guest notices, its ops go
 #     to safe no-ops, data stays correct; then the device is removed and
-#     re-probed in the guest.
+#     re-probed in the guest;
+#  4. hot re-plug through QEMU's monitor (device_del, chardev-remove,
+#     chardev-add on the new tmemd's socket, device_add): the driver probes
+#     the new device and the guest uses tmem again (puts and hits on the new
+#     tmemd), data still correct.
 # Passes only if every guest check passed, tmemd counted puts and get hits,
 # the guest's debugfs counters agree, and the kernel logged no BUG/WARNING.
 #
@@ -39,6 +43,8 @@ tmemd_pid="" qemu_pid=""
 cleanup() {
   [[ -n "${qemu_pid}" ]] && kill "${qemu_pid}" 2>/dev/null
   [[ -n "${tmemd_pid}" ]] && kill "${tmemd_pid}" 2>/dev/null
+  exec 7>&- 2>/dev/null
+  [[ -n "${mon_pid:-}" ]] && kill "${mon_pid}" 2>/dev/null
   wait 2>/dev/null
   if ((keep)); then vmlog "kept ${work}"; else rm -rf "${work}"; fi
 }
@@ -66,13 +72,19 @@ mkfs.ext4 -q -F "${work}/disk.img" || die "mkfs.ext4 failed"
 start_tmemd "${work}/tmemd1.log"
 serial="${work}/serial.log"
 : >"${serial}"
+mkfifo "${work}/mon.in" "${work}/mon.out"
+cat "${work}/mon.out" >"${work}/monitor.log" 2>/dev/null &
+mon_pid=$!
+exec 7<>"${work}/mon.in"
+hmp() { vmlog "monitor: $*"; printf '%s\n' "$*" >&7; }
 "${VM_DIR}/run-guest.sh" --socket "${work}/guest.sock" --disk "${work}/disk.img" \
+  --monitor-pipe "${work}/mon" \
   --mem "${mem}" --smp "${smp}" --serial "${serial}" --timeout 600 \
   --append "tmemtest=e2e tmemtest_pages=${pages} tmemtest_files=${files} ${extra}" &
 qemu_pid=$!
 t_boot=${SECONDS}
 
-restarted=0 shown=0
+restarted=0 replug=0 shown=0
 while kill -0 "${qemu_pid}" 2>/dev/null; do
   sleep 1
   # Echo guest results as they come (not the kernel's boot spew).
@@ -87,6 +99,18 @@ while kill -0 "${qemu_pid}" 2>/dev/null; do
     stop_tmemd
     start_tmemd "${work}/tmemd2.log"
     restarted=1
+  fi
+  if ((replug == 0)) && grep -aq 'TMEMTEST WAIT_REPLUG' "${serial}"; then
+    hmp "device_del tmem0"
+    replug=1
+  fi
+  # The guest acked the unplug (ACPI): plug a device on the new tmemd.
+  if ((replug == 1)) && [[ "$(grep -ac 'device removed' "${serial}")" -ge 2 ]]; then
+    sleep 1
+    hmp "chardev-remove tm0"
+    hmp "chardev-add socket,id=tm1,path=${work}/guest.sock"
+    hmp "device_add ivshmem-doorbell,chardev=tm1,vectors=1,id=tmem1"
+    replug=2
   fi
 done
 wait "${qemu_pid}"
@@ -116,6 +140,13 @@ if grep -aE 'BUG:|WARNING:|Oops|Call Trace|Kernel panic' "${serial}"; then
   fail "the guest kernel logged a BUG/WARNING/Oops"
 fi
 ((restarted)) || fail "the guest never reached the tmemd restart phase"
+((replug == 2)) || fail "the device was never re-plugged (replug stage ${replug})"
+puts2=$(( $(logval "${work}/tmemd2.log" final_stats puts_compressed || echo 0) +
+          $(logval "${work}/tmemd2.log" final_stats puts_raw || echo 0) +
+          $(logval "${work}/tmemd2.log" final_stats puts_zero_same || echo 0) ))
+hits2=$(logval "${work}/tmemd2.log" final_stats gets_hit)
+((puts2 > 0)) || fail "after the re-plug the new tmemd stored no puts"
+((${hits2:-0} > 0)) || fail "after the re-plug the new tmemd served no get hits"
 puts=$(( $(logval "${work}/tmemd1.log" final_stats puts_compressed || echo 0) +
          $(logval "${work}/tmemd1.log" final_stats puts_raw || echo 0) +
          $(logval "${work}/tmemd1.log" final_stats puts_zero_same || echo 0) ))

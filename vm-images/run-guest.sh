@@ -6,14 +6,16 @@
 #
 # Usage: vm-images/run-guest.sh [--socket DIR/NAME.sock] [--disk IMG]
 #          [--mem MIB] [--smp N] [--append "ARGS"] [--serial FILE]
-#          [--timeout SECS] [--accel auto|tcg|kvm]
+#          [--timeout SECS] [--accel auto|tcg|kvm] [--monitor-pipe PATH]
+# --monitor-pipe: HMP monitor on the FIFOs PATH.in / PATH.out (e.g. for
+# device_del tmem0 / chardev-add / device_add: hot re-plug of the device).
 # Without --serial the console is this terminal. Exits with QEMU's status
 # (124 on timeout).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 socket="" disk="" mem=160 smp=1 append="" serial="" timeout_s=0
-accel="${TMEM_VM_ACCEL:-auto}"
+accel="${TMEM_VM_ACCEL:-auto}" monpipe=""
 while (($#)); do
   case "$1" in
     --socket) socket="$2"; shift 2 ;;
@@ -24,7 +26,8 @@ while (($#)); do
     --serial) serial="$2"; shift 2 ;;
     --timeout) timeout_s="$2"; shift 2 ;;
     --accel) accel="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    --monitor-pipe) monpipe="$2"; shift 2 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -64,14 +67,19 @@ if [[ -n "${disk}" ]]; then
 fi
 if [[ -n "${socket}" ]]; then
   args+=(-chardev "socket,path=${socket},id=tm0"
-         -device "ivshmem-doorbell,chardev=tm0,vectors=1")
+         -device "ivshmem-doorbell,chardev=tm0,vectors=1,id=tmem0")
 fi
 if [[ -n "${serial}" ]]; then
-  args=(-serial "file:${serial}" -monitor none -display none
+  args=(-serial "file:${serial}" -display none
         "${args[@]/-nographic/}")
   # drop the empty element left by removing -nographic
   clean=(); for a in "${args[@]}"; do [[ -n "${a}" ]] && clean+=("${a}"); done
   args=("${clean[@]}")
+fi
+if [[ -n "${monpipe}" ]]; then
+  args+=(-chardev "pipe,id=mon0,path=${monpipe}" -mon chardev=mon0,mode=readline)
+elif [[ -n "${serial}" ]]; then
+  args+=(-monitor none)
 fi
 vmlog "qemu (${accel}, ${mem} MiB, ${smp} vCPU)${socket:+ with tmem on ${socket}}${disk:+, disk ${disk}}"
 if ((timeout_s > 0)); then

@@ -189,5 +189,33 @@ sleep 3
 grep -q '^present 1' $D/state; check device-reprobed $? "$(tr '\n' ' ' < $D/state)"
 drop
 verify reprobed-f5 /mnt/f5 605 4000
+counters after-restart
+
+# --- phase 4: hot re-plug onto the new tmemd --------------------------------
+drop
+puts_before=$(ctr puts_sent)
+hits_before=$(ctr gets_hit)
+say WAIT_REPLUG
+t=0
+until grep -q '^attached 1' $D/state; do
+	sleep 1
+	t=$((t + 1))
+	[ $t -ge 120 ] && break
+done
+grep -q '^attached 1' $D/state
+check replug-attached $? "after ${t}s: $(tr '\n' ' ' < $D/state)"
+verify replug-f1 /mnt/f1 601 "$PAGES"
+gen /mnt/f6 706 8000
+drop
+verify replug-new-f6 /mnt/f6 706 8000
+drop
+verify replug-reread-f6 /mnt/f6 706 8000
+gen /mnt/f6 707 8000
+drop
+verify replug-overwrite-f6 /mnt/f6 707 8000
+[ "$(ctr puts_sent)" -gt "$puts_before" ]
+check replug-puts $? "puts_sent before=$puts_before after=$(ctr puts_sent)"
+[ "$(ctr gets_hit)" -gt "$hits_before" ]
+check replug-hits $? "gets_hit before=$hits_before after=$(ctr gets_hit)"
 counters final
 finish
