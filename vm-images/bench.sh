@@ -23,7 +23,8 @@ while (($#)); do
   esac
 done
 [[ -x "${tmemd}" ]] || die "--tmemd PATH is required"
-eval "$("${VM_DIR}/build-all.sh")" || die "could not build the guest"
+images="$("${VM_DIR}/build-all.sh")" || die "could not build the guest images"
+eval "${images}"
 work="$(mktemp -d /tmp/tmem-bench.XXXXXX)"
 tmemd_pid=""
 trap '[[ -n "${tmemd_pid}" ]] && kill "${tmemd_pid}" 2>/dev/null; wait 2>/dev/null; rm -rf "${work}"' EXIT

@@ -37,7 +37,8 @@ done
 [[ -x "${tmemd}" ]] || die "--tmemd PATH to the tmemd binary is required"
 t_start=${SECONDS}
 
-eval "$("${VM_DIR}/build-all.sh")" || die "could not build the guest"
+images="$("${VM_DIR}/build-all.sh")" || die "could not build the guest images"
+eval "${images}"
 work="$(mktemp -d /tmp/tmem-e2e.XXXXXX)"
 tmemd_pid="" qemu_pid=""
 cleanup() {

@@ -32,7 +32,8 @@ while (($#)); do
   esac
 done
 
-eval "$("${VM_DIR}/build-all.sh")"
+images="$("${VM_DIR}/build-all.sh")" || die "could not build the guest images"
+eval "${images}"
 
 # KVM probe: boot the guest under KVM with tmemtest=probe; it must print
 # PROBE_OK within 20 s. The answer is cached per kernel build.
