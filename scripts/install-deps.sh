@@ -51,14 +51,18 @@ PACKAGES=(
   # libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
   # libvirt-clients         # virsh
 
-  # --- guest kernel 5.10 + initramfs (issue 7) -----------------------------
-  # bc
-  # bison
-  # flex
-  # libelf-dev
-  # libssl-dev
-  # cpio
-  # busybox-static
+  # --- guest kernel 5.10 + initramfs, real-guest e2e test (issue 7) -------
+  # (the kernel source itself, bullseye's linux-source-5.10, is fetched by
+  # vm-images/build-kernel.sh through a private apt config)
+  bc
+  bison
+  flex
+  libelf-dev
+  libssl-dev
+  xz-utils             # unpacks linux-source-5.10.tar.xz
+  cpio                 # initramfs
+  busybox-static       # the guest's userland
+  e2fsprogs            # mkfs.ext4 for the guest's data disk
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }

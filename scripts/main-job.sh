@@ -19,9 +19,12 @@
 #  6. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
 #     present, the ring benchmark (bench/run_ring.sh), unless --scenario-only.
 #
-# Usage: scripts/main-job.sh [--quick] [--scenario-only]
+# Usage: scripts/main-job.sh [--quick] [--scenario-only] [--real-guest]
 #   --quick: smaller runs (the scenario benchmark in ~2-3 min instead of ~8)
 #   --scenario-only: skip the micro and ring benchmarks
+#   --real-guest: instead of the simulated guests, boot a real 5.10 guest
+#   with tmem_ivshmem.ko under QEMU against tmemd (vm-images/e2e-test.sh;
+#   builds the guest kernel first, ~15 min cold).
 # Environment: TMEM_JOBS (default 2).
 set -euo pipefail
 
@@ -29,13 +32,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "${root}"
 export TMEM_JOBS="${TMEM_JOBS:-2}"
 export BUILD_DIR="${root}/build/release"
-quick=0
-scenario_only=0
+quick=0 scenario_only=0 real_guest=0
 for arg in "$@"; do
   case "${arg}" in
     --quick) quick=1 ;;
     --scenario-only) scenario_only=1 ;;
-    *) echo "usage: $0 [--quick] [--scenario-only]" >&2; exit 2 ;;
+    --real-guest) real_guest=1 ;;
+    *) echo "usage: $0 [--quick] [--scenario-only] [--real-guest]" >&2; exit 2 ;;
   esac
 done
 
@@ -47,6 +50,11 @@ scripts/install-deps.sh
 banner "configure + build: release preset (-j${TMEM_JOBS})"
 cmake --preset release >/dev/null
 cmake --build --preset release -j "${TMEM_JOBS}"
+
+if ((real_guest)); then
+  banner "real guest: 5.10 + tmem_ivshmem.ko under QEMU against tmemd (vm-images/e2e-test.sh)"
+  exec vm-images/e2e-test.sh --tmemd "${BUILD_DIR}/host-agent/tmemd"
+fi
 
 bin="${BUILD_DIR}"
 tmemd="${bin}/host-agent/tmemd"

@@ -1,0 +1,221 @@
+#!/bin/sh
+# /init of the tmemd test guest (busybox). Reports over the serial console
+# with lines "TMEMTEST ..." that vm-images/e2e-test.sh parses:
+#   TMEMTEST CHECK <name> PASS|FAIL <detail>
+#   TMEMTEST COUNTERS <phase> name=value ...   (tmem_ivshmem debugfs)
+#   TMEMTEST WAIT_RESTART                      (host: restart tmemd now)
+#   TMEMTEST DONE fails=N
+# Kernel command line: tmemtest=e2e|bench|probe, tmemtest_pages=N (pages per
+# big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver);
+# tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
+export PATH=/bin:/sbin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sys /sys
+mount -t devtmpfs dev /dev
+mount -t debugfs debugfs /sys/kernel/debug
+exec </dev/console >/dev/console 2>&1
+
+arg() {
+	for w in $(cat /proc/cmdline); do
+		case "$w" in "$1"=*) echo "${w#*=}"; return ;; esac
+	done
+	echo "$2"
+}
+MODE=$(arg tmemtest e2e)
+PAGES=$(arg tmemtest_pages 24000)
+NFILES=$(arg tmemtest_files 4)
+LOADMOD=$(arg tmemtest_module 1)
+D=/sys/kernel/debug/tmem_ivshmem
+CC=/sys/kernel/debug/cleancache
+FAILS=0
+
+say() { echo "TMEMTEST $*"; }
+check() { # check NAME CONDITION-STATUS DETAIL
+	if [ "$2" = 0 ]; then say "CHECK $1 PASS $3"; else say "CHECK $1 FAIL $3"; FAILS=$((FAILS + 1)); fi
+}
+finish() {
+	say "DONE fails=$FAILS"
+	sync
+	umount /mnt 2>/dev/null
+	poweroff -f
+}
+ctr() { cat "$D/$1" 2>/dev/null || echo 0; }
+counters() {
+	line="COUNTERS $1"
+	for f in puts_sent puts_skipped_by_hint puts_dropped_ring_full puts_dropped_no_pool \
+		puts_dropped_flush_pending puts_dropped_by_host gets_hit gets_miss gets_timeout \
+		gets_miss_local gets_skipped_never_sent invalidates invalidates_for_dropped_puts \
+		invalidates_skipped_never_sent flush_fallbacks resets \
+		pools_created doorbells interrupts errors put_ns get_ns; do
+		line="$line $f=$(ctr $f)"
+	done
+	for f in puts succ_gets failed_gets invalidates; do
+		line="$line cc_$f=$(cat $CC/$f 2>/dev/null || echo 0)"
+	done
+	say "$line"
+}
+drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# verify NAME FILE SEED PAGES [ZERO_FROM]
+verify() {
+	name=$1; shift
+	out=$(pagecheck verify "$@")
+	rc=$?
+	echo "$out" | grep -v '^pagecheck ok=' | head -n 5
+	check "$name" $rc "$(echo "$out" | grep '^pagecheck ok=' | sed 's/^pagecheck //')"
+}
+gen() { pagecheck gen "$@" >/dev/null || { check "gen-$1" 1 "write failed"; finish; }; }
+
+if [ "$MODE" = probe ]; then
+	say PROBE_OK
+	poweroff -f
+fi
+
+say "BOOT kernel=$(uname -r) mem_kb=$(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) mode=$MODE pages=$PAGES files=$NFILES"
+if [ "$LOADMOD" = 1 ]; then
+	params=""
+	for w in $(cat /proc/cmdline); do
+		case "$w" in tmem_ivshmem.*=*) params="$params ${w#tmem_ivshmem.}" ;; esac
+	done
+	insmod /tmem_ivshmem.ko $params
+	check insmod $? "$params"
+	cat $D/state | tr '\n' ' ' | sed 's/^/TMEMTEST STATE /'; echo
+	grep -q '^attached 1' $D/state
+	check attached $? ""
+	# cleancache ops cannot be unregistered: the module must refuse to go.
+	rmmod tmem_ivshmem 2>/dev/null
+	[ $? != 0 ] && grep -q tmem_ivshmem /proc/modules
+	check unload-refused $? ""
+fi
+mount -t ext4 /dev/vda /mnt
+check mount $? "ext4 on /dev/vda"
+[ "$FAILS" = 0 ] || finish
+
+if [ "$MODE" = bench ]; then
+	# Re-read throughput of a working set larger than RAM (tmem or not).
+	i=1
+	while [ $i -le "$NFILES" ]; do gen /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
+	drop
+	for pass in 1 2 3; do
+		i=1
+		while [ $i -le "$NFILES" ]; do verify bench-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
+		counters bench-pass$pass
+	done
+	finish
+fi
+
+# --- phase 1: several times RAM, written then read back twice -------------
+i=1
+while [ $i -le "$NFILES" ]; do gen /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
+counters after-write
+for pass in 1 2; do
+	i=1
+	while [ $i -le "$NFILES" ]; do verify read$pass-f$i /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
+	counters after-read$pass
+done
+[ "$(ctr puts_sent)" -gt 0 ]; check guest-puts-sent $? "puts_sent=$(ctr puts_sent)"
+[ "$(ctr gets_hit)" -gt 0 ]; check guest-gets-hit $? "gets_hit=$(ctr gets_hit)"
+
+# --- phase 2: coherency (no stale byte) -----------------------------------
+drop  # every clean page of f1..f4 goes to tmem now
+gen /mnt/f1 201 "$PAGES"  # overwrite in place, same inode
+drop
+verify overwrite-f1 /mnt/f1 201 "$PAGES"
+drop
+truncate -s $((1000 * 4096)) /mnt/f2 && truncate -s $((PAGES * 4096)) /mnt/f2
+drop
+verify truncate-f2 /mnt/f2 102 "$PAGES" 1000
+ino1=$(stat -c %i /mnt/f3)
+rm /mnt/f3
+sync
+gen /mnt/f3 203 "$PAGES"
+ino2=$(stat -c %i /mnt/f3)
+say "INFO recreate-f3 inode_before=$ino1 inode_after=$ino2"
+drop
+verify recreate-f3 /mnt/f3 203 "$PAGES"
+# Small files deleted and recreated: the inode number is reused every time.
+k=1
+while [ $k -le 20 ]; do
+	gen /mnt/s 3$k 300
+	drop
+	verify churn-$k /mnt/s 3$k 300
+	ino=$(stat -c %i /mnt/s)
+	rm /mnt/s
+	k=$((k + 1))
+done
+gen /mnt/s 399 200
+drop
+verify churn-final /mnt/s 399 200
+say "INFO churn-inode last=$ino now=$(stat -c %i /mnt/s)"
+drop
+verify all-f1 /mnt/f1 201 "$PAGES"
+verify all-f2 /mnt/f2 102 "$PAGES" 1000
+verify all-f3 /mnt/f3 203 "$PAGES"
+i=4
+while [ $i -le "$NFILES" ]; do verify all-f$i /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
+counters after-coherency
+[ "$(ctr errors)" = 0 ]; check guest-no-errors $? "errors=$(ctr errors)"
+
+# --- phase 3: tmemd restarts under the running guest ----------------------
+drop
+puts_before=$(ctr puts_sent)
+say WAIT_RESTART
+t=0
+# tmemd marks the region RESET when it stops; a new tmemd cannot reach us.
+until grep -q '^host_state [02]' $D/state; do
+	sleep 1
+	t=$((t + 1))
+	[ $t -ge 120 ] && break
+done
+say "INFO restart seen after ${t}s"
+verify restart-f1 /mnt/f1 201 "$PAGES"
+grep -q '^attached 0' $D/state
+check restart-noticed $? "$(tr '\n' ' ' < $D/state)"
+gen /mnt/f1 601 "$PAGES"
+drop
+verify restart-overwrite-f1 /mnt/f1 601 "$PAGES"
+gen /mnt/f5 605 4000
+drop
+verify restart-new-f5 /mnt/f5 605 4000
+puts_after=$(ctr puts_sent)
+[ "$puts_after" = "$puts_before" ]; check restart-noop $? "puts_sent before=$puts_before after=$puts_after"
+# Device removal and re-probe: the region is still the dead tmemd's.
+dev=$(grep -l 0x1110 /sys/bus/pci/devices/*/device | head -n 1)
+dev=${dev%/device}
+echo 1 > "$dev/remove"
+grep -q '^present 0' $D/state; check device-removed $? ""
+verify removed-f1 /mnt/f1 601 "$PAGES"
+echo 1 > /sys/bus/pci/rescan
+sleep 3
+grep -q '^present 1' $D/state; check device-reprobed $? "$(tr '\n' ' ' < $D/state)"
+drop
+verify reprobed-f5 /mnt/f5 605 4000
+counters after-restart
+
+# --- phase 4: hot re-plug onto the new tmemd --------------------------------
+drop
+puts_before=$(ctr puts_sent)
+hits_before=$(ctr gets_hit)
+say WAIT_REPLUG
+t=0
+until grep -q '^attached 1' $D/state; do
+	sleep 1
+	t=$((t + 1))
+	[ $t -ge 120 ] && break
+done
+grep -q '^attached 1' $D/state
+check replug-attached $? "after ${t}s: $(tr '\n' ' ' < $D/state)"
+verify replug-f1 /mnt/f1 601 "$PAGES"
+gen /mnt/f6 706 8000
+drop
+verify replug-new-f6 /mnt/f6 706 8000
+drop
+verify replug-reread-f6 /mnt/f6 706 8000
+gen /mnt/f6 707 8000
+drop
+verify replug-overwrite-f6 /mnt/f6 707 8000
+[ "$(ctr puts_sent)" -gt "$puts_before" ]
+check replug-puts $? "puts_sent before=$puts_before after=$(ctr puts_sent)"
+[ "$(ctr gets_hit)" -gt "$hits_before" ]
+check replug-hits $? "gets_hit before=$hits_before after=$(ctr gets_hit)"
+counters final
+finish
