@@ -39,10 +39,12 @@ PACKAGES=(
   qemu-utils
 
   # --- gRPC control plane, tmemctl (issue 5) -------------------------------
-  # protobuf-compiler
-  # protobuf-compiler-grpc
-  # libgrpc++-dev
-  # libprotobuf-dev
+  protobuf-compiler
+  protobuf-compiler-grpc
+  libgrpc++-dev        # includes grpc++_reflection
+  libprotobuf-dev
+  nlohmann-json3-dev   # tmemctl -o json, policy files, tmemd's state file
+  openssl              # tests/control: throwaway CA and certs for mTLS
 
   # --- libvirt glue (issue 6) ----------------------------------------------
   # libvirt-dev
