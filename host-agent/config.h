@@ -51,7 +51,7 @@ struct ControlConfig {
   std::string tcp_address;      // "host:port" with mTLS; "" for none
   std::string tls_cert;         // PEM paths, required with tcp_address
   std::string tls_key;
-  std::string tls_ca;  // CA that signs client certificates
+  std::string tls_ca;              // CA that signs client certificates
   std::vector<std::string> admin;  // client certificate CNs/SANs with admin
   std::string state_file;          // policies survive restarts; "": memory
   int metrics_port = -1;           // Prometheus /metrics; -1: off, 0: any

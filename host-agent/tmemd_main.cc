@@ -279,9 +279,14 @@ int Run(int argc, char** argv) {
   // The libvirt glue (issue 6) passes its DomainControl here.
   DomainControl* domains = nullptr;
   ControlPlane control(agent->get(), policies->get(), domains);
+  // A VM added again (here, or later by the libvirt glue) gets the policy
+  // pushed for it before, not the configured one.
+  (*agent)->SetVmPolicyResolver(
+      [&control](const std::string& name, const VmPolicy& requested) {
+        return control.ResolveVmPolicy(name, requested);
+      });
   for (const VmConfig& vm : config.vms) {
-    absl::StatusOr<VmInfo> added =
-        (*agent)->AddVm(vm.name, control.ResolveVmPolicy(vm.name, vm.policy));
+    absl::StatusOr<VmInfo> added = (*agent)->AddVm(vm.name, vm.policy);
     if (!added.ok()) {
       Log(LogLevel::kError, "channel_error",
           {{"vm", vm.name}, {"error", added.status().message()}});
@@ -311,9 +316,9 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<MetricsServer> metrics;
   if (config.control.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
-        agent->get(), config.control.metrics_address,
-        config.control.metrics_port);
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(agent->get(), config.control.metrics_address,
+                             config.control.metrics_port);
     if (!m.ok()) {
       Log(LogLevel::kError, "metrics_error", {{"error", m.status().message()}});
       return 1;

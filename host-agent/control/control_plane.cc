@@ -60,9 +60,18 @@ absl::StatusOr<ValveMode> FromProtoMode(v1::Mode mode, bool allow_default) {
     default:
       break;
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("mode ", static_cast<int>(mode), " is not valid here: use ",
-                   allow_default ? "default, " : "", "off, always or adaptive"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mode ", static_cast<int>(mode), " is not valid here: use ",
+      allow_default ? "default, " : "", "off, always or adaptive"));
+}
+
+// The VM's whole policy. The store keeps quota, weight, enabled and frozen
+// but not the mode (the valve does), so Agent's VmInfo.policy.mode is always
+// kDefault: take the mode from the valve.
+VmPolicy CurrentPolicy(const VmInfo& info) {
+  VmPolicy p = info.policy;
+  p.mode = info.valve.mode;
+  return p;
 }
 
 absl::Status NeedVmName(const std::string& vm) {
@@ -246,16 +255,16 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   v1::VmSummary* s = d.mutable_summary();
   s->set_name(info.name);
   s->set_connected(info.connected);
-  *s->mutable_policy() = PolicyMessage(info.name, info.policy);
+  *s->mutable_policy() = PolicyMessage(info.name, CurrentPolicy(info));
   s->set_pages(C(c, Counter::kPagesHeld));
   s->set_stored_bytes(C(c, Counter::kStoredBytes));
   s->set_charged_bytes(C(c, Counter::kChargedBytes));
   uint64_t puts = 0;
-  for (Counter k : {Counter::kPutsCompressed, Counter::kPutsRaw,
-                    Counter::kPutsZero, Counter::kPutsSameFilled,
-                    Counter::kPutsRefusedQuota,
-                    Counter::kPutsRefusedPoorCompression,
-                    Counter::kPutsRefusedNoMemory, Counter::kPutsRefusedPolicy}) {
+  for (Counter k :
+       {Counter::kPutsCompressed, Counter::kPutsRaw, Counter::kPutsZero,
+        Counter::kPutsSameFilled, Counter::kPutsRefusedQuota,
+        Counter::kPutsRefusedPoorCompression, Counter::kPutsRefusedNoMemory,
+        Counter::kPutsRefusedPolicy}) {
     puts += C(c, k);
   }
   s->set_puts(puts);
@@ -271,7 +280,8 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   AddStoreCounters(c, d.mutable_counters());
   for (int i = 0; i < kNumChannelCounters; ++i) {
     v1::Counter* m = d.add_channel_counters();
-    m->set_name(std::string(ChannelCounterName(static_cast<ChannelCounter>(i))));
+    m->set_name(
+        std::string(ChannelCounterName(static_cast<ChannelCounter>(i))));
     m->set_value(info.channel[i]);
   }
   v1::ValveVm* v = d.mutable_valve();
@@ -333,12 +343,12 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
     const v1::SetVmPolicyRequest& r) {
   if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(write_mu_);
-  absl::StatusOr<VmPolicy> current = agent_->GetVmPolicy(r.vm());
+  absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
   if (!current.ok()) return UnknownVm(r.vm());
   absl::StatusOr<uint64_t> generation =
       policies_->NextVmGeneration(r.vm(), r.generation());
   if (!generation.ok()) return generation.status();
-  VmPolicy p = *current;
+  VmPolicy p = CurrentPolicy(*current);
   if (r.has_quota_bytes()) {
     const uint64_t cap = agent_->store().GetHostStats().memory_cap_bytes;
     if (r.quota_bytes() == 0) {
@@ -373,8 +383,7 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
     if (s.code() == absl::StatusCode::kNotFound) return UnknownVm(r.vm());
     return s;
   }
-  if (absl::Status s = policies_->CommitVm(r.vm(), {p, *generation});
-      !s.ok()) {
+  if (absl::Status s = policies_->CommitVm(r.vm(), {p, *generation}); !s.ok()) {
     return absl::InternalError(absl::StrCat(
         "the policy is applied but was not saved, so a restart loses it: ",
         s.message()));
@@ -409,9 +418,10 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
   if (r.has_cpu_budget_percent()) {
     const double b = r.cpu_budget_percent();
     if (!(b > 0 && b <= 100)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "CPU budget ", b, "% is out of range: use a percentage of the whole "
-          "host in (0, 100]"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("CPU budget ", b,
+                       "% is out of range: use a percentage of the whole "
+                       "host in (0, 100]"));
     }
     opts.cpu_budget_percent = b;
     stored.cpu_budget_percent = b;

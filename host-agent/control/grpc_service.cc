@@ -92,8 +92,8 @@ grpc::Status TmemControlService::CheckAdmin(grpc::ServerContext* ctx,
       for (const grpc::string_ref& v : auth->FindPropertyValues(prop)) {
         const std::string id(v.data(), v.size());
         if (who.empty()) who = id;
-        if (std::find(admin_identities_.begin(), admin_identities_.end(),
-                      id) != admin_identities_.end()) {
+        if (std::find(admin_identities_.begin(), admin_identities_.end(), id) !=
+            admin_identities_.end()) {
           return grpc::Status::OK;
         }
       }
@@ -245,9 +245,9 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
                            ControlAccess access) -> absl::Status {
     if (path.empty()) return absl::OkStatus();
     int port = -1;
-    if (absl::Status s = start(absl::StrCat("unix:", path),
-                               grpc::InsecureServerCredentials(), access,
-                               &port);
+    if (absl::Status s =
+            start(absl::StrCat("unix:", path),
+                  grpc::InsecureServerCredentials(), access, &port);
         !s.ok()) {
       return s;
     }

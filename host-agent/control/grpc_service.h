@@ -94,8 +94,7 @@ class TmemControlService final : public v1::TmemControl::Service {
 
  private:
   // OK for admins; PERMISSION_DENIED naming the RPC otherwise.
-  grpc::Status CheckAdmin(grpc::ServerContext* ctx,
-                          std::string_view rpc) const;
+  grpc::Status CheckAdmin(grpc::ServerContext* ctx, std::string_view rpc) const;
 
   ControlPlane* const control_;
   const ControlAccess access_;

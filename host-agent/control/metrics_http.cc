@@ -18,8 +18,7 @@ namespace {
 
 void Series(std::string& out, const std::string& name, bool gauge,
             const std::string& labels, uint64_t value, bool& typed) {
-  const std::string metric =
-      absl::StrCat("tmem_", name, gauge ? "" : "_total");
+  const std::string metric = absl::StrCat("tmem_", name, gauge ? "" : "_total");
   if (!typed) {
     absl::StrAppend(&out, "# TYPE ", metric, gauge ? " gauge\n" : " counter\n");
     typed = true;
@@ -32,25 +31,23 @@ void Series(std::string& out, const std::string& name, bool gauge,
 std::string RenderPrometheus(const Agent& agent) {
   std::string out;
   const AgentStatus st = agent.Status();
-  absl::StrAppend(&out, "# TYPE tmem_memory_cap_bytes gauge\n",
-                  "tmem_memory_cap_bytes ", st.store.memory_cap_bytes, "\n",
-                  "# TYPE tmem_memory_used_bytes gauge\n",
-                  "tmem_memory_used_bytes ", st.store.memory_used_bytes, "\n",
-                  "# TYPE tmem_cpu_budget_fraction gauge\n",
-                  "tmem_cpu_budget_fraction ", st.valve.budget_fraction, "\n",
-                  "# TYPE tmem_agent_busy_fraction gauge\n",
-                  "tmem_agent_busy_fraction ", st.valve.agent_busy_fraction,
-                  "\n", "# TYPE tmem_host_busy_fraction gauge\n",
-                  "tmem_host_busy_fraction ", st.valve.host_busy_fraction, "\n",
-                  "# TYPE tmem_uptime_seconds gauge\n", "tmem_uptime_seconds ",
-                  st.uptime_nanos / 1000000000, "\n");
+  absl::StrAppend(
+      &out, "# TYPE tmem_memory_cap_bytes gauge\n", "tmem_memory_cap_bytes ",
+      st.store.memory_cap_bytes, "\n", "# TYPE tmem_memory_used_bytes gauge\n",
+      "tmem_memory_used_bytes ", st.store.memory_used_bytes, "\n",
+      "# TYPE tmem_cpu_budget_fraction gauge\n", "tmem_cpu_budget_fraction ",
+      st.valve.budget_fraction, "\n", "# TYPE tmem_agent_busy_fraction gauge\n",
+      "tmem_agent_busy_fraction ", st.valve.agent_busy_fraction, "\n",
+      "# TYPE tmem_host_busy_fraction gauge\n", "tmem_host_busy_fraction ",
+      st.valve.host_busy_fraction, "\n", "# TYPE tmem_uptime_seconds gauge\n",
+      "tmem_uptime_seconds ", st.uptime_nanos / 1000000000, "\n");
   const std::vector<VmInfo> vms = agent.ListVms();
   // Store counters: host total (no label) and per VM.
   for (int i = 0; i < kNumCounters; ++i) {
     const auto c = static_cast<Counter>(i);
     bool typed = false;
-    Series(out, std::string(CounterName(c)), CounterIsGauge(c), "", st.store.counters[i],
-           typed);
+    Series(out, std::string(CounterName(c)), CounterIsGauge(c), "",
+           st.store.counters[i], typed);
     for (const VmInfo& vm : vms) {
       Series(out, std::string(CounterName(c)), CounterIsGauge(c),
              absl::StrCat("{vm=\"", vm.name, "\"}"), vm.stats.counters[i],

@@ -29,8 +29,8 @@ absl::Status StaleGeneration(const std::string& what, uint64_t requested,
 }
 
 absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
-  return absl::InternalError(absl::StrCat(what, " '", path,
-                                          "': ", std::strerror(errno)));
+  return absl::InternalError(
+      absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
 }
 
 }  // namespace
@@ -95,8 +95,8 @@ absl::Status PolicyStore::LoadLocked(const std::string& text) {
     }
     if (j.contains("shared_pools")) {
       for (const json& g : j.at("shared_pools")) {
-        grants_.push_back({g.at("uuid").get<std::string>(),
-                           g.at("vm").get<std::string>()});
+        grants_.push_back(
+            {g.at("uuid").get<std::string>(), g.at("vm").get<std::string>()});
       }
       std::sort(grants_.begin(), grants_.end());
     }
@@ -146,8 +146,8 @@ absl::Status PolicyStore::SaveLocked() const {
   if (path_.empty()) return absl::OkStatus();
   const std::string text = SerializeLocked();
   const std::string tmp = absl::StrCat(path_, ".tmp.", getpid());
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
-                      0600);
+  const int fd =
+      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoStatus("cannot write state file", tmp);
   size_t done = 0;
   while (done < text.size()) {

@@ -46,8 +46,8 @@ class Reader {
         for (std::string_view n : known) {
           absl::StrAppend(&list, list.empty() ? "" : ", ", std::string(n));
         }
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown key '", where_, k, "' (known: ", list, ")"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown key '", where_, k, "' (known: ", list, ")"));
       }
     }
     return absl::OkStatus();
@@ -108,8 +108,8 @@ absl::Status Take(absl::StatusOr<T> v, T* out) {
 
 absl::Status ParseHost(const json& j, v1::SetHostPolicyRequest& out) {
   Reader r(j, "host.");
-  if (auto s = r.Keys({"generation", "memory_cap", "cpu_budget_percent",
-                       "mode"});
+  if (auto s =
+          r.Keys({"generation", "memory_cap", "cpu_budget_percent", "mode"});
       !s.ok())
     return s;
   if (r.Has("generation")) {
@@ -233,8 +233,8 @@ absl::StatusOr<PolicyFile> ParsePolicyFile(std::string_view text,
       root = TomlToJson(toml::parse(text, source_name));
     }
   } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(source_name), ": not valid JSON: ", e.what()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source_name), ": not valid JSON: ", e.what()));
   } catch (const toml::parse_error& e) {
     return absl::InvalidArgumentError(absl::StrCat(
         std::string(source_name), ":", e.source().begin.line, ":",
@@ -260,8 +260,8 @@ absl::StatusOr<PolicyFile> ParsePolicyFile(std::string_view text,
         }
       }
     } else {
-      s = absl::InvalidArgumentError(absl::StrCat(
-          "unknown section '", k, "' (use [host] and [[vm]])"));
+      s = absl::InvalidArgumentError(
+          absl::StrCat("unknown section '", k, "' (use [host] and [[vm]])"));
     }
     if (!s.ok()) {
       return absl::InvalidArgumentError(
@@ -269,8 +269,9 @@ absl::StatusOr<PolicyFile> ParsePolicyFile(std::string_view text,
     }
   }
   if (!out.host && out.vms.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(source_name), ": no [host] and no [[vm]]: nothing to apply"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source_name),
+                     ": no [host] and no [[vm]]: nothing to apply"));
   }
   return out;
 }

@@ -13,8 +13,8 @@
 // deadline, and prints one result per host; the exit code is 0 only when
 // every host succeeded (1: a single host failed or bad usage, 3: some hosts
 // of a fleet failed, the others applied).
-#include <grpcpp/grpcpp.h>
 #include <google/protobuf/util/json_util.h>
+#include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -162,23 +162,22 @@ class Host {
       if (!o.server_name.empty()) {
         args.SetSslTargetNameOverride(o.server_name);
       }
-      channel_ = grpc::CreateCustomChannel(target_, grpc::SslCredentials(ssl),
-                                           args);
+      channel_ =
+          grpc::CreateCustomChannel(target_, grpc::SslCredentials(ssl), args);
     }
     stub_ = v1::TmemControl::NewStub(channel_);
-    deadline_ = std::chrono::system_clock::now() +
-                std::chrono::milliseconds(static_cast<int64_t>(
-                    o.timeout_s * 1000));
+    deadline_ =
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
   }
   const std::string& target() const { return target_; }
   v1::TmemControl::Stub& stub() { return *stub_; }
   void Prepare(grpc::ClientContext& ctx) const { ctx.set_deadline(deadline_); }
 
   template <typename Req, typename Resp>
-  absl::StatusOr<Resp> Call(
-      grpc::Status (v1::TmemControl::Stub::*method)(grpc::ClientContext*,
-                                                     const Req&, Resp*),
-      const Req& req) {
+  absl::StatusOr<Resp> Call(grpc::Status (v1::TmemControl::Stub::*method)(
+                                grpc::ClientContext*, const Req&, Resp*),
+                            const Req& req) {
     grpc::ClientContext ctx;
     Prepare(ctx);
     Resp resp;
@@ -221,21 +220,22 @@ absl::StatusOr<Result> Status(Host& h) {
                 static_cast<double>(s.memory_cap_bytes()),
       s.compression_ratio());
   absl::StrAppendFormat(
-      &t, "cpu        budget %.1f%% of host (now %s), tmemd uses %s, host "
-          "busy %s, pressure %.1f\n",
+      &t,
+      "cpu        budget %.1f%% of host (now %s), tmemd uses %s, host "
+      "busy %s, pressure %.1f\n",
       s.cpu_budget_percent(), Pct(s.valve().budget_fraction()),
       Pct(s.cpu_used_fraction()), Pct(s.valve().host_busy_fraction()),
       s.valve().cpu_pressure());
   absl::StrAppendFormat(&t, "valve      default mode %s, %d ticks\n",
                         ModeName(s.policy().default_mode()), s.valve().ticks());
-  absl::StrAppendFormat(&t, "vms        %d, workers %d\n", s.vms(), s.workers());
+  absl::StrAppendFormat(&t, "vms        %d, workers %d\n", s.vms(),
+                        s.workers());
   absl::StrAppendFormat(&t, "policy     generation %d\n",
                         s.policy().generation());
-  absl::StrAppendFormat(
-      &t, "pages      %d held, gets %d hit / %d miss\n",
-      CounterValue(s.counters(), "pages_held"),
-      CounterValue(s.counters(), "gets_hit"),
-      CounterValue(s.counters(), "gets_miss"));
+  absl::StrAppendFormat(&t, "pages      %d held, gets %d hit / %d miss\n",
+                        CounterValue(s.counters(), "pages_held"),
+                        CounterValue(s.counters(), "gets_hit"),
+                        CounterValue(s.counters(), "gets_miss"));
   return Result{ToJson(s), t};
 }
 
@@ -271,7 +271,8 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
       Quota(s.policy().quota_bytes()), s.policy().weight(),
       s.policy().generation());
   absl::StrAppendFormat(
-      &t, "valve      %s (effective mode %s), admission %d/65536, reuse %.3f%s\n",
+      &t,
+      "valve      %s (effective mode %s), admission %d/65536, reuse %.3f%s\n",
       s.decision(), ModeName(r->valve().effective_mode()),
       r->valve().admission(), r->valve().reuse_ratio(),
       r->valve().throttled() ? ", throttled" : "");
@@ -310,10 +311,9 @@ absl::StatusOr<Result> PolicyResult(
   const v1::VmPolicy& p = r->policy();
   return Result{
       ToJson(*r),
-      absl::StrFormat(
-          "%s: %s, mode %s, quota %s, weight %d (generation %d)\n", vm,
-          State(p), ModeName(p.mode()), Quota(p.quota_bytes()), p.weight(),
-          p.generation())};
+      absl::StrFormat("%s: %s, mode %s, quota %s, weight %d (generation %d)\n",
+                      vm, State(p), ModeName(p.mode()), Quota(p.quota_bytes()),
+                      p.weight(), p.generation())};
 }
 
 absl::StatusOr<Result> SetVmPolicy(Host& h, const v1::SetVmPolicyRequest& req) {
@@ -324,12 +324,12 @@ absl::StatusOr<Result> SetHost(Host& h, const v1::SetHostPolicyRequest& req) {
   auto r = h.Call(&Stub::SetHostPolicy, req);
   if (!r.ok()) return r.status();
   const v1::HostPolicy& p = r->policy();
-  return Result{ToJson(*r),
-                absl::StrFormat("host: memory cap %s, cpu budget %.1f%%, "
-                                "default mode %s (generation %d)\n",
-                                Bytes(p.memory_cap_bytes()),
-                                p.cpu_budget_percent(),
-                                ModeName(p.default_mode()), p.generation())};
+  return Result{
+      ToJson(*r),
+      absl::StrFormat("host: memory cap %s, cpu budget %.1f%%, "
+                      "default mode %s (generation %d)\n",
+                      Bytes(p.memory_cap_bytes()), p.cpu_budget_percent(),
+                      ModeName(p.default_mode()), p.generation())};
 }
 
 absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
@@ -339,12 +339,11 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
   auto r = attach ? h.Call(&Stub::AttachDomain, req)
                   : h.Call(&Stub::DetachDomain, req);
   if (!r.ok()) return r.status();
-  return Result{
-      ToJson(*r),
-      absl::StrFormat("%s: vm %s, %s%s%s\n", r->domain(), r->vm(),
-                      r->attached() ? "attached" : "not attached",
-                      r->persistent() ? " (persistent)" : "",
-                      r->detail().empty() ? "" : ", " + r->detail())};
+  return Result{ToJson(*r),
+                absl::StrFormat("%s: vm %s, %s%s%s\n", r->domain(), r->vm(),
+                                r->attached() ? "attached" : "not attached",
+                                r->persistent() ? " (persistent)" : "",
+                                r->detail().empty() ? "" : ", " + r->detail())};
 }
 
 absl::StatusOr<Result> ApplyPolicy(Host& h, const PolicyFile& file) {
@@ -396,11 +395,11 @@ int Watch(const std::string& target, const Options& o) {
   const bool tty = isatty(STDOUT_FILENO) != 0 && o.output != "json";
   while (reader->Read(&cur)) {
     ++n;
-    const double dt =
-        have_prev ? static_cast<double>(cur.timestamp_unix_ms() -
-                                        prev.timestamp_unix_ms()) /
-                        1000.0
-                  : 0.0;
+    const double dt = have_prev
+                          ? static_cast<double>(cur.timestamp_unix_ms() -
+                                                prev.timestamp_unix_ms()) /
+                                1000.0
+                          : 0.0;
     auto rate = [&](const v1::VmDetail& v, uint64_t now_value,
                     uint64_t (*pick)(const v1::VmDetail&)) -> double {
       if (!have_prev || dt <= 0) return 0;
@@ -450,9 +449,8 @@ int Watch(const std::string& target, const Options& o) {
   }
   grpc::Status s = reader->Finish();
   if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED) {
-    std::cerr << "tmemctl: " << target << ": "
-              << CodeName(FromGrpc(s).code()) << ": " << s.error_message()
-              << "\n";
+    std::cerr << "tmemctl: " << target << ": " << CodeName(FromGrpc(s).code())
+              << ": " << s.error_message() << "\n";
     return 1;
   }
   return 0;
@@ -464,8 +462,8 @@ using Command = std::function<absl::StatusOr<Result>(Host&)>;
 
 int RunEverywhere(const std::vector<std::string>& targets, const Options& o,
                   const Command& command) {
-  std::vector<absl::StatusOr<Result>> results(
-      targets.size(), absl::UnknownError("not run"));
+  std::vector<absl::StatusOr<Result>> results(targets.size(),
+                                              absl::UnknownError("not run"));
   std::vector<std::thread> threads;
   for (size_t i = 0; i < targets.size(); ++i) {
     threads.emplace_back([&, i] {
@@ -499,20 +497,20 @@ int RunEverywhere(const std::vector<std::string>& targets, const Options& o,
     for (size_t i = 0; i < targets.size(); ++i) {
       const auto& r = results[i];
       if (fleet) {
-        std::cout << "== " << targets[i] << ": "
-                  << (r.ok() ? "OK" : "FAILED") << "\n";
+        std::cout << "== " << targets[i] << ": " << (r.ok() ? "OK" : "FAILED")
+                  << "\n";
       }
       if (r.ok()) {
         std::cout << r->text;
       } else {
         (fleet ? std::cout : std::cerr)
-            << (fleet ? "" : "tmemctl: ") << CodeName(r.status().code())
-            << ": " << r.status().message() << "\n";
+            << (fleet ? "" : "tmemctl: ") << CodeName(r.status().code()) << ": "
+            << r.status().message() << "\n";
       }
     }
     if (fleet) {
-      std::cout << "== " << targets.size() - failed << " of "
-                << targets.size() << " hosts succeeded";
+      std::cout << "== " << targets.size() - failed << " of " << targets.size()
+                << " hosts succeeded";
       if (failed > 0) std::cout << "; " << failed << " FAILED";
       std::cout << "\n";
     }
@@ -548,8 +546,9 @@ std::vector<std::string> Targets(const Options& o, std::string* error) {
 
 int Run(int argc, char** argv) {
   Options o;
-  CLI::App app{"tmemctl: control tmemd (transcendent memory) on one host or a "
-               "fleet"};
+  CLI::App app{
+      "tmemctl: control tmemd (transcendent memory) on one host or a "
+      "fleet"};
   app.require_subcommand(1);
   app.add_option("-s,--socket", o.socket,
                  "tmemd's admin socket (/run/tmemd/control.sock)");
@@ -679,9 +678,9 @@ int Run(int argc, char** argv) {
     command = [&, frz](Host& h) {
       v1::VmRequest req;
       req.set_vm(o.vm);
-      return PolicyResult(frz ? h.Call(&Stub::FreezeVm, req)
-                              : h.Call(&Stub::ThawVm, req),
-                          o.vm);
+      return PolicyResult(
+          frz ? h.Call(&Stub::FreezeVm, req) : h.Call(&Stub::ThawVm, req),
+          o.vm);
     };
   } else if (*flush) {
     command = [&](Host& h) -> absl::StatusOr<Result> {
@@ -700,9 +699,11 @@ int Run(int argc, char** argv) {
       req.set_revoke(o.revoke);
       auto r = h.Call(&Stub::AuthorizeSharedPool, req);
       if (!r.ok()) return r.status();
-      return Result{ToJson(*r),
-                    absl::StrCat(o.vm, o.revoke ? ": revoked from " : ": may "
-                                 "join ", "shared pool ", o.uuid, "\n")};
+      return Result{ToJson(*r), absl::StrCat(o.vm,
+                                             o.revoke ? ": revoked from "
+                                                      : ": may "
+                                                        "join ",
+                                             "shared pool ", o.uuid, "\n")};
     };
   } else if (*attach || *detach) {
     const bool att = attach->parsed();

@@ -88,9 +88,12 @@ class ControlServiceTest : public ::testing::Test {
     policies_ = std::move(*policies);
     control_ = std::make_unique<ControlPlane>(
         agent_.get(), policies_.get(), with_domains ? &domains_ : nullptr);
+    agent_->SetVmPolicyResolver(
+        [c = control_.get()](const std::string& name, const VmPolicy& p) {
+          return c->ResolveVmPolicy(name, p);
+        });
     for (const char* vm : {"g1", "g2"}) {
-      ASSERT_TRUE(
-          agent_->AddVm(vm, control_->ResolveVmPolicy(vm, VmPolicy{})).ok());
+      ASSERT_TRUE(agent_->AddVm(vm, VmPolicy{}).ok());
     }
     ASSERT_TRUE(control_->ApplyStoredPolicies().ok());
     ControlServerOptions so;
@@ -129,9 +132,9 @@ class ControlServiceTest : public ::testing::Test {
       ssl.pem_cert_chain = ReadFile(cert);
       ssl.pem_private_key = ReadFile(key);
     }
-    return v1::TmemControl::NewStub(grpc::CreateChannel(
-        "localhost:" + std::to_string(server_->tcp_port()),
-        grpc::SslCredentials(ssl)));
+    return v1::TmemControl::NewStub(
+        grpc::CreateChannel("localhost:" + std::to_string(server_->tcp_port()),
+                            grpc::SslCredentials(ssl)));
   }
 
   // Puts `n` text pages into a private pool of `vm` straight into the store
@@ -139,8 +142,8 @@ class ControlServiceTest : public ::testing::Test {
   PoolId PutPages(const std::string& vm, int n, bool* all_stored = nullptr) {
     absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
     EXPECT_TRUE(info.ok());
-    absl::StatusOr<PoolId> pool = agent_->store().NewPool(info->stats.id,
-                                                          nullptr);
+    absl::StatusOr<PoolId> pool =
+        agent_->store().NewPool(info->stats.id, nullptr);
     EXPECT_TRUE(pool.ok()) << pool.status();
     bool stored = true;
     for (int i = 0; i < n; ++i) {
@@ -397,8 +400,8 @@ TEST_F(ControlServiceTest, FreezeRefusesPutsButServesGets) {
   EXPECT_TRUE(resp.policy().frozen());
   const VmId id = agent_->GetVm("g1")->stats.id;
   const test::Page page = test::TextPage(99);
-  auto put = agent_->store().Put(id, pool, ObjectId::FromInode(2), 0,
-                                 ConstPage(page));
+  auto put =
+      agent_->store().Put(id, pool, ObjectId::FromInode(2), 0, ConstPage(page));
   ASSERT_TRUE(put.ok());
   EXPECT_FALSE(put->stored);
   test::Page out{};
@@ -410,8 +413,8 @@ TEST_F(ControlServiceTest, FreezeRefusesPutsButServesGets) {
   grpc::ClientContext ctx2;
   ASSERT_TRUE(admin_->ThawVm(&ctx2, req, &resp).ok());
   EXPECT_FALSE(resp.policy().frozen());
-  put = agent_->store().Put(id, pool, ObjectId::FromInode(2), 0,
-                            ConstPage(page));
+  put =
+      agent_->store().Put(id, pool, ObjectId::FromInode(2), 0, ConstPage(page));
   ASSERT_TRUE(put.ok());
   EXPECT_TRUE(put->stored);
 }
@@ -628,8 +631,8 @@ TEST_F(ControlServiceTest, MutualTlsAdminByCertificateName) {
 
   // No client certificate, or one from a CA the server does not trust: the
   // handshake fails, no RPC runs.
-  for (auto& stub : {TlsStub("", ""),
-                     TlsStub(certs_->rogue_cert, certs_->rogue_key)}) {
+  for (auto& stub :
+       {TlsStub("", ""), TlsStub(certs_->rogue_cert, certs_->rogue_key)}) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::chrono::seconds(5));
@@ -720,6 +723,25 @@ TEST_F(ControlServiceTest, PoliciesSurviveARestart) {
   EXPECT_EQ(SetPolicy(*admin_, req).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_EQ(GetVm("g1").summary().policy().generation(), 12u);
+}
+
+TEST_F(ControlServiceTest, AVmAddedAgainGetsItsPushedPolicyBack) {
+  v1::SetVmPolicyRequest req;
+  req.set_vm("g1");
+  req.set_weight(555);
+  req.set_mode(v1::MODE_OFF);
+  ASSERT_TRUE(SetPolicy(*admin_, req).ok());
+  ASSERT_TRUE(agent_->RemoveVm("g1").ok());
+  VmPolicy configured;
+  configured.weight = 1;
+  ASSERT_TRUE(agent_->AddVm("g1", configured).ok());
+  EXPECT_EQ(agent_->GetVmPolicy("g1")->weight, 555u);
+  const v1::VmDetail d = GetVm("g1");
+  EXPECT_EQ(d.summary().policy().mode(), v1::MODE_OFF);
+  EXPECT_EQ(d.valve().effective_mode(), v1::MODE_OFF);
+  // A VM nobody pushed a policy for keeps its configured one.
+  ASSERT_TRUE(agent_->AddVm("g3", configured).ok());
+  EXPECT_EQ(agent_->GetVmPolicy("g3")->weight, 1u);
 }
 
 }  // namespace

@@ -33,8 +33,8 @@ inline std::string ReadFile(const std::string& path) {
 
 // Polls `cond` every 10 ms until it holds or `timeout_ms` passes.
 inline bool WaitUntil(const std::function<bool()>& cond, int timeout_ms) {
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::milliseconds(timeout_ms);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   while (std::chrono::steady_clock::now() < deadline) {
     if (cond()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -54,8 +54,7 @@ class Process {
       : log_path_(std::move(log_path)) {
     posix_spawn_file_actions_t actions;
     posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO,
-                                     log_path_.c_str(),
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path_.c_str(),
                                      O_WRONLY | O_CREAT | O_TRUNC, 0644);
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
     std::vector<char*> args;
@@ -64,8 +63,8 @@ class Process {
       args.push_back(const_cast<char*>(a.c_str()));
     }
     args.push_back(nullptr);
-    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(),
-                    environ) != 0) {
+    if (posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ) !=
+        0) {
       pid_ = -1;
     }
     posix_spawn_file_actions_destroy(&actions);
@@ -144,7 +143,8 @@ inline TestCerts MakeTestCerts(const std::string& dir) {
   c.dir = dir;
   mkdir(dir.c_str(), 0700);
   auto sh = [&](const std::string& cmd) {
-    const std::string full = "cd '" + dir + "' && " + cmd + " >>openssl.log 2>&1";
+    const std::string full =
+        "cd '" + dir + "' && " + cmd + " >>openssl.log 2>&1";
     if (c.error.empty() && std::system(full.c_str()) != 0) {
       c.error = "failed: " + cmd + "\n" + ReadFile(dir + "/openssl.log");
     }
@@ -158,8 +158,8 @@ inline TestCerts MakeTestCerts(const std::string& dir) {
   }
   auto leaf = [&](const std::string& name, const std::string& cn,
                   const std::string& ca, const std::string& ext) {
-    sh("openssl req " + key + " -nodes -keyout " + name + ".key -out " +
-       name + ".csr -subj /CN=" + cn);
+    sh("openssl req " + key + " -nodes -keyout " + name + ".key -out " + name +
+       ".csr -subj /CN=" + cn);
     sh("openssl x509 -req -in " + name + ".csr -CA " + ca + ".pem -CAkey " +
        ca + ".key -CAcreateserial -out " + name + ".pem -days 2" +
        (ext.empty() ? "" : " -extfile " + ext));

@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -79,8 +80,8 @@ class TmemctlE2eTest : public ::testing::Test {
     const std::string d = Dir(i);
     std::filesystem::create_directories(d);
     std::vector<std::string> argv = {
-        TMEMD_BIN,       "--socket-dir", d,         "--memory-cap",
-        "64MiB",         "--workers",    "1",       "--state-file",
+        TMEMD_BIN,         "--socket-dir",   d,   "--memory-cap",
+        "64MiB",           "--workers",      "1", "--state-file",
         d + "/state.json", "--metrics-port", "0"};
     for (const std::string& vm : vms) {
       argv.push_back("--vm");
@@ -107,8 +108,8 @@ class TmemctlE2eTest : public ::testing::Test {
   RunResult Ctl(const std::vector<std::string>& args, int host = 0) {
     std::vector<std::string> argv = {TMEMCTL_BIN, "-s", Sock(host)};
     argv.insert(argv.end(), args.begin(), args.end());
-    return testing::Run(argv, dir_ + "/tmemctl-" + std::to_string(++runs_) +
-                                  ".out");
+    return testing::Run(argv,
+                        dir_ + "/tmemctl-" + std::to_string(++runs_) + ".out");
   }
   json CtlJson(const std::vector<std::string>& args, int host = 0) {
     std::vector<std::string> a = {"-o", "json"};
@@ -159,8 +160,9 @@ uint64_t U64(const json& v) {
 
 TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
   Process& tmemd = StartTmemd(0);
-  Guestsim(0, "g1", {"--workload", "reread", "--pages", "300", "--ops",
-                     "3000", "--seed", "1"});
+  Guestsim(0, "g1",
+           {"--workload", "reread", "--pages", "300", "--ops", "3000", "--seed",
+            "1"});
 
   RunResult r = Ctl({"status"});
   ASSERT_EQ(r.code, 0) << r.output;
@@ -180,7 +182,8 @@ TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
   r = Ctl({"vm", "g1"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("puts_compressed"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("POOL"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("valve_compressed"), std::string::npos);
+  EXPECT_NE(r.output.find("channel_sqe_processed"), std::string::npos);
 
   ASSERT_EQ(Ctl({"set-quota", "g1", "16MiB"}).code, 0);
   ASSERT_EQ(Ctl({"set-weight", "g1", "250"}).code, 0);
@@ -279,16 +282,30 @@ TEST_F(TmemctlE2eTest, QuotaSetOverGrpcBindsTheDataPath) {
   ASSERT_EQ(r.code, 0) << r.output;
   // "always": every put reaches the store, whatever the CPU or reuse.
   ASSERT_EQ(Ctl({"set-mode", "q1", "always"}).code, 0);
-  // ~5000 distinct text pages (several MiB even compressed).
-  Guestsim(0, "q1", {"--workload", "seq", "--pages", "5000", "--ops", "10000",
-                     "--seed", "3"});
+  // ~20000 distinct pages (several MiB even compressed), while tmemctl
+  // watches what the VM holds.
+  Process guest({GUESTSIM_BIN, "--socket", Dir(0) + "/q1.sock", "--progress-ms",
+                 "0", "--workload", "seq", "--pages", "20000", "--seed", "3"},
+                dir_ + "/guestsim-q1.log");
+  uint64_t max_charged = 0;
+  int samples = 0;
+  while (guest.Running()) {
+    json vm = CtlJson({"vm", "q1"});
+    if (vm.is_null()) break;
+    max_charged = std::max(max_charged, U64(vm["summary"]["charged_bytes"]));
+    ++samples;
+  }
+  EXPECT_EQ(guest.Wait(), 0) << guest.Log();
+  EXPECT_GT(samples, 0);
+  EXPECT_LE(max_charged, uint64_t{1} << 20);
   json vm = CtlJson({"vm", "q1"});
-  const uint64_t charged = U64(vm["summary"]["charged_bytes"]);
-  EXPECT_LE(charged, uint64_t{1} << 20) << vm.dump();
-  EXPECT_GT(charged, 0u);
   const uint64_t quota_evictions = Counter(vm["counters"], "evictions_quota");
   const uint64_t quota_refusals = Counter(vm["counters"], "puts_refused_quota");
-  EXPECT_GT(quota_evictions + quota_refusals, 1000u) << vm.dump();
+  const uint64_t stored = Counter(vm["counters"], "puts_compressed") +
+                          Counter(vm["counters"], "puts_raw");
+  // Most stored pages had to make room under the quota.
+  EXPECT_GT(quota_evictions + quota_refusals, stored / 2) << vm.dump();
+  EXPECT_GT(stored, 1000u) << vm.dump();
 }
 
 TEST_F(TmemctlE2eTest, PolicySurvivesATmemdRestart) {
@@ -345,15 +362,22 @@ TEST_F(TmemctlE2eTest, FleetFanOutReportsTheHostThatIsDown) {
     std::ofstream hosts(dir_ + "/hosts");
     hosts << "# fleet\n" << ports[0] << "\n" << ports[1] << "\n";
   }
-  const std::vector<std::string> tls = {
-      TMEMCTL_BIN, "--ca",     certs.ca,  "--cert",        certs.admin_cert,
-      "--key",     certs.admin_key, "--server-name", "localhost", "-t", "3"};
+  const std::vector<std::string> tls = {TMEMCTL_BIN,
+                                        "--ca",
+                                        certs.ca,
+                                        "--cert",
+                                        certs.admin_cert,
+                                        "--key",
+                                        certs.admin_key,
+                                        "--server-name",
+                                        "localhost",
+                                        "-t",
+                                        "3"};
   auto fleet = [&](std::vector<std::string> args) {
     std::vector<std::string> a = tls;
     a.insert(a.end(), {"--hosts", dir_ + "/hosts", "--host", ports[2]});
     a.insert(a.end(), args.begin(), args.end());
-    return testing::Run(a,
-                        dir_ + "/fleet-" + std::to_string(++runs_) + ".out");
+    return testing::Run(a, dir_ + "/fleet-" + std::to_string(++runs_) + ".out");
   };
   const auto t0 = std::chrono::steady_clock::now();
   RunResult r = fleet({"set-weight", "g1", "250"});
@@ -379,15 +403,28 @@ TEST_F(TmemctlE2eTest, FleetFanOutReportsTheHostThatIsDown) {
   json j = json::parse(r.output);
   EXPECT_EQ(j["failed"].get<int>(), 1);
   ASSERT_EQ(j["hosts"].size(), 3u);
-  EXPECT_TRUE(j["hosts"][0]["ok"].get<bool>());
-  EXPECT_FALSE(j["hosts"][2]["ok"].get<bool>());
-  EXPECT_EQ(j["hosts"][2]["code"].get<std::string>(), "UNAVAILABLE");
+  for (const json& h : j["hosts"]) {
+    const bool down = h["host"].get<std::string>() == ports[2];
+    EXPECT_EQ(h["ok"].get<bool>(), !down) << h.dump();
+    if (down) {
+      EXPECT_EQ(h["code"].get<std::string>(), "UNAVAILABLE");
+    }
+  }
   // A read-only certificate is refused on every host (exit 1: all failed).
-  std::vector<std::string> mon = {TMEMCTL_BIN,  "--ca", certs.ca, "--cert",
-                                  certs.monitor_cert, "--key",
-                                  certs.monitor_key,  "--server-name",
-                                  "localhost",  "--hosts", dir_ + "/hosts",
-                                  "set-weight", "g1",      "1"};
+  std::vector<std::string> mon = {TMEMCTL_BIN,
+                                  "--ca",
+                                  certs.ca,
+                                  "--cert",
+                                  certs.monitor_cert,
+                                  "--key",
+                                  certs.monitor_key,
+                                  "--server-name",
+                                  "localhost",
+                                  "--hosts",
+                                  dir_ + "/hosts",
+                                  "set-weight",
+                                  "g1",
+                                  "1"};
   r = testing::Run(mon, dir_ + "/mon.out");
   EXPECT_EQ(r.code, 1) << r.output;
   EXPECT_NE(r.output.find("PERMISSION_DENIED"), std::string::npos);
