@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 #include "host-agent/control/control_plane.h"
@@ -100,9 +101,9 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
       listen(fd, 16) != 0) {
     const int err = errno;
     close(fd);
-    return absl::UnavailableError(absl::StrCat("cannot listen for metrics on ",
-                                               address, ":", port, ": ",
-                                               std::strerror(err)));
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for metrics on ", address, ":", port, ": ",
+                     std::generic_category().message(err)));
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);

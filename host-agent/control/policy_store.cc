@@ -29,8 +29,8 @@ absl::Status StaleGeneration(const std::string& what, uint64_t requested,
 }
 
 absl::Status ErrnoStatus(const std::string& what, const std::string& path) {
-  return absl::InternalError(
-      absl::StrCat(what, " '", path, "': ", std::strerror(errno)));
+  return absl::InternalError(absl::StrCat(
+      what, " '", path, "': ", std::generic_category().message(errno)));
 }
 
 }  // namespace
@@ -154,7 +154,7 @@ absl::Status PolicyStore::SaveLocked() const {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
-      const absl::Status s = ErrnoStatus("cannot write state file", tmp);
+      absl::Status s = ErrnoStatus("cannot write state file", tmp);
       close(fd);
       unlink(tmp.c_str());
       return s;
@@ -162,14 +162,14 @@ absl::Status PolicyStore::SaveLocked() const {
     done += static_cast<size_t>(n);
   }
   if (fsync(fd) != 0) {
-    const absl::Status s = ErrnoStatus("cannot fsync state file", tmp);
+    absl::Status s = ErrnoStatus("cannot fsync state file", tmp);
     close(fd);
     unlink(tmp.c_str());
     return s;
   }
   close(fd);
   if (rename(tmp.c_str(), path_.c_str()) != 0) {
-    const absl::Status s = ErrnoStatus("cannot rename state file onto", path_);
+    absl::Status s = ErrnoStatus("cannot rename state file onto", path_);
     unlink(tmp.c_str());
     return s;
   }
