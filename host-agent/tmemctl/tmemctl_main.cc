@@ -539,7 +539,7 @@ std::vector<std::string> Targets(const Options& o, std::string* error) {
   }
   if (t.empty()) t.push_back("unix:" + o.socket);
   for (std::string& h : t) {
-    if (h.rfind('/', 0) == 0) h = "unix:" + h;
+    if (h.rfind('/', 0) == 0) h.insert(0, "unix:");
   }
   return t;
 }
@@ -725,4 +725,12 @@ int Run(int argc, char** argv) {
 }  // namespace
 }  // namespace tmem
 
-int main(int argc, char** argv) { return tmem::Run(argc, argv); }
+int main(int argc, char** argv) {
+  try {
+    return tmem::Run(argc, argv);
+  } catch (const std::exception& e) {
+    // Nothing here throws on purpose; a library might (std::bad_alloc).
+    std::cerr << "tmemctl: " << e.what() << "\n";
+    return 1;
+  }
+}

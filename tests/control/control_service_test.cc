@@ -65,13 +65,18 @@ class ControlServiceTest : public ::testing::Test {
   }
 
   void SetUp() override {
+#ifdef TMEM_TSAN_SKIP_GRPC
+    GTEST_SKIP() << "skipped under TSan: Debian's gRPC is not TSan-"
+                    "instrumented, so RPC traffic reports races inside gRPC "
+                    "(see tests/control/CMakeLists.txt); runs in release/asan";
+#endif
     ASSERT_TRUE(certs_->error.empty()) << certs_->error;
     dir_ = TempDir("tmem-control");
     StartAll(/*with_domains=*/true);
   }
   void TearDown() override {
     StopAll();
-    std::filesystem::remove_all(dir_);
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
   }
 
   void StartAll(bool with_domains) {
@@ -657,7 +662,7 @@ TEST_F(ControlServiceTest, HealthCheckingAndReflectionAreOn) {
   std::promise<grpc::Status> done;
   generic.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
                     &request, &response,
-                    [&done](grpc::Status s) { done.set_value(s); });
+                    [&done](const grpc::Status& s) { done.set_value(s); });
   const grpc::Status s = done.get_future().get();
   ASSERT_TRUE(s.ok()) << s.error_message();
   std::vector<grpc::Slice> slices;

@@ -145,6 +145,8 @@ inline TestCerts MakeTestCerts(const std::string& dir) {
   auto sh = [&](const std::string& cmd) {
     const std::string full =
         "cd '" + dir + "' && " + cmd + " >>openssl.log 2>&1";
+    // Called before any test thread exists.
+    // NOLINTNEXTLINE(concurrency-mt-unsafe)
     if (c.error.empty() && std::system(full.c_str()) != 0) {
       c.error = "failed: " + cmd + "\n" + ReadFile(dir + "/openssl.log");
     }
