@@ -89,7 +89,7 @@ class TmemctlE2eTest : public ::testing::Test {
         "64MiB",           "--workers",      "1", "--state-file",
         d + "/state.json", "--metrics-port", "0"};
     for (const std::string& vm : vms) {
-      argv.push_back("--vm");
+      argv.emplace_back("--vm");
       argv.push_back(vm);
     }
     argv.insert(argv.end(), extra.begin(), extra.end());
