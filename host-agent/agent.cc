@@ -82,11 +82,17 @@ Agent::~Agent() {
   vms_.clear();  // unlinks sockets, forgets VMs
 }
 
+void Agent::SetVmPolicyResolver(VmPolicyResolver resolver) {
+  std::lock_guard<std::mutex> lock(mu_);
+  resolver_ = std::move(resolver);
+}
+
 absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
-                                    const VmPolicy& policy,
+                                    const VmPolicy& requested,
                                     const std::string& socket_path) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
     return absl::AlreadyExistsError(
         absl::StrCat("VM '", name, "' already has a channel"));

@@ -21,6 +21,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -90,6 +91,13 @@ class Agent {
   absl::StatusOr<VmInfo> AddVm(const std::string& name, const VmPolicy& policy,
                                const std::string& socket_path = "");
   absl::Status RemoveVm(const std::string& name);  // NOT_FOUND if unknown
+  // Optional hook AddVm consults for the policy a VM starts with: the
+  // control plane returns the policy pushed for that name earlier, so a VM
+  // added again (restart, libvirt re-attach) gets it back. Called under the
+  // agent's mutex: it must not call back into the Agent.
+  using VmPolicyResolver = std::function<VmPolicy(const std::string& name,
+                                                  const VmPolicy& requested)>;
+  void SetVmPolicyResolver(VmPolicyResolver resolver);
   bool HasVm(const std::string& name) const;
   std::vector<std::string> VmNames() const;  // sorted
   absl::StatusOr<VmInfo> GetVm(const std::string& name) const;
@@ -143,6 +151,7 @@ class Agent {
   mutable std::mutex mu_;
   std::map<std::string, VmEntry> vms_;  // guarded by mu_
   std::map<Worker*, int> load_;         // guarded by mu_
+  VmPolicyResolver resolver_;           // guarded by mu_
 
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;

@@ -145,6 +145,21 @@ class TableReader {
     return absl::OkStatus();
   }
 
+  absl::Status Strings(std::string_view key,
+                       std::vector<std::string>* out) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) return absl::OkStatus();
+    const toml::array* a = n->as_array();
+    if (a == nullptr) return Bad(key, *n, "must be an array of strings");
+    out->clear();
+    for (const toml::node& e : *a) {
+      auto s = e.value<std::string>();
+      if (!s) return Bad(key, *n, "must be an array of strings");
+      out->push_back(*s);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status String(std::string_view key,
                       std::optional<std::string>* out) const {
     const toml::node* n = table_.get(key);
@@ -328,6 +343,32 @@ absl::Status ApplyLog(const toml::table& t, TmemdConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyControl(const toml::table& t, ControlConfig& c) {
+  TableReader r(t, "control.");
+  if (auto s = r.CheckKeys({"socket", "readonly_socket", "tcp_address",
+                            "tls_cert", "tls_key", "tls_ca", "admin",
+                            "state_file", "metrics_port", "metrics_address"});
+      !s.ok()) {
+    return s;
+  }
+  std::optional<std::string> v;
+  if (auto s = r.String("socket", &c.socket); !s.ok()) return s;
+  for (auto [key, field] :
+       {std::pair{"readonly_socket", &c.readonly_socket},
+        std::pair{"tcp_address", &c.tcp_address},
+        std::pair{"tls_cert", &c.tls_cert}, std::pair{"tls_key", &c.tls_key},
+        std::pair{"tls_ca", &c.tls_ca}, std::pair{"state_file", &c.state_file},
+        std::pair{"metrics_address", &c.metrics_address}}) {
+    v.reset();
+    if (auto s = r.String(key, &v); !s.ok()) return s;
+    if (v) *field = *v;
+  }
+  if (auto s = r.Strings("admin", &c.admin); !s.ok()) return s;
+  if (auto s = r.Integer("metrics_port", &c.metrics_port, -1, 65535); !s.ok())
+    return s;
+  return absl::OkStatus();
+}
+
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
   if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
@@ -399,11 +440,13 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
       s = ApplyValve(*t, c.valve);
     } else if (k == "log") {
       s = ApplyLog(*t, c);
+    } else if (k == "control") {
+      s = ApplyControl(*t, c.control);
     } else {
       s = absl::InvalidArgumentError(
           absl::StrCat("unknown section [", std::string(k),
                        "] (sections: [store], [channels], [worker], [valve], "
-                       "[log], [[vm]])"));
+                       "[log], [control], [[vm]])"));
     }
     if (!s.ok()) return s;
   }
@@ -447,6 +490,13 @@ absl::Status ValidateConfig(const TmemdConfig& c) {
   }
   if (c.socket_dir.empty()) {
     return absl::InvalidArgumentError("channels.socket_dir is empty");
+  }
+  if (!c.control.tcp_address.empty() &&
+      (c.control.tls_cert.empty() || c.control.tls_key.empty() ||
+       c.control.tls_ca.empty())) {
+    return absl::InvalidArgumentError(
+        "control.tcp_address needs control.tls_cert, control.tls_key and "
+        "control.tls_ca (the control plane accepts TCP only with mutual TLS)");
   }
   absl::flat_hash_set<std::string> names;
   for (const VmConfig& vm : c.vms) {

@@ -42,6 +42,22 @@ struct VmConfig {
   VmPolicy policy;
 };
 
+// [control]: the gRPC control plane and the metrics endpoint (issue 5).
+struct ControlConfig {
+  // Admin UNIX socket (mode 0600). Unset: SOCKET_DIR/control.sock; "" turns
+  // the socket off.
+  std::optional<std::string> socket;
+  std::string readonly_socket;  // mode 0666, read-only RPCs; "" for none
+  std::string tcp_address;      // "host:port" with mTLS; "" for none
+  std::string tls_cert;         // PEM paths, required with tcp_address
+  std::string tls_key;
+  std::string tls_ca;              // CA that signs client certificates
+  std::vector<std::string> admin;  // client certificate CNs/SANs with admin
+  std::string state_file;          // policies survive restarts; "": memory
+  int metrics_port = -1;           // Prometheus /metrics; -1: off, 0: any
+  std::string metrics_address = "127.0.0.1";
+};
+
 struct TmemdConfig {
   StoreOptions store;
   // Channels.
@@ -55,6 +71,7 @@ struct TmemdConfig {
   int workers = 0;  // worker threads; 0: one per online CPU
   ValveOptions valve;
   std::vector<VmConfig> vms;
+  ControlConfig control;
   // Process.
   LogLevel log_level = LogLevel::kInfo;
   LogFormat log_format = LogFormat::kText;

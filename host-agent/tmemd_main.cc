@@ -20,6 +20,10 @@
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
 #include "host-agent/config.h"
+#include "host-agent/control/control_plane.h"
+#include "host-agent/control/grpc_service.h"
+#include "host-agent/control/metrics_http.h"
+#include "host-agent/control/policy_store.h"
 #include "host-agent/log.h"
 
 namespace tmem {
@@ -133,6 +137,29 @@ int Run(int argc, char** argv) {
   app.add_option("--log-format", log_format, "text|json");
   app.add_option("--stats-interval", stats_interval,
                  "log statistics every N seconds (0: only at exit)");
+  // Control plane (issue 5).
+  std::optional<std::string> control_socket;
+  std::string control_ro_socket, control_tcp, tls_cert, tls_key, tls_ca,
+      state_file;
+  std::vector<std::string> control_admins;
+  int metrics_port = -2;
+  app.add_option("--control-socket", control_socket,
+                 "admin gRPC socket, mode 0600 (SOCKET_DIR/control.sock; "
+                 "'' for none)");
+  app.add_option("--control-readonly-socket", control_ro_socket,
+                 "read-only gRPC socket, mode 0666 (none)");
+  app.add_option("--control-tcp", control_tcp,
+                 "gRPC over TCP with mutual TLS, HOST:PORT (none)");
+  app.add_option("--control-tls-cert", tls_cert, "server certificate (PEM)");
+  app.add_option("--control-tls-key", tls_key, "server key (PEM)");
+  app.add_option("--control-tls-ca", tls_ca, "CA for client certificates");
+  app.add_option("--control-admin", control_admins,
+                 "client certificate CN/SAN allowed to change policy "
+                 "(repeatable)");
+  app.add_option("--state-file", state_file,
+                 "policy state file (e.g. /var/lib/tmemd/state.json)");
+  app.add_option("--metrics-port", metrics_port,
+                 "serve Prometheus /metrics on this port (-1: off; 0: any)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -181,6 +208,16 @@ int Run(int argc, char** argv) {
         {{"flag", "--mode"}, {"error", "use off, always or adaptive"}});
     return 2;
   }
+  if (control_socket) config.control.socket = *control_socket;
+  if (!control_ro_socket.empty())
+    config.control.readonly_socket = control_ro_socket;
+  if (!control_tcp.empty()) config.control.tcp_address = control_tcp;
+  if (!tls_cert.empty()) config.control.tls_cert = tls_cert;
+  if (!tls_key.empty()) config.control.tls_key = tls_key;
+  if (!tls_ca.empty()) config.control.tls_ca = tls_ca;
+  if (!control_admins.empty()) config.control.admin = control_admins;
+  if (!state_file.empty()) config.control.state_file = state_file;
+  if (metrics_port >= -1) config.control.metrics_port = metrics_port;
   SetLogLevel(config.log_level);
   SetLogFormat(config.log_format);
   if (absl::Status s = ValidateConfig(config); !s.ok()) {
@@ -235,6 +272,22 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kError, "agent_error", {{"error", agent.status().message()}});
     return 1;
   }
+  absl::StatusOr<std::unique_ptr<PolicyStore>> policies =
+      PolicyStore::Open(config.control.state_file);
+  if (!policies.ok()) {
+    Log(LogLevel::kError, "state_file_error",
+        {{"error", policies.status().message()}});
+    return 1;
+  }
+  // The libvirt glue (issue 6) passes its DomainControl here.
+  DomainControl* domains = nullptr;
+  ControlPlane control(agent->get(), policies->get(), domains);
+  // A VM added again (here, or later by the libvirt glue) gets the policy
+  // pushed for it before, not the configured one.
+  (*agent)->SetVmPolicyResolver(
+      [&control](const std::string& name, const VmPolicy& requested) {
+        return control.ResolveVmPolicy(name, requested);
+      });
   for (const VmConfig& vm : config.vms) {
     absl::StatusOr<VmInfo> added = (*agent)->AddVm(vm.name, vm.policy);
     if (!added.ok()) {
@@ -243,6 +296,44 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
+  if (absl::Status s = control.ApplyStoredPolicies(); !s.ok()) {
+    Log(LogLevel::kError, "state_file_error",
+        {{"file", config.control.state_file}, {"error", s.message()}});
+    return 1;
+  }
+  ControlServerOptions control_options;
+  control_options.unix_socket =
+      config.control.socket.value_or(config.socket_dir + "/control.sock");
+  control_options.readonly_unix_socket = config.control.readonly_socket;
+  control_options.tcp_address = config.control.tcp_address;
+  control_options.tls_cert = config.control.tls_cert;
+  control_options.tls_key = config.control.tls_key;
+  control_options.tls_ca = config.control.tls_ca;
+  control_options.admin_identities = config.control.admin;
+  absl::StatusOr<std::unique_ptr<ControlServer>> control_server =
+      ControlServer::Start(control_options, &control);
+  if (!control_server.ok()) {
+    Log(LogLevel::kError, "control_error",
+        {{"error", control_server.status().message()}});
+    return 1;
+  }
+  std::unique_ptr<MetricsServer> metrics;
+  if (config.control.metrics_port >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
+        MetricsServer::Start(agent->get(), config.control.metrics_address,
+                             config.control.metrics_port);
+    if (!m.ok()) {
+      Log(LogLevel::kError, "metrics_error", {{"error", m.status().message()}});
+      return 1;
+    }
+    metrics = std::move(*m);
+  }
+  Log(LogLevel::kInfo, "control_ready",
+      {{"socket", control_options.unix_socket},
+       {"readonly_socket", control_options.readonly_unix_socket},
+       {"tcp_port", (*control_server)->tcp_port()},
+       {"metrics_port", metrics ? metrics->port() : -1},
+       {"state_file", config.control.state_file}});
   Log(LogLevel::kInfo, "tmemd_ready",
       {{"vms", static_cast<uint64_t>(config.vms.size())},
        {"memory_cap", config.store.memory_cap_bytes},
@@ -267,6 +358,8 @@ int Run(int argc, char** argv) {
     break;
   }
   (*agent)->StopServing();
+  metrics.reset();
+  (*control_server)->Shutdown();
   LogStats(**agent, "final_stats");
   agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");

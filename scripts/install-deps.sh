@@ -41,10 +41,12 @@ PACKAGES=(
   gnuplot-nox          # bench/scenario: throughput / hit-ratio PNG plot
 
   # --- gRPC control plane, tmemctl (issue 5) -------------------------------
-  # protobuf-compiler
-  # protobuf-compiler-grpc
-  # libgrpc++-dev
-  # libprotobuf-dev
+  protobuf-compiler
+  protobuf-compiler-grpc
+  libgrpc++-dev        # includes grpc++_reflection
+  libprotobuf-dev
+  nlohmann-json3-dev   # tmemctl -o json, policy files, tmemd's state file
+  openssl              # tests/control: throwaway CA and certs for mTLS
 
   # --- libvirt glue (issue 6) ----------------------------------------------
   # libvirt-dev

@@ -1,0 +1,557 @@
+#include "host-agent/control/control_plane.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "host-agent/config.h"
+
+#ifndef TMEMD_VERSION
+#define TMEMD_VERSION "unknown"
+#endif
+
+namespace tmem {
+namespace {
+
+using google::protobuf::RepeatedPtrField;
+
+uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
+
+void AddStoreCounters(const CounterValues& v,
+                      RepeatedPtrField<v1::Counter>* out) {
+  for (int i = 0; i < kNumCounters; ++i) {
+    const auto c = static_cast<Counter>(i);
+    v1::Counter* m = out->Add();
+    m->set_name(std::string(CounterName(c)));
+    m->set_value(v[i]);
+    m->set_gauge(CounterIsGauge(c));
+  }
+}
+
+absl::Status UnknownVm(const std::string& vm) {
+  return absl::NotFoundError(absl::StrCat(
+      "no VM named '", vm, "' on this host ('tmemctl vms' lists them)"));
+}
+
+std::string FormatBytes(uint64_t b) {
+  if (b >= (uint64_t{1} << 30) && b % (uint64_t{1} << 20) == 0) {
+    return absl::StrFormat("%.2fGiB", static_cast<double>(b) / (1 << 30));
+  }
+  if (b >= (uint64_t{1} << 20)) {
+    return absl::StrFormat("%.1fMiB", static_cast<double>(b) / (1 << 20));
+  }
+  return absl::StrCat(b, " bytes");
+}
+
+absl::StatusOr<ValveMode> FromProtoMode(v1::Mode mode, bool allow_default) {
+  switch (mode) {
+    case v1::MODE_DEFAULT:
+      if (allow_default) return ValveMode::kDefault;
+      break;
+    case v1::MODE_OFF:
+      return ValveMode::kOff;
+    case v1::MODE_ALWAYS:
+      return ValveMode::kAlways;
+    case v1::MODE_ADAPTIVE:
+      return ValveMode::kAdaptive;
+    default:
+      break;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "mode ", static_cast<int>(mode), " is not valid here: use ",
+      allow_default ? "default, " : "", "off, always or adaptive"));
+}
+
+// The VM's whole policy. The store keeps quota, weight, enabled and frozen
+// but not the mode (the valve does), so Agent's VmInfo.policy.mode is always
+// kDefault: take the mode from the valve.
+VmPolicy CurrentPolicy(const VmInfo& info) {
+  VmPolicy p = info.policy;
+  p.mode = info.valve.mode;
+  return p;
+}
+
+absl::Status NeedVmName(const std::string& vm) {
+  if (vm.empty()) {
+    return absl::InvalidArgumentError("the request names no VM (field 'vm')");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string TmemdVersion() { return TMEMD_VERSION; }
+
+v1::Mode ToProtoMode(ValveMode mode) {
+  switch (mode) {
+    case ValveMode::kDefault:
+      return v1::MODE_DEFAULT;
+    case ValveMode::kOff:
+      return v1::MODE_OFF;
+    case ValveMode::kAlways:
+      return v1::MODE_ALWAYS;
+    case ValveMode::kAdaptive:
+      return v1::MODE_ADAPTIVE;
+  }
+  return v1::MODE_UNSPECIFIED;
+}
+
+std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve) {
+  if (!policy.enabled) return "disabled";
+  if (policy.frozen) return "frozen";
+  switch (valve.effective_mode) {
+    case ValveMode::kOff:
+      return "off";
+    case ValveMode::kAlways:
+      return "compress";
+    default:
+      break;
+  }
+  if (valve.throttled) return "throttled";
+  if (valve.cpu_tokens_ns >= 0) return "compress";
+  if (valve.cpu_tokens_ns >= -valve.cpu_share_ns) return "raw";
+  return "drop";
+}
+
+absl::StatusOr<PoolUuid> ParsePoolUuid(const std::string& text) {
+  PoolUuid uuid;
+  size_t pos = 0;
+  int n = 0;
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  for (size_t i = 0; i < text.size() && n < 16;) {
+    if (text[i] == '-' && (i == 8 || i == 13 || i == 18 || i == 23)) {
+      ++i;
+      continue;
+    }
+    const int hi = hex(text[i]);
+    const int lo = i + 1 < text.size() ? hex(text[i + 1]) : -1;
+    if (hi < 0 || lo < 0) break;
+    uuid.bytes[n++] = static_cast<uint8_t>(hi << 4 | lo);
+    i += 2;
+    pos = i;
+  }
+  if (n != 16 || pos != text.size() || text.size() != 36) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text,
+                     "' is not a filesystem UUID: use the 8-4-4-4-12 hex form "
+                     "that blkid prints"));
+  }
+  return uuid;
+}
+
+std::string FormatPoolUuid(const PoolUuid& uuid) {
+  std::string out;
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    absl::StrAppendFormat(&out, "%02x", uuid.bytes[i]);
+  }
+  return out;
+}
+
+ControlPlane::ControlPlane(Agent* agent, PolicyStore* policies,
+                           DomainControl* domains)
+    : agent_(agent), policies_(policies), domains_(domains) {}
+
+VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
+                                       const VmPolicy& configured) const {
+  std::optional<StoredVmPolicy> saved = policies_->Vm(vm);
+  return saved ? saved->policy : configured;
+}
+
+absl::Status ControlPlane::ApplyStoredPolicies() {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  const StoredHostPolicy host = policies_->Host();
+  if (host.memory_cap_bytes) {
+    if (absl::Status s = agent_->SetMemoryCap(*host.memory_cap_bytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (host.cpu_budget_percent || host.default_mode) {
+    ValveOptions opts = agent_->GetValveOptions();
+    if (host.cpu_budget_percent) {
+      opts.cpu_budget_percent = *host.cpu_budget_percent;
+    }
+    if (host.default_mode) opts.default_mode = *host.default_mode;
+    if (absl::Status s = agent_->SetValveOptions(opts); !s.ok()) return s;
+  }
+  for (const std::string& vm : agent_->VmNames()) {
+    if (std::optional<StoredVmPolicy> saved = policies_->Vm(vm)) {
+      if (absl::Status s = agent_->SetVmPolicy(vm, saved->policy); !s.ok()) {
+        return s;
+      }
+    }
+  }
+  for (const SharedPoolGrant& g : policies_->SharedPoolGrants()) {
+    absl::StatusOr<PoolUuid> uuid = ParsePoolUuid(g.uuid);
+    if (!uuid.ok()) return uuid.status();
+    agent_->store().AuthorizeSharedPool(*uuid, g.vm);
+  }
+  return absl::OkStatus();
+}
+
+v1::HostPolicy ControlPlane::HostPolicyMessage() const {
+  v1::HostPolicy p;
+  const ValveOptions opts = agent_->GetValveOptions();
+  p.set_memory_cap_bytes(agent_->store().GetHostStats().memory_cap_bytes);
+  p.set_cpu_budget_percent(opts.cpu_budget_percent);
+  p.set_default_mode(ToProtoMode(opts.default_mode));
+  p.set_generation(policies_->Host().generation);
+  return p;
+}
+
+v1::HostStatus ControlPlane::Status() const {
+  const AgentStatus st = agent_->Status();
+  v1::HostStatus out;
+  out.set_version(TmemdVersion());
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) == 0) out.set_hostname(host);
+  out.set_uptime_seconds(st.uptime_nanos / 1000000000);
+  out.set_host_generation(agent_->host_generation());
+  out.set_memory_cap_bytes(st.store.memory_cap_bytes);
+  out.set_memory_used_bytes(st.store.memory_used_bytes);
+  out.set_cpu_budget_percent(st.valve.options.cpu_budget_percent);
+  out.set_cpu_used_fraction(st.valve.agent_busy_fraction);
+  v1::ValveHost* v = out.mutable_valve();
+  v->set_num_cpus(st.valve.num_cpus);
+  v->set_host_busy_fraction(st.valve.host_busy_fraction);
+  v->set_agent_busy_fraction(st.valve.agent_busy_fraction);
+  v->set_cpu_pressure(st.valve.cpu_pressure);
+  v->set_budget_fraction(st.valve.budget_fraction);
+  v->set_ticks(st.valve.ticks);
+  *out.mutable_policy() = HostPolicyMessage();
+  out.set_workers(st.workers);
+  out.set_vms(static_cast<int32_t>(agent_->VmNames().size()));
+  AddStoreCounters(st.store.counters, out.mutable_counters());
+  out.set_compression_ratio(CompressionRatio(st.store.counters));
+  return out;
+}
+
+v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,
+                                         const VmPolicy& policy) const {
+  v1::VmPolicy p;
+  p.set_quota_bytes(policy.quota_bytes == kUnlimitedQuota ? 0
+                                                          : policy.quota_bytes);
+  p.set_weight(policy.weight);
+  p.set_mode(ToProtoMode(policy.mode));
+  p.set_enabled(policy.enabled);
+  p.set_frozen(policy.frozen);
+  std::optional<StoredVmPolicy> saved = policies_->Vm(vm);
+  p.set_generation(saved ? saved->generation : 0);
+  return p;
+}
+
+v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
+  v1::VmDetail d;
+  const CounterValues& c = info.stats.counters;
+  v1::VmSummary* s = d.mutable_summary();
+  s->set_name(info.name);
+  s->set_connected(info.connected);
+  *s->mutable_policy() = PolicyMessage(info.name, CurrentPolicy(info));
+  s->set_pages(C(c, Counter::kPagesHeld));
+  s->set_stored_bytes(C(c, Counter::kStoredBytes));
+  s->set_charged_bytes(C(c, Counter::kChargedBytes));
+  uint64_t puts = 0;
+  for (Counter k :
+       {Counter::kPutsCompressed, Counter::kPutsRaw, Counter::kPutsZero,
+        Counter::kPutsSameFilled, Counter::kPutsRefusedQuota,
+        Counter::kPutsRefusedPoorCompression, Counter::kPutsRefusedNoMemory,
+        Counter::kPutsRefusedPolicy}) {
+    puts += C(c, k);
+  }
+  s->set_puts(puts);
+  const uint64_t hit = C(c, Counter::kGetsHit);
+  const uint64_t miss = C(c, Counter::kGetsMiss);
+  s->set_gets_hit(hit);
+  s->set_gets_miss(miss);
+  s->set_hit_ratio(hit + miss == 0 ? 0.0
+                                   : static_cast<double>(hit) /
+                                         static_cast<double>(hit + miss));
+  s->set_decision(ValveDecision(info.policy, info.valve));
+  d.set_socket_path(info.socket_path);
+  AddStoreCounters(c, d.mutable_counters());
+  for (int i = 0; i < kNumChannelCounters; ++i) {
+    v1::Counter* m = d.add_channel_counters();
+    m->set_name(
+        std::string(ChannelCounterName(static_cast<ChannelCounter>(i))));
+    m->set_value(info.channel[i]);
+  }
+  v1::ValveVm* v = d.mutable_valve();
+  v->set_mode(ToProtoMode(info.valve.mode));
+  v->set_effective_mode(ToProtoMode(info.valve.effective_mode));
+  v->set_admission(info.valve.admission);
+  v->set_throttled(info.valve.throttled);
+  v->set_reuse_ratio(info.valve.reuse_ratio);
+  v->set_cpu_tokens_ns(info.valve.cpu_tokens_ns);
+  v->set_cpu_used_ns(info.valve.cpu_used_ns);
+  v->set_decision(s->decision());
+  for (int i = 0; i < kNumValveCounters; ++i) {
+    v1::Counter* m = v->add_counters();
+    m->set_name(std::string(ValveCounterName(static_cast<ValveCounter>(i))));
+    m->set_value(info.valve.counters[i]);
+  }
+  for (const PoolStats& p : info.stats.pools) {
+    v1::PoolStats* m = d.add_pools();
+    m->set_id(p.id);
+    m->set_shared(p.shared);
+    if (p.shared) m->set_uuid(FormatPoolUuid(p.uuid));
+    AddStoreCounters(p.counters, m->mutable_counters());
+  }
+  return d;
+}
+
+v1::ListVmsResponse ControlPlane::ListVms() const {
+  v1::ListVmsResponse out;
+  for (const VmInfo& info : agent_->ListVms()) {
+    *out.add_vms() = Detail(info).summary();
+  }
+  return out;
+}
+
+absl::StatusOr<v1::VmDetail> ControlPlane::GetVm(const std::string& vm) const {
+  if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
+  absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
+  if (!info.ok()) return UnknownVm(vm);
+  return Detail(*info);
+}
+
+v1::StatsSample ControlPlane::Sample(
+    const v1::WatchStatsRequest& request) const {
+  v1::StatsSample out;
+  out.set_timestamp_unix_ms(
+      std::chrono::duration_cast<std::chrono::milliseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
+  *out.mutable_host() = Status();
+  for (const VmInfo& info : agent_->ListVms()) {
+    bool wanted = request.vms().empty();
+    for (const std::string& name : request.vms()) wanted |= name == info.name;
+    if (wanted) *out.add_vms() = Detail(info);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
+    const v1::SetVmPolicyRequest& r) {
+  if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
+  if (!current.ok()) return UnknownVm(r.vm());
+  absl::StatusOr<uint64_t> generation =
+      policies_->NextVmGeneration(r.vm(), r.generation());
+  if (!generation.ok()) return generation.status();
+  VmPolicy p = CurrentPolicy(*current);
+  if (r.has_quota_bytes()) {
+    const uint64_t cap = agent_->store().GetHostStats().memory_cap_bytes;
+    if (r.quota_bytes() == 0) {
+      p.quota_bytes = kUnlimitedQuota;
+    } else if (r.quota_bytes() > cap) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "quota ", FormatBytes(r.quota_bytes()), " for VM '", r.vm(),
+          "' is above the host memory cap ", FormatBytes(cap),
+          ": lower the quota, or raise the cap first (tmemctl set-host "
+          "--memory-cap)"));
+    } else {
+      p.quota_bytes = r.quota_bytes();
+    }
+  }
+  if (r.has_weight()) {
+    if (r.weight() < 1 || r.weight() > kMaxWeight) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("weight ", r.weight(), " for VM '", r.vm(),
+                       "' is out of range: use 1..", kMaxWeight,
+                       " (100 is the default share)"));
+    }
+    p.weight = static_cast<uint32_t>(r.weight());
+  }
+  if (r.mode() != v1::MODE_UNSPECIFIED) {
+    absl::StatusOr<ValveMode> m = FromProtoMode(r.mode(), true);
+    if (!m.ok()) return m.status();
+    p.mode = *m;
+  }
+  if (r.has_enabled()) p.enabled = r.enabled();
+  if (r.has_frozen()) p.frozen = r.frozen();
+  if (absl::Status s = agent_->SetVmPolicy(r.vm(), p); !s.ok()) {
+    if (s.code() == absl::StatusCode::kNotFound) return UnknownVm(r.vm());
+    return s;
+  }
+  if (absl::Status s = policies_->CommitVm(r.vm(), {p, *generation}); !s.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the policy is applied but was not saved, so a restart loses it: ",
+        s.message()));
+  }
+  v1::SetVmPolicyResponse out;
+  *out.mutable_policy() = PolicyMessage(r.vm(), p);
+  return out;
+}
+
+absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetFrozen(
+    const std::string& vm, bool frozen) {
+  v1::SetVmPolicyRequest r;
+  r.set_vm(vm);
+  r.set_frozen(frozen);
+  return SetVmPolicy(r);
+}
+
+absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
+    const v1::SetHostPolicyRequest& r) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::StatusOr<uint64_t> generation =
+      policies_->NextHostGeneration(r.generation());
+  if (!generation.ok()) return generation.status();
+  StoredHostPolicy stored = policies_->Host();
+  ValveOptions opts = agent_->GetValveOptions();
+  bool valve_changed = false;
+  if (r.has_memory_cap_bytes() && r.memory_cap_bytes() < (uint64_t{1} << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory cap ", r.memory_cap_bytes(),
+                     " bytes is too small: use at least 1MiB"));
+  }
+  if (r.has_cpu_budget_percent()) {
+    const double b = r.cpu_budget_percent();
+    if (!(b > 0 && b <= 100)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CPU budget ", b,
+                       "% is out of range: use a percentage of the whole "
+                       "host in (0, 100]"));
+    }
+    opts.cpu_budget_percent = b;
+    stored.cpu_budget_percent = b;
+    valve_changed = true;
+  }
+  if (r.default_mode() != v1::MODE_UNSPECIFIED) {
+    absl::StatusOr<ValveMode> m = FromProtoMode(r.default_mode(), false);
+    if (!m.ok()) return m.status();
+    opts.default_mode = *m;
+    stored.default_mode = *m;
+    valve_changed = true;
+  }
+  if (valve_changed) {
+    if (absl::Status s = Valve::ValidateOptions(opts); !s.ok()) return s;
+  }
+  if (r.has_memory_cap_bytes()) {
+    if (absl::Status s = agent_->SetMemoryCap(r.memory_cap_bytes()); !s.ok()) {
+      return s;
+    }
+    stored.memory_cap_bytes = r.memory_cap_bytes();
+  }
+  if (valve_changed) {
+    if (absl::Status s = agent_->SetValveOptions(opts); !s.ok()) return s;
+  }
+  stored.generation = *generation;
+  if (absl::Status s = policies_->CommitHost(stored); !s.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the host policy is applied but was not saved, so a restart loses "
+        "it: ",
+        s.message()));
+  }
+  v1::SetHostPolicyResponse out;
+  *out.mutable_policy() = HostPolicyMessage();
+  return out;
+}
+
+absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
+    const std::string& vm) {
+  if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
+  if (!info.ok()) return UnknownVm(vm);
+  const uint64_t before = C(info->stats.counters, Counter::kPagesHeld);
+  // Private pools only: a shared pool's pages belong to every member.
+  for (const PoolStats& p : info->stats.pools) {
+    if (p.shared) continue;
+    absl::Status s = agent_->store().InvalidatePool(info->stats.id, p.id);
+    // The guest may have destroyed the pool meanwhile: nothing to drop.
+    if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
+  }
+  absl::StatusOr<VmInfo> after = agent_->GetVm(vm);
+  const uint64_t left =
+      after.ok() ? C(after->stats.counters, Counter::kPagesHeld) : 0;
+  v1::FlushVmResponse out;
+  out.set_pages_dropped(before > left ? before - left : 0);
+  return out;
+}
+
+absl::Status ControlPlane::AuthorizeSharedPool(
+    const v1::AuthorizeSharedPoolRequest& r) {
+  if (absl::Status s = ValidateVmName(r.vm()); !s.ok()) return s;
+  absl::StatusOr<PoolUuid> uuid = ParsePoolUuid(r.uuid());
+  if (!uuid.ok()) return uuid.status();
+  std::lock_guard<std::mutex> lock(write_mu_);
+  if (r.revoke()) {
+    agent_->store().RevokeSharedPool(*uuid, r.vm());
+  } else {
+    agent_->store().AuthorizeSharedPool(*uuid, r.vm());
+  }
+  if (absl::Status s = policies_->SetSharedPoolGrant(
+          {FormatPoolUuid(*uuid), r.vm()}, !r.revoke());
+      !s.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the grant is applied but was not saved, so a restart loses it: ",
+        s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ControlPlane::NeedDomains() const {
+  if (domains_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "libvirt integration is not enabled: start tmemd with --libvirt-uri");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+v1::DomainState DomainMessage(const DomainAttachState& s) {
+  v1::DomainState m;
+  m.set_domain(s.domain);
+  m.set_vm(s.vm);
+  m.set_attached(s.attached);
+  m.set_persistent(s.persistent);
+  m.set_detail(s.detail);
+  return m;
+}
+}  // namespace
+
+absl::StatusOr<v1::DomainState> ControlPlane::AttachDomain(
+    const v1::DomainRequest& r) {
+  if (absl::Status s = NeedDomains(); !s.ok()) return s;
+  if (r.domain().empty()) {
+    return absl::InvalidArgumentError("the request names no domain");
+  }
+  absl::StatusOr<DomainAttachState> st =
+      domains_->Attach(r.domain(), r.persistent());
+  if (!st.ok()) return st.status();
+  return DomainMessage(*st);
+}
+
+absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
+    const v1::DomainRequest& r) {
+  if (absl::Status s = NeedDomains(); !s.ok()) return s;
+  if (r.domain().empty()) {
+    return absl::InvalidArgumentError("the request names no domain");
+  }
+  absl::StatusOr<DomainAttachState> st =
+      domains_->Detach(r.domain(), r.persistent());
+  if (!st.ok()) return st.status();
+  return DomainMessage(*st);
+}
+
+absl::StatusOr<v1::ListDomainsResponse> ControlPlane::ListDomains() {
+  if (absl::Status s = NeedDomains(); !s.ok()) return s;
+  v1::ListDomainsResponse out;
+  for (const DomainAttachState& s : domains_->List()) {
+    *out.add_domains() = DomainMessage(s);
+  }
+  return out;
+}
+
+}  // namespace tmem

@@ -1,0 +1,94 @@
+// ControlPlane: the logic behind tmem.v1, with no gRPC in it.
+//
+// Translates between tmem.v1 messages and the Agent, validates requests
+// (unknown VM, weight range, quota above the host cap, bad UUIDs), enforces
+// policy generations through the PolicyStore and persists what it applied.
+// The gRPC service classes (grpc_service.h) only check access and forward
+// here, so every rule is tested without a server.
+//
+// Errors are absl::Status values whose codes map one to one onto gRPC's.
+//
+// Thread-safe: reads go straight to the Agent (itself thread-safe); writes
+// serialize on one mutex so a generation check, the apply and the commit
+// happen as one step.
+#ifndef TMEMD_HOST_AGENT_CONTROL_CONTROL_PLANE_H_
+#define TMEMD_HOST_AGENT_CONTROL_CONTROL_PLANE_H_
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "host-agent/agent.h"
+#include "host-agent/control/policy_store.h"
+#include "host-agent/domain_control.h"
+#include "proto/tmem/v1/control.pb.h"
+
+namespace tmem {
+
+inline constexpr uint32_t kMaxWeight = 1000000;
+
+// tmemd's version as reported by Status.
+std::string TmemdVersion();
+
+// "compress", "raw", "drop", "off", "throttled", "frozen", "disabled".
+std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve);
+
+// Parses an 8-4-4-4-12 hex UUID.
+absl::StatusOr<PoolUuid> ParsePoolUuid(const std::string& text);
+std::string FormatPoolUuid(const PoolUuid& uuid);
+
+v1::Mode ToProtoMode(ValveMode mode);
+
+class ControlPlane {
+ public:
+  // `domains` may be null (no libvirt): domain RPCs then answer
+  // FAILED_PRECONDITION. Agent, store and domains must outlive this.
+  ControlPlane(Agent* agent, PolicyStore* policies, DomainControl* domains);
+
+  // Applies what the state file holds to the host and to every VM present
+  // (tmemd calls it at startup, after the configured VMs were added).
+  absl::Status ApplyStoredPolicies();
+  // The policy a VM gets when it is added: the saved one, if any.
+  VmPolicy ResolveVmPolicy(const std::string& vm,
+                           const VmPolicy& configured) const;
+
+  // Reads.
+  v1::HostStatus Status() const;
+  v1::ListVmsResponse ListVms() const;
+  absl::StatusOr<v1::VmDetail> GetVm(const std::string& vm) const;
+  v1::StatsSample Sample(const v1::WatchStatsRequest& request) const;
+
+  // Writes.
+  absl::StatusOr<v1::SetVmPolicyResponse> SetVmPolicy(
+      const v1::SetVmPolicyRequest& request);
+  absl::StatusOr<v1::SetHostPolicyResponse> SetHostPolicy(
+      const v1::SetHostPolicyRequest& request);
+  absl::StatusOr<v1::SetVmPolicyResponse> SetFrozen(const std::string& vm,
+                                                    bool frozen);
+  absl::StatusOr<v1::FlushVmResponse> FlushVm(const std::string& vm);
+  absl::Status AuthorizeSharedPool(
+      const v1::AuthorizeSharedPoolRequest& request);
+
+  // Domains (forwarded to DomainControl).
+  absl::StatusOr<v1::DomainState> AttachDomain(const v1::DomainRequest& r);
+  absl::StatusOr<v1::DomainState> DetachDomain(const v1::DomainRequest& r);
+  absl::StatusOr<v1::ListDomainsResponse> ListDomains();
+
+ private:
+  v1::VmDetail Detail(const VmInfo& info) const;
+  v1::VmPolicy PolicyMessage(const std::string& vm,
+                             const VmPolicy& policy) const;
+  v1::HostPolicy HostPolicyMessage() const;
+  absl::Status NeedDomains() const;
+
+  Agent* const agent_;
+  PolicyStore* const policies_;
+  DomainControl* const domains_;
+  std::mutex write_mu_;  // one write at a time: check, apply, commit
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CONTROL_CONTROL_PLANE_H_

@@ -1,0 +1,307 @@
+#include "host-agent/control/grpc_service.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace tmem {
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path,
+                                    const std::string& what) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot read the TLS ", what, " '", path,
+        "' ([control] tls_cert/tls_key/tls_ca or --control-tls-*)"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+template <typename T>
+grpc::Status Reply(absl::StatusOr<T> result, T* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = std::move(*result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  // absl::StatusCode and grpc::StatusCode share their numbering.
+  return {static_cast<grpc::StatusCode>(status.code()),
+          std::string(status.message())};
+}
+
+void StopSignal::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool StopSignal::stopped() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stopped_;
+}
+
+bool StopSignal::WaitFor(int ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(ms),
+                      [this] { return stopped_; });
+}
+
+TmemControlService::TmemControlService(
+    ControlPlane* control, ControlAccess access,
+    std::vector<std::string> admin_identities, StopSignal* stop)
+    : control_(control),
+      access_(access),
+      admin_identities_(std::move(admin_identities)),
+      stop_(stop) {}
+
+grpc::Status TmemControlService::CheckAdmin(grpc::ServerContext* ctx,
+                                            std::string_view rpc) const {
+  switch (access_) {
+    case ControlAccess::kAdmin:
+      return grpc::Status::OK;
+    case ControlAccess::kReadOnly:
+      return {grpc::StatusCode::PERMISSION_DENIED,
+              absl::StrCat(std::string(rpc),
+                           " changes tmemd's state and this socket is "
+                           "read-only: use the admin socket (mode 0600, "
+                           "[control] socket) as its owner")};
+    case ControlAccess::kByCertificate:
+      break;
+  }
+  std::string who;
+  const std::shared_ptr<const grpc::AuthContext> auth = ctx->auth_context();
+  if (auth != nullptr) {
+    for (const char* prop :
+         {"x509_common_name", "x509_subject_alternative_name"}) {
+      for (const grpc::string_ref& v : auth->FindPropertyValues(prop)) {
+        const std::string id(v.data(), v.size());
+        if (who.empty()) who = id;
+        if (std::find(admin_identities_.begin(), admin_identities_.end(), id) !=
+            admin_identities_.end()) {
+          return grpc::Status::OK;
+        }
+      }
+    }
+  }
+  return {grpc::StatusCode::PERMISSION_DENIED,
+          absl::StrCat(std::string(rpc), " changes tmemd's state and client '",
+                       who.empty() ? "(no certificate name)" : who,
+                       "' is read-only: add its certificate CN or SAN to "
+                       "[control] admin on this host")};
+}
+
+grpc::Status TmemControlService::Status(grpc::ServerContext* /*ctx*/,
+                                        const v1::StatusRequest* /*req*/,
+                                        v1::HostStatus* resp) {
+  *resp = control_->Status();
+  return grpc::Status::OK;
+}
+
+grpc::Status TmemControlService::ListVms(grpc::ServerContext* /*ctx*/,
+                                         const v1::ListVmsRequest* /*req*/,
+                                         v1::ListVmsResponse* resp) {
+  *resp = control_->ListVms();
+  return grpc::Status::OK;
+}
+
+grpc::Status TmemControlService::GetVm(grpc::ServerContext* /*ctx*/,
+                                       const v1::GetVmRequest* req,
+                                       v1::VmDetail* resp) {
+  return Reply(control_->GetVm(req->vm()), resp);
+}
+
+grpc::Status TmemControlService::SetVmPolicy(grpc::ServerContext* ctx,
+                                             const v1::SetVmPolicyRequest* req,
+                                             v1::SetVmPolicyResponse* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "SetVmPolicy"); !s.ok()) return s;
+  return Reply(control_->SetVmPolicy(*req), resp);
+}
+
+grpc::Status TmemControlService::SetHostPolicy(
+    grpc::ServerContext* ctx, const v1::SetHostPolicyRequest* req,
+    v1::SetHostPolicyResponse* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "SetHostPolicy"); !s.ok()) return s;
+  return Reply(control_->SetHostPolicy(*req), resp);
+}
+
+grpc::Status TmemControlService::FreezeVm(grpc::ServerContext* ctx,
+                                          const v1::VmRequest* req,
+                                          v1::SetVmPolicyResponse* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "FreezeVm"); !s.ok()) return s;
+  return Reply(control_->SetFrozen(req->vm(), true), resp);
+}
+
+grpc::Status TmemControlService::ThawVm(grpc::ServerContext* ctx,
+                                        const v1::VmRequest* req,
+                                        v1::SetVmPolicyResponse* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "ThawVm"); !s.ok()) return s;
+  return Reply(control_->SetFrozen(req->vm(), false), resp);
+}
+
+grpc::Status TmemControlService::FlushVm(grpc::ServerContext* ctx,
+                                         const v1::VmRequest* req,
+                                         v1::FlushVmResponse* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "FlushVm"); !s.ok()) return s;
+  return Reply(control_->FlushVm(req->vm()), resp);
+}
+
+grpc::Status TmemControlService::AuthorizeSharedPool(
+    grpc::ServerContext* ctx, const v1::AuthorizeSharedPoolRequest* req,
+    v1::AuthorizeSharedPoolResponse* /*resp*/) {
+  if (grpc::Status s = CheckAdmin(ctx, "AuthorizeSharedPool"); !s.ok()) {
+    return s;
+  }
+  return ToGrpcStatus(control_->AuthorizeSharedPool(*req));
+}
+
+grpc::Status TmemControlService::AttachDomain(grpc::ServerContext* ctx,
+                                              const v1::DomainRequest* req,
+                                              v1::DomainState* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "AttachDomain"); !s.ok()) return s;
+  return Reply(control_->AttachDomain(*req), resp);
+}
+
+grpc::Status TmemControlService::DetachDomain(grpc::ServerContext* ctx,
+                                              const v1::DomainRequest* req,
+                                              v1::DomainState* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "DetachDomain"); !s.ok()) return s;
+  return Reply(control_->DetachDomain(*req), resp);
+}
+
+grpc::Status TmemControlService::ListDomains(
+    grpc::ServerContext* /*ctx*/, const v1::ListDomainsRequest* /*req*/,
+    v1::ListDomainsResponse* resp) {
+  return Reply(control_->ListDomains(), resp);
+}
+
+grpc::Status TmemControlService::WatchStats(
+    grpc::ServerContext* ctx, const v1::WatchStatsRequest* req,
+    grpc::ServerWriter<v1::StatsSample>* writer) {
+  const uint32_t interval = req->interval_ms() == 0 ? 1000 : req->interval_ms();
+  if (interval < 100 || interval > 60000) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("interval ", interval,
+                         " ms is out of range: use 100..60000 ms")};
+  }
+  for (const std::string& vm : req->vms()) {
+    if (absl::StatusOr<v1::VmDetail> d = control_->GetVm(vm); !d.ok()) {
+      return ToGrpcStatus(d.status());
+    }
+  }
+  while (!ctx->IsCancelled() && !stop_->stopped()) {
+    if (!writer->Write(control_->Sample(*req))) break;  // client went away
+    // Wake early on shutdown; a cancelled client is seen at the next turn.
+    if (stop_->WaitFor(static_cast<int>(interval))) break;
+  }
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
+    const ControlServerOptions& options, ControlPlane* control) {
+  std::unique_ptr<ControlServer> self(new ControlServer());
+  self->options_ = options;
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+
+  auto start = [&](const std::string& address,
+                   const std::shared_ptr<grpc::ServerCredentials>& creds,
+                   ControlAccess access, int* port) -> absl::Status {
+    auto service = std::make_unique<TmemControlService>(
+        control, access, options.admin_identities, &self->stop_);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, creds, port);
+    builder.RegisterService(service.get());
+    std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+    if (server == nullptr || (port != nullptr && *port == 0)) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot listen for the control plane on '", address,
+          "' (in use, or the directory is missing or not writable)"));
+    }
+    server->GetHealthCheckService()->SetServingStatus(true);
+    self->services_.push_back(std::move(service));
+    self->servers_.push_back(std::move(server));
+    return absl::OkStatus();
+  };
+  // gRPC creates the socket with the process umask (connect needs write
+  // permission, so with the usual 022 only the owner can connect until
+  // the chmod below sets the intended mode).
+  auto unix_listener = [&](const std::string& path, mode_t mode,
+                           ControlAccess access) -> absl::Status {
+    if (path.empty()) return absl::OkStatus();
+    int port = -1;
+    if (absl::Status s =
+            start(absl::StrCat("unix:", path),
+                  grpc::InsecureServerCredentials(), access, &port);
+        !s.ok()) {
+      return s;
+    }
+    if (chmod(path.c_str(), mode) != 0) {
+      return absl::InternalError(
+          absl::StrCat("cannot chmod control socket '", path, "'"));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s =
+          unix_listener(options.unix_socket, 0600, ControlAccess::kAdmin);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = unix_listener(options.readonly_unix_socket, 0666,
+                                     ControlAccess::kReadOnly);
+      !s.ok()) {
+    return s;
+  }
+  if (!options.tcp_address.empty()) {
+    absl::StatusOr<std::string> cert = ReadPem(options.tls_cert, "certificate");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPem(options.tls_key, "key");
+    if (!key.ok()) return key.status();
+    absl::StatusOr<std::string> ca = ReadPem(options.tls_ca, "CA bundle");
+    if (!ca.ok()) return ca.status();
+    grpc::SslServerCredentialsOptions ssl(
+        GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+    ssl.pem_root_certs = *ca;
+    ssl.pem_key_cert_pairs.push_back({*key, *cert});
+    if (absl::Status s =
+            start(options.tcp_address, grpc::SslServerCredentials(ssl),
+                  ControlAccess::kByCertificate, &self->tcp_port_);
+        !s.ok()) {
+      return s;
+    }
+  }
+  return self;
+}
+
+void ControlServer::Shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  stop_.Stop();
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::seconds(2);
+  for (auto& s : servers_) s->Shutdown(deadline);
+  for (auto& s : servers_) s->Wait();
+  for (const std::string& path :
+       {options_.unix_socket, options_.readonly_unix_socket}) {
+    if (!path.empty()) unlink(path.c_str());
+  }
+}
+
+ControlServer::~ControlServer() { Shutdown(); }
+
+}  // namespace tmem

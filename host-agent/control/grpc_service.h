@@ -1,0 +1,142 @@
+// tmem.v1 over gRPC: the service class and the servers that listen for it.
+//
+// TmemControlService is final and thin: per RPC it checks the caller's
+// access and forwards to ControlPlane, mapping absl::Status onto
+// grpc::Status code for code. There is one service object per listener,
+// each with the access rule of that listener:
+//  * the admin UNIX socket (mode 0600: root, or tmemd's user): admin;
+//  * the read-only UNIX socket (mode 0666): read-only, for monitoring;
+//  * TCP with mTLS (client certificate required and verified against the
+//    CA): admin when the certificate's CN or one of its SANs is in the admin
+//    list, read-only otherwise.
+//
+// ControlServer also turns on gRPC health checking (grpc.health.v1) and
+// server reflection, and ends WatchStats streams promptly on Shutdown.
+#ifndef TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
+#define TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "host-agent/control/control_plane.h"
+#include "proto/tmem/v1/control.grpc.pb.h"
+
+namespace tmem {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+enum class ControlAccess {
+  kAdmin,
+  kReadOnly,
+  kByCertificate,  // admin iff the peer certificate's CN/SAN is listed
+};
+
+// Wakes WatchStats loops when the server shuts down.
+class StopSignal {
+ public:
+  void Stop();
+  bool stopped() const;
+  // Waits up to `ms`; true if stopped.
+  bool WaitFor(int ms);
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stopped_ = false;  // guarded by mu_
+};
+
+class TmemControlService final : public v1::TmemControl::Service {
+ public:
+  TmemControlService(ControlPlane* control, ControlAccess access,
+                     std::vector<std::string> admin_identities,
+                     StopSignal* stop);
+
+  grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
+                      v1::HostStatus* resp) override;
+  grpc::Status ListVms(grpc::ServerContext* ctx, const v1::ListVmsRequest* req,
+                       v1::ListVmsResponse* resp) override;
+  grpc::Status GetVm(grpc::ServerContext* ctx, const v1::GetVmRequest* req,
+                     v1::VmDetail* resp) override;
+  grpc::Status SetVmPolicy(grpc::ServerContext* ctx,
+                           const v1::SetVmPolicyRequest* req,
+                           v1::SetVmPolicyResponse* resp) override;
+  grpc::Status SetHostPolicy(grpc::ServerContext* ctx,
+                             const v1::SetHostPolicyRequest* req,
+                             v1::SetHostPolicyResponse* resp) override;
+  grpc::Status FreezeVm(grpc::ServerContext* ctx, const v1::VmRequest* req,
+                        v1::SetVmPolicyResponse* resp) override;
+  grpc::Status ThawVm(grpc::ServerContext* ctx, const v1::VmRequest* req,
+                      v1::SetVmPolicyResponse* resp) override;
+  grpc::Status FlushVm(grpc::ServerContext* ctx, const v1::VmRequest* req,
+                       v1::FlushVmResponse* resp) override;
+  grpc::Status AuthorizeSharedPool(
+      grpc::ServerContext* ctx, const v1::AuthorizeSharedPoolRequest* req,
+      v1::AuthorizeSharedPoolResponse* resp) override;
+  grpc::Status AttachDomain(grpc::ServerContext* ctx,
+                            const v1::DomainRequest* req,
+                            v1::DomainState* resp) override;
+  grpc::Status DetachDomain(grpc::ServerContext* ctx,
+                            const v1::DomainRequest* req,
+                            v1::DomainState* resp) override;
+  grpc::Status ListDomains(grpc::ServerContext* ctx,
+                           const v1::ListDomainsRequest* req,
+                           v1::ListDomainsResponse* resp) override;
+  grpc::Status WatchStats(grpc::ServerContext* ctx,
+                          const v1::WatchStatsRequest* req,
+                          grpc::ServerWriter<v1::StatsSample>* writer) override;
+
+ private:
+  // OK for admins; PERMISSION_DENIED naming the RPC otherwise.
+  grpc::Status CheckAdmin(grpc::ServerContext* ctx, std::string_view rpc) const;
+
+  ControlPlane* const control_;
+  const ControlAccess access_;
+  const std::vector<std::string> admin_identities_;
+  StopSignal* const stop_;
+};
+
+struct ControlServerOptions {
+  std::string unix_socket;           // admin, mode 0600; "" for none
+  std::string readonly_unix_socket;  // read-only, mode 0666; "" for none
+  std::string tcp_address;           // "host:port" (port 0: any); "" none
+  // PEM files, all required with tcp_address.
+  std::string tls_cert;
+  std::string tls_key;
+  std::string tls_ca;
+  std::vector<std::string> admin_identities;  // certificate CN or SAN
+};
+
+class ControlServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<ControlServer>> Start(
+      const ControlServerOptions& options, ControlPlane* control);
+  ~ControlServer();  // Shutdown()
+  ControlServer(const ControlServer&) = delete;
+  ControlServer& operator=(const ControlServer&) = delete;
+
+  // Ends streams, then stops accepting and waits for calls in flight
+  // (at most ~2 s). Idempotent.
+  void Shutdown();
+  int tcp_port() const { return tcp_port_; }  // 0 without TCP
+
+ private:
+  ControlServer() = default;
+
+  ControlServerOptions options_;
+  StopSignal stop_;
+  std::vector<std::unique_ptr<TmemControlService>> services_;
+  std::vector<std::unique_ptr<grpc::Server>> servers_;
+  int tcp_port_ = 0;
+  bool shut_down_ = false;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_

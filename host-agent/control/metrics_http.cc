@@ -1,0 +1,190 @@
+#include "host-agent/control/metrics_http.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/control/control_plane.h"
+
+namespace tmem {
+namespace {
+
+void Series(std::string& out, const std::string& name, bool gauge,
+            const std::string& labels, uint64_t value, bool& typed) {
+  const std::string metric = absl::StrCat("tmem_", name, gauge ? "" : "_total");
+  if (!typed) {
+    absl::StrAppend(&out, "# TYPE ", metric, gauge ? " gauge\n" : " counter\n");
+    typed = true;
+  }
+  absl::StrAppend(&out, metric, labels, " ", value, "\n");
+}
+
+}  // namespace
+
+std::string RenderPrometheus(const Agent& agent) {
+  std::string out;
+  const AgentStatus st = agent.Status();
+  absl::StrAppend(
+      &out, "# TYPE tmem_memory_cap_bytes gauge\n", "tmem_memory_cap_bytes ",
+      st.store.memory_cap_bytes, "\n", "# TYPE tmem_memory_used_bytes gauge\n",
+      "tmem_memory_used_bytes ", st.store.memory_used_bytes, "\n",
+      "# TYPE tmem_cpu_budget_fraction gauge\n", "tmem_cpu_budget_fraction ",
+      st.valve.budget_fraction, "\n", "# TYPE tmem_agent_busy_fraction gauge\n",
+      "tmem_agent_busy_fraction ", st.valve.agent_busy_fraction, "\n",
+      "# TYPE tmem_host_busy_fraction gauge\n", "tmem_host_busy_fraction ",
+      st.valve.host_busy_fraction, "\n", "# TYPE tmem_uptime_seconds gauge\n",
+      "tmem_uptime_seconds ", st.uptime_nanos / 1000000000, "\n");
+  const std::vector<VmInfo> vms = agent.ListVms();
+  // Store counters: host total (no label) and per VM.
+  for (int i = 0; i < kNumCounters; ++i) {
+    const auto c = static_cast<Counter>(i);
+    bool typed = false;
+    Series(out, std::string(CounterName(c)), CounterIsGauge(c), "",
+           st.store.counters[i], typed);
+    for (const VmInfo& vm : vms) {
+      Series(out, std::string(CounterName(c)), CounterIsGauge(c),
+             absl::StrCat("{vm=\"", vm.name, "\"}"), vm.stats.counters[i],
+             typed);
+    }
+  }
+  for (int i = 0; i < kNumValveCounters; ++i) {
+    bool typed = false;
+    const std::string name = absl::StrCat(
+        "valve_", std::string(ValveCounterName(static_cast<ValveCounter>(i))));
+    for (const VmInfo& vm : vms) {
+      Series(out, name, false, absl::StrCat("{vm=\"", vm.name, "\"}"),
+             vm.valve.counters[i], typed);
+    }
+  }
+  for (int i = 0; i < kNumChannelCounters; ++i) {
+    bool typed = false;
+    const std::string name = absl::StrCat(
+        "channel_",
+        std::string(ChannelCounterName(static_cast<ChannelCounter>(i))));
+    for (const VmInfo& vm : vms) {
+      Series(out, name, false, absl::StrCat("{vm=\"", vm.name, "\"}"),
+             vm.channel[i], typed);
+    }
+  }
+  bool typed = false;
+  for (const VmInfo& vm : vms) {
+    Series(out, "vm_admission", true, absl::StrCat("{vm=\"", vm.name, "\"}"),
+           vm.valve.admission, typed);
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const Agent* agent, const std::string& address, int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (port < 0 || port > 65535 ||
+      inet_pton(AF_INET, address.c_str(), &addr.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address '", address, ":", port,
+                     "' is not an IPv4 address and port"));
+  }
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError("socket() failed");
+  const int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(fd, 16) != 0) {
+    const int err = errno;
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen for metrics on ", address, ":", port, ": ",
+                     std::generic_category().message(err)));
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    close(fd);
+    return absl::InternalError("eventfd() failed");
+  }
+  std::unique_ptr<MetricsServer> s(
+      new MetricsServer(agent, fd, wake, ntohs(addr.sin_port)));
+  s->thread_ = std::thread([p = s.get()] { p->Loop(); });
+  return s;
+}
+
+MetricsServer::MetricsServer(const Agent* agent, int listen_fd, int wake_fd,
+                             int port)
+    : agent_(agent), listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port) {}
+
+MetricsServer::~MetricsServer() {
+  Stop();
+  close(listen_fd_);
+  close(wake_fd_);
+}
+
+void MetricsServer::Stop() {
+  if (stop_.exchange(true)) return;
+  const uint64_t one = 1;
+  (void)!write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+}
+
+void MetricsServer::Loop() {
+  while (!stop_.load()) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) continue;
+    if ((fds[1].revents & POLLIN) != 0) break;
+    if ((fds[0].revents & POLLIN) == 0) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    Serve(fd);
+    close(fd);
+  }
+}
+
+void MetricsServer::Serve(int fd) {
+  // A client gets 2 s to send its request line.
+  timeval tv{2, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string request;
+  char buf[1024];
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos && request.size() < 8192) {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n <= 0) break;
+    request.append(buf, static_cast<size_t>(n));
+  }
+  std::string status = "200 OK";
+  std::string body;
+  std::string type = "text/plain; version=0.0.4; charset=utf-8";
+  if (request.rfind("GET /metrics ", 0) == 0 ||
+      request.rfind("GET /metrics\r", 0) == 0) {
+    body = RenderPrometheus(*agent_);
+  } else if (request.rfind("GET ", 0) == 0) {
+    status = "404 Not Found";
+    body = "tmemd serves only /metrics\n";
+  } else {
+    status = "400 Bad Request";
+    body = "send GET /metrics\n";
+  }
+  const std::string response =
+      absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
+                   "\r\nContent-Length: ", body.size(),
+                   "\r\nConnection: close\r\n\r\n", body);
+  size_t done = 0;
+  while (done < response.size()) {
+    const ssize_t n =
+        send(fd, response.data() + done, response.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    done += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace tmem

@@ -1,0 +1,55 @@
+// Prometheus text exposition of tmemd's counters, and a tiny HTTP/1.0
+// responder that serves it on GET /metrics (there is no prometheus-cpp in
+// Debian 12). Opt-in: tmemd starts it only with a metrics port.
+//
+// The names are the counters' stable names (backend/stats.h,
+// backend/valve.h, host-agent/channel/channel_metrics.h) with a tmem_
+// prefix; per-VM series carry a vm label. Counters end in _total.
+//
+// MetricsServer runs one thread that accepts, reads the request line, writes
+// the response and closes: a scrape a few times a minute needs no more.
+// Thread-safe; Stop() (and the destructor) joins the thread.
+#ifndef TMEMD_HOST_AGENT_CONTROL_METRICS_HTTP_H_
+#define TMEMD_HOST_AGENT_CONTROL_METRICS_HTTP_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "host-agent/agent.h"
+
+namespace tmem {
+
+std::string RenderPrometheus(const Agent& agent);
+
+class MetricsServer {
+ public:
+  // `address`: an IPv4 address to bind ("127.0.0.1", "0.0.0.0"); port 0
+  // picks a free one (see port()).
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const Agent* agent, const std::string& address, int port);
+  ~MetricsServer();
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  int port() const { return port_; }
+  void Stop();
+
+ private:
+  MetricsServer(const Agent* agent, int listen_fd, int wake_fd, int port);
+  void Loop();
+  void Serve(int fd);
+
+  const Agent* const agent_;
+  const int listen_fd_;
+  const int wake_fd_;  // eventfd: Stop() wakes the poll
+  const int port_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_CONTROL_METRICS_HTTP_H_

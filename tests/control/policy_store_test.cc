@@ -1,0 +1,125 @@
+// PolicyStore: generation rules and the state file (no gRPC, no agent).
+#include "host-agent/control/policy_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tests/control/test_util.h"
+
+namespace tmem {
+namespace {
+
+class PolicyStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tmem-policy-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    path_ = dir_ + "/state.json";
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string dir_, path_;
+};
+
+TEST_F(PolicyStoreTest, GenerationsMustGrowPerVmAndForTheHost) {
+  auto store = PolicyStore::Open("");
+  ASSERT_TRUE(store.ok());
+  PolicyStore& s = **store;
+  EXPECT_EQ(*s.NextVmGeneration("a", 0), 1u);
+  EXPECT_EQ(*s.NextVmGeneration("a", 7), 7u);
+  ASSERT_TRUE(s.CommitVm("a", {VmPolicy{}, 7}).ok());
+  EXPECT_EQ(s.NextVmGeneration("a", 7).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.NextVmGeneration("a", 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*s.NextVmGeneration("a", 0), 8u);
+  EXPECT_EQ(*s.NextVmGeneration("b", 1), 1u);  // per VM
+  EXPECT_EQ(*s.NextHostGeneration(0), 1u);
+  StoredHostPolicy h;
+  h.generation = 4;
+  ASSERT_TRUE(s.CommitHost(h).ok());
+  EXPECT_EQ(s.NextHostGeneration(4).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(*s.NextHostGeneration(5), 5u);
+}
+
+TEST_F(PolicyStoreTest, StateRoundTripsThroughTheFile) {
+  {
+    auto store = PolicyStore::Open(path_);
+    ASSERT_TRUE(store.ok());
+    VmPolicy p;
+    p.quota_bytes = 123456;
+    p.weight = 42;
+    p.enabled = false;
+    p.frozen = true;
+    p.mode = ValveMode::kAlways;
+    ASSERT_TRUE((*store)->CommitVm("web1", {p, 3}).ok());
+    StoredHostPolicy h;
+    h.memory_cap_bytes = uint64_t{2} << 30;
+    h.cpu_budget_percent = 12.5;
+    h.default_mode = ValveMode::kOff;
+    h.generation = 9;
+    ASSERT_TRUE((*store)->CommitHost(h).ok());
+    ASSERT_TRUE((*store)
+                    ->SetSharedPoolGrant(
+                        {"0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0", "web1"}, true)
+                    .ok());
+  }
+  // Atomic replace: no temporary file is left behind.
+  int files = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+    (void)e;
+    ++files;
+  }
+  EXPECT_EQ(files, 1);
+  auto store = PolicyStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::optional<StoredVmPolicy> vm = (*store)->Vm("web1");
+  ASSERT_TRUE(vm.has_value());
+  EXPECT_EQ(vm->generation, 3u);
+  EXPECT_EQ(vm->policy.quota_bytes, 123456u);
+  EXPECT_EQ(vm->policy.weight, 42u);
+  EXPECT_FALSE(vm->policy.enabled);
+  EXPECT_TRUE(vm->policy.frozen);
+  EXPECT_EQ(vm->policy.mode, ValveMode::kAlways);
+  const StoredHostPolicy h = (*store)->Host();
+  EXPECT_EQ(h.generation, 9u);
+  EXPECT_EQ(*h.memory_cap_bytes, uint64_t{2} << 30);
+  EXPECT_DOUBLE_EQ(*h.cpu_budget_percent, 12.5);
+  EXPECT_EQ(*h.default_mode, ValveMode::kOff);
+  ASSERT_EQ((*store)->SharedPoolGrants().size(), 1u);
+  EXPECT_FALSE((*store)->Vm("other").has_value());
+}
+
+TEST_F(PolicyStoreTest, MissingFileIsEmptyAndCorruptFileIsAClearError) {
+  auto empty = PolicyStore::Open(path_);
+  ASSERT_TRUE(empty.ok());
+  EXPECT_FALSE((*empty)->Vm("x").has_value());
+  for (const char* bad :
+       {"{not json", R"({"version": 2})",
+        R"({"version": 1, "vms": {"a": {"generation": "x"}}})",
+        R"({"version": 1, "vms": {"a": {"generation": 1, "quota_bytes": 1,
+            "weight": 1, "enabled": true, "frozen": false, "mode": "fast"}}})"}) {
+    std::ofstream(path_) << bad;
+    auto s = PolicyStore::Open(path_);
+    ASSERT_FALSE(s.ok()) << bad;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(path_), std::string::npos);
+  }
+}
+
+TEST_F(PolicyStoreTest, WriteFailureIsReported) {
+  auto store = PolicyStore::Open(dir_ + "/no/such/dir/state.json");
+  ASSERT_TRUE(store.ok());
+  const absl::Status s = (*store)->CommitVm("a", {VmPolicy{}, 1});
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("cannot write state file"), std::string::npos);
+  // The in-memory state still moved on (the policy is live).
+  EXPECT_EQ((*store)->Vm("a")->generation, 1u);
+}
+
+}  // namespace
+}  // namespace tmem
