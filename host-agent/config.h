@@ -14,6 +14,8 @@
 //   [valve]
 //   mode = "adaptive"          # off | always | adaptive
 //   cpu_budget_percent = 25
+//   [libvirt]
+//   uri = "qemu:///system"     # enables the libvirt glue
 //   [[vm]]
 //   name = "web1"
 //   quota = "512MiB"
@@ -42,6 +44,14 @@ struct VmConfig {
   VmPolicy policy;
 };
 
+// [libvirt]: off unless asked (a `uri`, `enabled = true`, or the
+// --libvirt-uri flag).
+struct LibvirtConfig {
+  bool enabled = false;
+  std::string uri = "qemu:///system";
+  int detach_timeout_seconds = 30;  // a guest that never acks an unplug
+};
+
 struct TmemdConfig {
   StoreOptions store;
   // Channels.
@@ -55,6 +65,7 @@ struct TmemdConfig {
   int workers = 0;  // worker threads; 0: one per online CPU
   ValveOptions valve;
   std::vector<VmConfig> vms;
+  LibvirtConfig libvirt;
   // Process.
   LogLevel log_level = LogLevel::kInfo;
   LogFormat log_format = LogFormat::kText;

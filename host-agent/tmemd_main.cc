@@ -20,6 +20,9 @@
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
 #include "host-agent/config.h"
+#include "host-agent/domain_control.h"
+#include "host-agent/libvirt/domain_manager.h"
+#include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
 
 namespace tmem {
@@ -111,6 +114,7 @@ int Run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> vm_names;
   std::string socket_dir, memory_cap, log_level, log_format, mode;
+  std::string libvirt_uri;
   int stats_interval = -1;
   int workers = -1;
   double cpu_budget = -1;
@@ -126,6 +130,9 @@ int Run(int argc, char** argv) {
                  "tmemd's CPU budget, percent of the whole host (25)");
   app.add_option("--workers", workers,
                  "worker threads (0: one per CPU, the default)");
+  app.add_option("--libvirt-uri", libvirt_uri,
+                 "follow libvirt domains at URI (e.g. qemu:///system): "
+                 "attach/detach, lifecycle, quotas from metadata");
   app.add_option("--log-level", log_level, "debug|info|warn|error");
   app.add_option("--log-format", log_format, "text|json");
   app.add_option("--stats-interval", stats_interval,
@@ -169,6 +176,10 @@ int Run(int argc, char** argv) {
         {{"flag", "--log-format"}, {"error", "use text or json"}});
     return 2;
   }
+  if (!libvirt_uri.empty()) {
+    config.libvirt.enabled = true;
+    config.libvirt.uri = libvirt_uri;
+  }
   if (stats_interval >= 0) config.stats_interval_seconds = stats_interval;
   if (workers >= 0) config.workers = workers;
   if (cpu_budget >= 0) config.valve.cpu_budget_percent = cpu_budget;
@@ -184,7 +195,7 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kError, "config_error", {{"error", s.message()}});
     return 2;
   }
-  if (config.vms.empty()) {
+  if (config.vms.empty() && !config.libvirt.enabled) {
     Log(LogLevel::kWarn, "no_vms",
         {{"hint",
           "no [[vm]] in the config and no --vm flag: serving nothing"}});
@@ -240,6 +251,39 @@ int Run(int argc, char** argv) {
       return 1;
     }
   }
+  // libvirt glue: the control plane (gRPC AttachDomain/DetachDomain) takes
+  // domain_control; nullptr when libvirt is not enabled.
+  DomainControl* domain_control = nullptr;
+  std::unique_ptr<LibvirtHypervisor> hypervisor;
+  std::unique_ptr<DomainManager> domain_manager;
+  if (config.libvirt.enabled) {
+    LibvirtOptions lo;
+    lo.uri = config.libvirt.uri;
+    absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> hv =
+        LibvirtHypervisor::Connect(lo);
+    if (!hv.ok()) {
+      Log(LogLevel::kError, "libvirt_error",
+          {{"uri", lo.uri}, {"error", hv.status().message()}});
+      return 1;
+    }
+    hypervisor = std::move(*hv);
+    DomainManagerOptions mo;
+    mo.vectors = config.vectors;
+    mo.detach_timeout =
+        std::chrono::seconds(config.libvirt.detach_timeout_seconds);
+    domain_manager =
+        std::make_unique<DomainManager>(agent->get(), hypervisor.get(), mo);
+    if (absl::Status s = domain_manager->Start(); !s.ok()) {
+      Log(LogLevel::kError, "libvirt_error",
+          {{"uri", lo.uri}, {"error", s.message()}});
+      return 1;
+    }
+    domain_control = domain_manager.get();
+    Log(LogLevel::kInfo, "libvirt_ready",
+        {{"uri", lo.uri},
+         {"domains", static_cast<uint64_t>(domain_control->List().size())}});
+  }
+
   Log(LogLevel::kInfo, "tmemd_ready",
       {{"vms", static_cast<uint64_t>(config.vms.size())},
        {"memory_cap", config.store.memory_cap_bytes},
@@ -263,6 +307,10 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
+  // The libvirt glue goes first: no event may touch a stopping agent.
+  domain_control = nullptr;
+  domain_manager.reset();
+  hypervisor.reset();
   LogStats(**agent, "final_stats");
   agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");
