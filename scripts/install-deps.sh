@@ -45,9 +45,9 @@ PACKAGES=(
   # libprotobuf-dev
 
   # --- libvirt glue (issue 6) ----------------------------------------------
-  # libvirt-dev
-  # libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
-  # libvirt-clients         # virsh
+  libvirt-dev
+  libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
+  libvirt-clients         # virsh
 
   # --- guest kernel 5.10 + initramfs (issue 7) -----------------------------
   # bc

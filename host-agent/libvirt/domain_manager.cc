@@ -306,6 +306,10 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
     if (xml.ok()) config = FindTmemDevice(*xml);
   }
   absl::StatusOr<TmemMetadata> meta = ReadMetadataLocked(name, d->active);
+  if (meta.status().code() == absl::StatusCode::kNotFound) {
+    // Undefined while we looked; its UNDEFINED/STOPPED event follows.
+    return;
+  }
   const bool wanted = live || config || (meta.ok() && meta->autoattach);
   if (it == domains_.end()) {
     if (!wanted) return;  // nothing of tmem's in this domain
