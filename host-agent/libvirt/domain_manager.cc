@@ -229,9 +229,8 @@ absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
         {{"domain", st.name},
          {"vm", st.vm},
          {"error", added.status().message()}});
-    return absl::Status(
-        added.status().code(),
-        absl::StrCat("domain '", st.name, "': ", added.status().message()));
+    return {added.status().code(),
+            absl::StrCat("domain '", st.name, "': ", added.status().message())};
   }
   st.channel = true;
   st.applied = st.metadata;
