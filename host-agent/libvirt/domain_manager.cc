@@ -106,6 +106,16 @@ void DomainManager::HandleLocked(const DomainEvent& e) {
       break;
     case Kind::kStopped: {
       auto it = domains_.find(e.domain);
+      absl::StatusOr<DomainSummary> now = hv_->GetDomain(e.domain);
+      if (it != domains_.end() && now.ok() && now->active) {
+        // Started again before this event was handled: the new QEMU may
+        // already be connected to the socket, which must stay. Its guest
+        // restart resets the channel and the old boot's pools.
+        Log(LogLevel::kInfo, "libvirt_restarted_before_stop_handled",
+            {{"domain", e.domain}, {"detail", e.detail}});
+        ReconcileLocked(e.domain, /*autoattach=*/false);
+        break;
+      }
       if (it != domains_.end()) {
         DomainState& st = it->second;
         st.detach_pending = false;

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <mutex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,24 @@ absl::Status EnsureEventLoop() {
     return absl::InternalError("cannot start libvirt's default event loop");
   }
   return absl::OkStatus();
+}
+
+// Live instances. libvirt may still be running one of our callbacks on its
+// event thread while an instance is destroyed (deregistering does not wait
+// for a callback in flight), so callbacks reach an instance only through
+// this set, under its mutex; the destructor leaves the set first.
+std::mutex& LiveMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<LibvirtHypervisor*>& LiveSet() {
+  static std::set<LibvirtHypervisor*> live;
+  return live;
+}
+void Dispatch(void* opaque, const DomainEvent& event) {
+  std::lock_guard<std::mutex> l(LiveMutex());
+  auto* self = static_cast<LibvirtHypervisor*>(opaque);
+  if (LiveSet().count(self) != 0) self->Emit(event);
 }
 
 std::string LastErrorMessage() {
@@ -123,7 +142,6 @@ std::string StoppedDetail(int detail) {
 
 int OnLifecycle(virConnectPtr /*conn*/, virDomainPtr dom, int event, int detail,
                 void* opaque) {
-  auto* self = static_cast<LibvirtHypervisor*>(opaque);
   using Kind = DomainEvent::Kind;
   DomainEvent e;
   switch (event) {
@@ -144,7 +162,7 @@ int OnLifecycle(virConnectPtr /*conn*/, virDomainPtr dom, int event, int detail,
     default:
       return 0;
   }
-  self->Emit(e);
+  Dispatch(opaque, e);
   return 0;
 }
 
@@ -152,14 +170,14 @@ void OnDeviceRemoved(virConnectPtr /*conn*/, virDomainPtr dom,
                      const char* alias, void* opaque) {
   DomainEvent e = BaseEvent(dom, DomainEvent::Kind::kDeviceRemoved);
   e.alias = alias != nullptr ? alias : "";
-  static_cast<LibvirtHypervisor*>(opaque)->Emit(e);
+  Dispatch(opaque, e);
 }
 
 void OnDeviceRemovalFailed(virConnectPtr /*conn*/, virDomainPtr dom,
                            const char* alias, void* opaque) {
   DomainEvent e = BaseEvent(dom, DomainEvent::Kind::kDeviceRemovalFailed);
   e.alias = alias != nullptr ? alias : "";
-  static_cast<LibvirtHypervisor*>(opaque)->Emit(e);
+  Dispatch(opaque, e);
 }
 
 void OnMetadataChange(virConnectPtr /*conn*/, virDomainPtr dom, int type,
@@ -168,12 +186,13 @@ void OnMetadataChange(virConnectPtr /*conn*/, virDomainPtr dom, int type,
       std::string_view(nsuri) != kTmemMetadataUri) {
     return;
   }
-  static_cast<LibvirtHypervisor*>(opaque)->Emit(
-      BaseEvent(dom, DomainEvent::Kind::kMetadataChanged));
+  Dispatch(opaque, BaseEvent(dom, DomainEvent::Kind::kMetadataChanged));
 }
 
 void OnClose(virConnectPtr conn, int reason, void* opaque) {
-  static_cast<LibvirtHypervisor*>(opaque)->OnClosed(conn, reason);
+  std::lock_guard<std::mutex> l(LiveMutex());
+  auto* self = static_cast<LibvirtHypervisor*>(opaque);
+  if (LiveSet().count(self) != 0) self->OnClosed(conn, reason);
 }
 
 }  // namespace
@@ -182,6 +201,10 @@ absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> LibvirtHypervisor::Connect(
     const LibvirtOptions& options) {
   if (absl::Status s = EnsureEventLoop(); !s.ok()) return s;
   std::unique_ptr<LibvirtHypervisor> hv(new LibvirtHypervisor(options));
+  {
+    std::lock_guard<std::mutex> l(LiveMutex());
+    LiveSet().insert(hv.get());
+  }
   {
     std::lock_guard<std::mutex> l(hv->mu_);
     if (absl::Status s = hv->OpenLocked(); !s.ok()) return s;
@@ -194,6 +217,10 @@ LibvirtHypervisor::LibvirtHypervisor(LibvirtOptions options)
     : options_(std::move(options)) {}
 
 LibvirtHypervisor::~LibvirtHypervisor() {
+  {
+    std::lock_guard<std::mutex> l(LiveMutex());
+    LiveSet().erase(this);
+  }
   SetEventHandler(nullptr);
   {
     std::lock_guard<std::mutex> l(reconnect_mu_);

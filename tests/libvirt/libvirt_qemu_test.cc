@@ -239,10 +239,15 @@ TEST_F(LibvirtQemuTest,
 
   // Destroy: QEMU is gone, so channel and pages go.
   ASSERT_TRUE(raw_->With(name, virDomainDestroy, &err)) << err;
-  ASSERT_TRUE(WaitFor([&] { return !agent_->HasVm(name); }, kTimeout));
-  EXPECT_EQ(
-      agent_->Status().store.counters[static_cast<int>(Counter::kPagesHeld)],
-      0u);
+  // (Agent::RemoveVm unlists the VM before it drops the pages: wait for both.)
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return !agent_->HasVm(name) &&
+               agent_->Status()
+                       .store.counters[static_cast<int>(Counter::kPagesHeld)] ==
+                   0;
+      },
+      kTimeout));
   EXPECT_FALSE(Find(name).has_value());
 }
 
@@ -267,9 +272,15 @@ TEST_F(LibvirtQemuTest, PersistentDeviceListensBeforeStartAndAgainAfterStop) {
   ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
   ASSERT_TRUE(raw_->With(name, virDomainDestroy, &err)) << err;
-  // Released and recreated empty, so a second start works too.
-  ASSERT_TRUE(WaitFor([&] { return agent_->HasVm(name) && !Connected(name); },
-                      kTimeout));
+  // Released and recreated empty (once the STOPPED event is handled), so a
+  // second start works too.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto st = Find(name);
+        return st && st->detail.find("stopped") != std::string::npos &&
+               agent_->HasVm(name) && !Connected(name);
+      },
+      kTimeout));
   ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
 }
