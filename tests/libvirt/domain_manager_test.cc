@@ -238,6 +238,20 @@ TEST_F(DomainManagerTest, StopDropsPagesAndKeepsAnEmptyChannelForNextStart) {
   EXPECT_TRUE(manager_->List().empty());
 }
 
+TEST_F(DomainManagerTest, StopHandledAfterARestartKeepsTheChannel) {
+  hv_.Define("web1", WithDevice("web1.sock"));
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_EQ(PutPages("web1", 3), 3u);
+  // virsh destroy; virsh start, faster than tmemd handles STOPPED: the new
+  // QEMU may already be on the socket, which must not be unlinked (the
+  // channel itself drops the old boot's pools when the new guest starts).
+  hv_.EmitRaw(DomainEvent::Kind::kStopped, "web1", "destroyed");
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("web1"));
+  EXPECT_EQ(Pages("web1"), 3u);  // the same channel, not a recreated one
+}
+
 TEST_F(DomainManagerTest, TransientDomainStopReleasesEverything) {
   FakeHypervisor::Domain d;
   d.persistent = false;

@@ -119,6 +119,12 @@ class FakeHypervisor final : public Hypervisor {
     std::lock_guard<std::mutex> l(mu_);
     f(domains_.at(name));
   }
+  // Emits an event without changing the domain (races libvirt can show:
+  // e.g. a STOPPED handled after the domain was started again).
+  void EmitRaw(DomainEvent::Kind kind, const std::string& name,
+               const std::string& detail = "") {
+    Emit(kind, name, "", detail);
+  }
   // While quiet, no events are emitted (as while disconnected).
   void SetQuiet(bool quiet) { quiet_ = quiet; }
   void Erase(const std::string& name) {
