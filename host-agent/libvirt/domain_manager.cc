@@ -23,6 +23,20 @@ absl::Status DomainManager::Start() {
     absl::StatusOr<std::vector<DomainSummary>> all = hv_->ListDomains();
     if (!all.ok()) return all.status();
     SyncAllLocked(/*autoattach=*/true);
+    // A domain already running with the device was attached to an earlier
+    // tmemd: QEMU never reconnects to a new socket (facts.md), so say how
+    // to get tmem back rather than serve a channel nobody will use.
+    for (auto& [name, st] : domains_) {
+      if (!st.live_device || !st.channel) continue;
+      absl::StatusOr<VmInfo> vm = agent_->GetVm(st.vm);
+      if (vm.ok() && vm->connected) continue;
+      st.detail =
+          "running since before this tmemd started: QEMU does not reconnect "
+          "to the new socket; restart the domain (or detach and attach "
+          "again once the guest acks) to get tmem back";
+      Log(LogLevel::kWarn, "libvirt_stale_device",
+          {{"domain", name}, {"vm", st.vm}});
+    }
   }
   std::lock_guard<std::mutex> l(mu_);
   stop_ = false;

@@ -108,6 +108,18 @@ TEST_F(DomainManagerTest, StartupCreatesChannelsForDomainsWithTheDevice) {
   EXPECT_TRUE(agent_->HasVm("web2"));
 }
 
+TEST_F(DomainManagerTest, RunningDeviceFromAnEarlierTmemdIsReported) {
+  hv_.Define("old", WithDevice("old.sock"));
+  hv_.Start("old");  // QEMU connected to a tmemd that is gone
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_TRUE(agent_->HasVm("old"));
+  auto st = Find("old");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->attached);
+  EXPECT_NE(st->detail.find("does not reconnect"), std::string::npos)
+      << st->detail;
+}
+
 TEST_F(DomainManagerTest, AttachListensBeforeTheDeviceIsAdded) {
   hv_.Define("web1", FakeHypervisor::Domain{});
   hv_.Start("web1");
