@@ -448,7 +448,8 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
       ReleaseChannelLocked(st, "attach failed");
-      domains_.erase(name);
+      // An autoattach domain stays listed, with the error as its detail.
+      if (!st.metadata.autoattach) domains_.erase(name);
     }
     Log(LogLevel::kWarn, "libvirt_attach_failed",
         {{"domain", name}, {"error", s.message()}});

@@ -334,6 +334,19 @@ TEST_F(DomainManagerTest, AutoattachOnStartAndWhenSwitchedOn) {
   EXPECT_TRUE(FindTmemDevice(hv_.GetXml("auto", false).value()).has_value());
   EXPECT_EQ(agent_->GetVmPolicy("auto")->quota_bytes, uint64_t{1} << 20);
   EXPECT_FALSE(agent_->HasVm("later"));
+  // A domain that cannot hot-plug is listed with the reason.
+  FakeHypervisor::Domain no_acpi;
+  no_acpi.acpi = false;
+  no_acpi.config_metadata = Meta("<autoattach>true</autoattach>");
+  hv_.Define("noacpi", no_acpi);
+  hv_.Start("noacpi");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("noacpi"));
+  auto st = Find("noacpi");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_NE(st->detail.find("autoattach failed"), std::string::npos)
+      << st->detail;
+  EXPECT_NE(st->detail.find("<acpi/>"), std::string::npos) << st->detail;
   ASSERT_TRUE(
       hv_.SetMetadata("later", Meta("<autoattach>on</autoattach>"), true, false)
           .ok());
