@@ -370,6 +370,7 @@ bool IvshmemServer::OnListenReadable() {
       continue;
     }
     client_fd_ = fd;
+    connected_.store(true, std::memory_order_relaxed);
     metrics_->Inc(ChannelCounter::kClientsAccepted);
     attached = true;
   }
@@ -423,6 +424,7 @@ void IvshmemServer::DropClient() {
   if (client_fd_ < 0) return;
   close(client_fd_);
   client_fd_ = -1;
+  connected_.store(false, std::memory_order_relaxed);
   // An interrupt nobody consumed would fire as soon as the next client
   // enables MSI-X. Harmless (the ring is the truth), but pointless.
   for (int fd : interrupt_fds_) DrainEventfd(fd);

@@ -28,6 +28,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -62,7 +63,8 @@ class IvshmemServer {
   int listen_fd() const { return listen_fd_; }
   // -1 when no client is attached.
   int client_fd() const { return client_fd_; }
-  bool connected() const { return client_fd_ >= 0; }
+  // Any thread (Agent::GetVm reads it while the worker accepts).
+  bool connected() const { return connected_.load(std::memory_order_relaxed); }
   int vectors() const { return static_cast<int>(doorbell_fds_.size()); }
   // Signalled by the guest's doorbell on vector v (read it to clear).
   int doorbell_fd(int v) const { return doorbell_fds_[v]; }
@@ -90,7 +92,8 @@ class IvshmemServer {
   std::string socket_path_;
   int listen_fd_;
   int shm_fd_;
-  int client_fd_ = -1;
+  int client_fd_ = -1;                  // the worker's thread only
+  std::atomic<bool> connected_{false};  // client_fd_ >= 0, for other threads
   std::vector<int> doorbell_fds_;
   std::vector<int> interrupt_fds_;
   ChannelMetrics* metrics_;
