@@ -369,6 +369,27 @@ absl::Status ApplyControl(const toml::table& t, ControlConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyLibvirt(const toml::table& t, LibvirtConfig& c) {
+  TableReader r(t, "libvirt.");
+  if (auto s = r.CheckKeys({"enabled", "uri", "detach_timeout_seconds"});
+      !s.ok()) {
+    return s;
+  }
+  std::optional<std::string> uri;
+  if (auto s = r.String("uri", &uri); !s.ok()) return s;
+  if (uri) {
+    c.uri = *uri;
+    c.enabled = true;  // naming a URI asks for libvirt
+  }
+  if (auto s = r.Bool("enabled", &c.enabled); !s.ok()) return s;
+  if (auto s = r.Integer("detach_timeout_seconds", &c.detach_timeout_seconds, 1,
+                         3600);
+      !s.ok()) {
+    return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
   if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
@@ -428,7 +449,7 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat("unknown top-level key '", std::string(k),
                        "' (sections: [store], [channels], [worker], [valve], "
-                       "[log], [[vm]])"));
+                       "[log], [libvirt], [[vm]])"));
     }
     if (k == "store") {
       s = ApplyStore(*t, c.store);
@@ -442,11 +463,13 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
       s = ApplyLog(*t, c);
     } else if (k == "control") {
       s = ApplyControl(*t, c.control);
+    } else if (k == "libvirt") {
+      s = ApplyLibvirt(*t, c.libvirt);
     } else {
       s = absl::InvalidArgumentError(
           absl::StrCat("unknown section [", std::string(k),
                        "] (sections: [store], [channels], [worker], [valve], "
-                       "[log], [control], [[vm]])"));
+                       "[log], [control], [libvirt], [[vm]])"));
     }
     if (!s.ok()) return s;
   }

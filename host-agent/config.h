@@ -14,6 +14,8 @@
 //   [valve]
 //   mode = "adaptive"          # off | always | adaptive
 //   cpu_budget_percent = 25
+//   [libvirt]
+//   uri = "qemu:///system"     # enables the libvirt glue
 //   [[vm]]
 //   name = "web1"
 //   quota = "512MiB"
@@ -58,6 +60,14 @@ struct ControlConfig {
   std::string metrics_address = "127.0.0.1";
 };
 
+// [libvirt]: off unless asked (a `uri`, `enabled = true`, or the
+// --libvirt-uri flag).
+struct LibvirtConfig {
+  bool enabled = false;
+  std::string uri = "qemu:///system";
+  int detach_timeout_seconds = 30;  // a guest that never acks an unplug
+};
+
 struct TmemdConfig {
   StoreOptions store;
   // Channels.
@@ -72,6 +82,7 @@ struct TmemdConfig {
   ValveOptions valve;
   std::vector<VmConfig> vms;
   ControlConfig control;
+  LibvirtConfig libvirt;
   // Process.
   LogLevel log_level = LogLevel::kInfo;
   LogFormat log_format = LogFormat::kText;

@@ -24,6 +24,9 @@
 #include "host-agent/control/grpc_service.h"
 #include "host-agent/control/metrics_http.h"
 #include "host-agent/control/policy_store.h"
+#include "host-agent/domain_control.h"
+#include "host-agent/libvirt/domain_manager.h"
+#include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
 
 namespace tmem {
@@ -118,6 +121,7 @@ int Run(int argc, char** argv) {
   std::string config_path;
   std::vector<std::string> vm_names;
   std::string socket_dir, memory_cap, log_level, log_format, mode;
+  std::string libvirt_uri;
   int stats_interval = -1;
   int workers = -1;
   double cpu_budget = -1;
@@ -133,6 +137,9 @@ int Run(int argc, char** argv) {
                  "tmemd's CPU budget, percent of the whole host (25)");
   app.add_option("--workers", workers,
                  "worker threads (0: one per CPU, the default)");
+  app.add_option("--libvirt-uri", libvirt_uri,
+                 "follow libvirt domains at URI (e.g. qemu:///system): "
+                 "attach/detach, lifecycle, quotas from metadata");
   app.add_option("--log-level", log_level, "debug|info|warn|error");
   app.add_option("--log-format", log_format, "text|json");
   app.add_option("--stats-interval", stats_interval,
@@ -199,6 +206,10 @@ int Run(int argc, char** argv) {
         {{"flag", "--log-format"}, {"error", "use text or json"}});
     return 2;
   }
+  if (!libvirt_uri.empty()) {
+    config.libvirt.enabled = true;
+    config.libvirt.uri = libvirt_uri;
+  }
   if (stats_interval >= 0) config.stats_interval_seconds = stats_interval;
   if (workers >= 0) config.workers = workers;
   if (cpu_budget >= 0) config.valve.cpu_budget_percent = cpu_budget;
@@ -224,7 +235,7 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kError, "config_error", {{"error", s.message()}});
     return 2;
   }
-  if (config.vms.empty()) {
+  if (config.vms.empty() && !config.libvirt.enabled) {
     Log(LogLevel::kWarn, "no_vms",
         {{"hint",
           "no [[vm]] in the config and no --vm flag: serving nothing"}});
@@ -279,8 +290,31 @@ int Run(int argc, char** argv) {
         {{"error", policies.status().message()}});
     return 1;
   }
-  // The libvirt glue (issue 6) passes its DomainControl here.
-  DomainControl* domains = nullptr;
+  // libvirt glue (issue 6): built before the control plane, which takes it
+  // as its DomainControl (gRPC AttachDomain/DetachDomain); started after the
+  // control plane has installed its policy resolver, so the VMs libvirt adds
+  // get their pushed policies. nullptr when libvirt is not enabled.
+  std::unique_ptr<LibvirtHypervisor> hypervisor;
+  std::unique_ptr<DomainManager> domain_manager;
+  if (config.libvirt.enabled) {
+    LibvirtOptions lo;
+    lo.uri = config.libvirt.uri;
+    absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> hv =
+        LibvirtHypervisor::Connect(lo);
+    if (!hv.ok()) {
+      Log(LogLevel::kError, "libvirt_error",
+          {{"uri", lo.uri}, {"error", hv.status().message()}});
+      return 1;
+    }
+    hypervisor = std::move(*hv);
+    DomainManagerOptions mo;
+    mo.vectors = config.vectors;
+    mo.detach_timeout =
+        std::chrono::seconds(config.libvirt.detach_timeout_seconds);
+    domain_manager =
+        std::make_unique<DomainManager>(agent->get(), hypervisor.get(), mo);
+  }
+  DomainControl* domains = domain_manager.get();
   ControlPlane control(agent->get(), policies->get(), domains);
   // A VM added again (here, or later by the libvirt glue) gets the policy
   // pushed for it before, not the configured one.
@@ -334,6 +368,16 @@ int Run(int argc, char** argv) {
        {"tcp_port", (*control_server)->tcp_port()},
        {"metrics_port", metrics ? metrics->port() : -1},
        {"state_file", config.control.state_file}});
+  if (domain_manager != nullptr) {
+    if (absl::Status s = domain_manager->Start(); !s.ok()) {
+      Log(LogLevel::kError, "libvirt_error",
+          {{"uri", config.libvirt.uri}, {"error", s.message()}});
+      return 1;
+    }
+    Log(LogLevel::kInfo, "libvirt_ready",
+        {{"uri", config.libvirt.uri},
+         {"domains", static_cast<uint64_t>(domain_manager->List().size())}});
+  }
   Log(LogLevel::kInfo, "tmemd_ready",
       {{"vms", static_cast<uint64_t>(config.vms.size())},
        {"memory_cap", config.store.memory_cap_bytes},
@@ -357,9 +401,13 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
-  (*agent)->StopServing();
-  metrics.reset();
+  // Outside callers first (gRPC, then libvirt events), so nothing touches a
+  // stopping agent.
   (*control_server)->Shutdown();
+  metrics.reset();
+  domain_manager.reset();
+  hypervisor.reset();
+  (*agent)->StopServing();
   LogStats(**agent, "final_stats");
   agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");

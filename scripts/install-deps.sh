@@ -49,9 +49,9 @@ PACKAGES=(
   openssl              # tests/control: throwaway CA and certs for mTLS
 
   # --- libvirt glue (issue 6) ----------------------------------------------
-  # libvirt-dev
-  # libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
-  # libvirt-clients         # virsh
+  libvirt-dev
+  libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
+  libvirt-clients         # virsh
 
   # --- guest kernel 5.10 + initramfs, real-guest e2e test (issue 7) -------
   # (the kernel source itself, bullseye's linux-source-5.10, is fetched by

@@ -82,6 +82,11 @@ printf '%s | %s | %s | %s\n' "$(cmake --version | head -n1)" \
   "ninja $(ninja --version)" "$(g++ --version | head -n1)" \
   "$(clang++ --version | head -n1)"
 
+# The libvirt tests (ctest label libvirt) need a running libvirtd; they skip,
+# saying why, only when it cannot run at all.
+banner "libvirtd for the libvirt tests (scripts/start-libvirtd.sh)"
+run_step "start-libvirtd" scripts/start-libvirtd.sh || true
+
 for preset in "${presets[@]}"; do
   stage_t0=${SECONDS}
   banner "stage ${preset}: configure, build, test"

@@ -163,3 +163,37 @@ TEST(ParseConfigTest, ExampleFileParses) {
 
 }  // namespace
 }  // namespace tmem
+
+namespace tmem {
+namespace {
+
+TEST(ParseConfigTest, LibvirtIsOffUnlessAskedAndAUriAsks) {
+  absl::StatusOr<TmemdConfig> c = ParseConfig("", "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->libvirt.enabled);
+  EXPECT_EQ(c->libvirt.uri, "qemu:///system");
+  c = ParseConfig(
+      "[libvirt]\nuri = \"test:///default\"\n"
+      "detach_timeout_seconds = 5\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->libvirt.enabled);
+  EXPECT_EQ(c->libvirt.uri, "test:///default");
+  EXPECT_EQ(c->libvirt.detach_timeout_seconds, 5);
+  c = ParseConfig("[libvirt]\nenabled = true\n", "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->libvirt.enabled);
+  EXPECT_EQ(c->libvirt.uri, "qemu:///system");
+  c = ParseConfig("[libvirt]\nuri = \"qemu:///system\"\nenabled = false\n",
+                  "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->libvirt.enabled);
+  c = ParseConfig("[libvirt]\nurl = \"qemu:///system\"\n", "t.toml",
+                  TmemdConfig{});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(c.status().message().find("libvirt.url"), absl::string_view::npos)
+      << c.status();
+}
+
+}  // namespace
+}  // namespace tmem

@@ -1,0 +1,566 @@
+#include "host-agent/libvirt/domain_manager.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/config.h"
+#include "host-agent/log.h"
+
+namespace tmem {
+
+using std::chrono::steady_clock;
+
+DomainManager::DomainManager(Agent* agent, Hypervisor* hypervisor,
+                             DomainManagerOptions options)
+    : agent_(agent), hv_(hypervisor), options_(options) {}
+
+DomainManager::~DomainManager() { Stop(); }
+
+absl::Status DomainManager::Start() {
+  hv_->SetEventHandler([this](const DomainEvent& e) { OnEvent(e); });
+  {
+    std::lock_guard<std::mutex> op(op_mu_);
+    absl::StatusOr<std::vector<DomainSummary>> all = hv_->ListDomains();
+    if (!all.ok()) return all.status();
+    SyncAllLocked(/*autoattach=*/true);
+    // A domain already running with the device was attached to an earlier
+    // tmemd: QEMU never reconnects to a new socket (facts.md), so say how
+    // to get tmem back rather than serve a channel nobody will use.
+    for (auto& [name, st] : domains_) {
+      if (!st.live_device || !st.channel) continue;
+      absl::StatusOr<VmInfo> vm = agent_->GetVm(st.vm);
+      if (vm.ok() && vm->connected) continue;
+      st.detail =
+          "running since before this tmemd started: QEMU does not reconnect "
+          "to the new socket; restart the domain (or detach and attach "
+          "again once the guest acks) to get tmem back";
+      Log(LogLevel::kWarn, "libvirt_stale_device",
+          {{"domain", name}, {"vm", st.vm}});
+    }
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  stop_ = false;
+  started_ = true;
+  thread_ = std::thread([this] { Loop(); });
+  return absl::OkStatus();
+}
+
+void DomainManager::Stop() {
+  hv_->SetEventHandler(nullptr);
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (!started_) return;
+    stop_ = true;
+    started_ = false;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void DomainManager::OnEvent(const DomainEvent& event) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    queue_.push_back(event);
+  }
+  cv_.notify_all();
+}
+
+void DomainManager::Flush() {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait(l, [this] { return (queue_.empty() && !busy_) || !started_; });
+}
+
+uint64_t DomainManager::events_handled() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return handled_;
+}
+
+void DomainManager::Loop() {
+  std::unique_lock<std::mutex> l(mu_);
+  while (!stop_) {
+    if (queue_.empty()) {
+      // Wake at least every 100 ms to check detach deadlines.
+      cv_.wait_for(l, std::chrono::milliseconds(100),
+                   [this] { return stop_ || !queue_.empty(); });
+    }
+    std::optional<DomainEvent> event;
+    if (!queue_.empty()) {
+      event = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    busy_ = true;
+    l.unlock();
+    {
+      std::lock_guard<std::mutex> op(op_mu_);
+      if (event) HandleLocked(*event);
+      CheckDeadlinesLocked();
+    }
+    l.lock();
+    busy_ = false;
+    if (event) ++handled_;
+    cv_.notify_all();
+  }
+}
+
+void DomainManager::HandleLocked(const DomainEvent& e) {
+  using Kind = DomainEvent::Kind;
+  Log(LogLevel::kDebug, "libvirt_event",
+      {{"kind", static_cast<int>(e.kind)},
+       {"domain", e.domain},
+       {"alias", e.alias},
+       {"detail", e.detail}});
+  switch (e.kind) {
+    case Kind::kDefined:
+    case Kind::kUndefined:
+      ReconcileLocked(e.domain, /*autoattach=*/false);
+      break;
+    case Kind::kStarted:
+    case Kind::kMetadataChanged:
+      ReconcileLocked(e.domain, /*autoattach=*/true);
+      break;
+    case Kind::kStopped: {
+      auto it = domains_.find(e.domain);
+      absl::StatusOr<DomainSummary> now = hv_->GetDomain(e.domain);
+      if (it != domains_.end() && now.ok() && now->active) {
+        // Started again before this event was handled: the new QEMU may
+        // already be connected to the socket, which must stay. Its guest
+        // restart resets the channel and the old boot's pools.
+        Log(LogLevel::kInfo, "libvirt_restarted_before_stop_handled",
+            {{"domain", e.domain}, {"detail", e.detail}});
+        ReconcileLocked(e.domain, /*autoattach=*/false);
+        break;
+      }
+      if (it != domains_.end()) {
+        DomainState& st = it->second;
+        st.detach_pending = false;
+        st.detach_timed_out = false;
+        st.live_device = false;
+        st.alias.clear();
+        if (st.channel) {
+          ReleaseChannelLocked(st,
+                               absl::StrCat("domain stopped (", e.detail, ")"));
+        }
+        st.detail = absl::StrCat("domain stopped (", e.detail,
+                                 "): pages and channel released");
+      }
+      ReconcileLocked(e.domain, /*autoattach=*/false);
+      break;
+    }
+    case Kind::kDeviceRemoved: {
+      auto it = domains_.find(e.domain);
+      if (it == domains_.end()) break;
+      DomainState& st = it->second;
+      if (!st.alias.empty() && !e.alias.empty() && st.alias != e.alias) break;
+      absl::StatusOr<std::string> xml = hv_->GetXml(e.domain, false);
+      if (xml.ok() && FindTmemDevice(*xml).has_value()) break;  // not ours
+      Log(LogLevel::kInfo, "libvirt_detached",
+          {{"domain", e.domain}, {"alias", e.alias}});
+      st.detach_pending = false;
+      st.detach_timed_out = false;
+      st.live_device = false;
+      st.alias.clear();
+      if (st.channel) ReleaseChannelLocked(st, "device removed");
+      st.detail = "detached (DEVICE_REMOVED)";
+      ReconcileLocked(e.domain, /*autoattach=*/false);
+      break;
+    }
+    case Kind::kDeviceRemovalFailed: {
+      auto it = domains_.find(e.domain);
+      if (it == domains_.end() || !it->second.detach_pending) break;
+      if (!it->second.alias.empty() && it->second.alias != e.alias) break;
+      it->second.detach_pending = false;
+      it->second.detail =
+          "detach failed: the guest refused to release the device";
+      Log(LogLevel::kWarn, "libvirt_detach_failed", {{"domain", e.domain}});
+      break;
+    }
+    case Kind::kConnectionLost:
+      Log(LogLevel::kWarn, "libvirt_connection_lost", {{"uri", hv_->Uri()}});
+      for (auto& [name, st] : domains_) {
+        st.detail = "libvirt connection lost; channel kept, reconnecting";
+      }
+      break;
+    case Kind::kReconnected:
+      Log(LogLevel::kInfo, "libvirt_resync", {{"uri", hv_->Uri()}});
+      SyncAllLocked(/*autoattach=*/true);
+      break;
+  }
+}
+
+void DomainManager::CheckDeadlinesLocked() {
+  const auto now = steady_clock::now();
+  for (auto& [name, st] : domains_) {
+    if (!st.detach_pending || st.detach_timed_out || now < st.detach_deadline)
+      continue;
+    st.detach_timed_out = true;
+    st.detail = absl::StrCat(
+        "detach timed out after ",
+        std::chrono::duration_cast<std::chrono::seconds>(
+            options_.detach_timeout)
+            .count(),
+        "s: the guest has not acked the unplug (no OS running, or no ACPI "
+        "PCI hotplug in the guest); the device and channel stay until it "
+        "does or the domain stops");
+    Log(LogLevel::kWarn, "libvirt_detach_timeout",
+        {{"domain", name}, {"vm", st.vm}});
+  }
+}
+
+void DomainManager::SyncAllLocked(bool autoattach) {
+  absl::StatusOr<std::vector<DomainSummary>> all = hv_->ListDomains();
+  if (!all.ok()) {
+    Log(LogLevel::kWarn, "libvirt_list_failed",
+        {{"error", all.status().message()}});
+    return;
+  }
+  std::map<std::string, bool> seen;
+  for (const DomainSummary& d : *all) seen[d.name] = true;
+  std::vector<std::string> gone;
+  for (const auto& [name, st] : domains_) {
+    if (!seen.count(name)) gone.push_back(name);
+  }
+  for (const std::string& name : gone) ReconcileLocked(name, false);
+  for (const DomainSummary& d : *all) ReconcileLocked(d.name, autoattach);
+}
+
+std::string DomainManager::VmNameFor(const std::string& name,
+                                     const std::string& uuid) const {
+  return ValidateVmName(name).ok() ? name : uuid;
+}
+
+std::string DomainManager::DefaultSocketPath(const std::string& uuid) const {
+  return absl::StrCat(agent_->options().socket_dir, "/", uuid, ".sock");
+}
+
+absl::StatusOr<TmemMetadata> DomainManager::ReadMetadataLocked(
+    const std::string& name, bool active) {
+  absl::StatusOr<std::optional<std::string>> xml =
+      hv_->GetMetadata(name, /*inactive=*/!active);
+  if (!xml.ok()) return xml.status();
+  if (!xml->has_value()) return TmemMetadata{};
+  return ParseTmemMetadata(**xml);
+}
+
+absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
+                                                const std::string& path) {
+  if (st.channel) return absl::OkStatus();
+  st.vm = VmNameFor(st.name, st.uuid);
+  st.socket_path = path.empty() ? DefaultSocketPath(st.uuid) : path;
+  absl::StatusOr<VmInfo> added =
+      agent_->AddVm(st.vm, st.metadata.policy, st.socket_path);
+  if (!added.ok()) {
+    Log(LogLevel::kError, "libvirt_channel_error",
+        {{"domain", st.name},
+         {"vm", st.vm},
+         {"error", added.status().message()}});
+    return {added.status().code(),
+            absl::StrCat("domain '", st.name, "': ", added.status().message())};
+  }
+  st.channel = true;
+  st.applied = st.metadata;
+  Log(LogLevel::kInfo, "libvirt_channel_created",
+      {{"domain", st.name}, {"vm", st.vm}, {"socket", st.socket_path}});
+  return absl::OkStatus();
+}
+
+void DomainManager::ReleaseChannelLocked(DomainState& st,
+                                         const std::string& why) {
+  if (!st.channel) return;
+  absl::Status s = agent_->RemoveVm(st.vm);
+  Log(s.ok() ? LogLevel::kInfo : LogLevel::kWarn, "libvirt_channel_released",
+      {{"domain", st.name},
+       {"vm", st.vm},
+       {"why", why},
+       {"error", s.ok() ? std::string() : std::string(s.message())}});
+  st.channel = false;
+  st.applied.reset();
+}
+
+void DomainManager::ApplyPolicyLocked(DomainState& st, bool force) {
+  if (!st.channel) return;
+  if (!force && st.applied &&
+      st.applied->policy.quota_bytes == st.metadata.policy.quota_bytes &&
+      st.applied->policy.weight == st.metadata.policy.weight &&
+      st.applied->policy.enabled == st.metadata.policy.enabled &&
+      st.applied->policy.frozen == st.metadata.policy.frozen &&
+      st.applied->policy.mode == st.metadata.policy.mode) {
+    return;
+  }
+  absl::Status s = agent_->SetVmPolicy(st.vm, st.metadata.policy);
+  if (!s.ok()) {
+    st.detail = absl::StrCat("policy from metadata not applied: ", s.message());
+    Log(LogLevel::kWarn, "libvirt_policy_error",
+        {{"domain", st.name}, {"error", s.message()}});
+    return;
+  }
+  st.applied = st.metadata;
+  Log(LogLevel::kInfo, "libvirt_policy_applied",
+      {{"domain", st.name},
+       {"vm", st.vm},
+       {"quota", st.metadata.policy.quota_bytes},
+       {"weight", st.metadata.policy.weight},
+       {"enabled", st.metadata.policy.enabled},
+       {"mode", ValveModeName(st.metadata.policy.mode)}});
+}
+
+void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
+  auto it = domains_.find(name);
+  if (!d.ok()) {
+    if (d.status().code() != absl::StatusCode::kNotFound) {
+      Log(LogLevel::kWarn, "libvirt_domain_error",
+          {{"domain", name}, {"error", d.status().message()}});
+      return;
+    }
+    if (it != domains_.end()) {
+      ReleaseChannelLocked(it->second, "domain undefined");
+      domains_.erase(it);
+    }
+    return;
+  }
+  std::optional<TmemDevice> live;
+  std::optional<TmemDevice> config;
+  if (d->active) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, false);
+    if (xml.ok()) live = FindTmemDevice(*xml);
+  }
+  if (d->persistent) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, true);
+    if (xml.ok()) config = FindTmemDevice(*xml);
+  }
+  absl::StatusOr<TmemMetadata> meta = ReadMetadataLocked(name, d->active);
+  if (meta.status().code() == absl::StatusCode::kNotFound) {
+    // Undefined while we looked; its UNDEFINED/STOPPED event follows.
+    return;
+  }
+  const bool wanted = live || config || (meta.ok() && meta->autoattach);
+  if (it == domains_.end()) {
+    if (!wanted) return;  // nothing of tmem's in this domain
+    it = domains_.emplace(name, DomainState{}).first;
+    it->second.name = name;
+  }
+  DomainState& st = it->second;
+  st.uuid = d->uuid;
+  st.live_device = live.has_value();
+  st.config_device = config.has_value();
+  st.alias = live ? live->alias : "";
+  if (meta.ok()) {
+    st.metadata = *meta;
+  } else {
+    st.detail = absl::StrCat("metadata ignored: ", meta.status().message());
+    Log(LogLevel::kWarn, "libvirt_metadata_error",
+        {{"domain", name}, {"error", meta.status().message()}});
+  }
+
+  if (live || config) {
+    const std::string path = live ? live->server_path : config->server_path;
+    if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) {
+      st.detail = std::string(s.message());
+    }
+  } else if (st.channel && !st.detach_pending) {
+    ReleaseChannelLocked(st, "device no longer in the domain");
+  }
+  ApplyPolicyLocked(st, /*force=*/false);
+
+  if (autoattach && d->active && !live && !st.detach_pending &&
+      st.metadata.autoattach) {
+    absl::StatusOr<DomainAttachState> a = AttachLocked(name, false);
+    Log(a.ok() ? LogLevel::kInfo : LogLevel::kWarn, "libvirt_autoattach",
+        {{"domain", name},
+         {"error",
+          a.ok() ? std::string() : std::string(a.status().message())}});
+    if (!a.ok()) {
+      domains_[name].detail =
+          absl::StrCat("autoattach failed: ", a.status().message());
+    }
+  }
+  // Keep a state only while something of tmem's is left to report.
+  it = domains_.find(name);
+  if (it != domains_.end() && !it->second.channel && !it->second.live_device &&
+      !it->second.config_device && !it->second.metadata.autoattach &&
+      !it->second.detach_pending) {
+    domains_.erase(it);
+  }
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::Attach(
+    const std::string& domain, bool persistent) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  return AttachLocked(domain, persistent);
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
+    const std::string& name, bool persistent) {
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
+  if (!d.ok()) return d.status();
+  if (!d->active && !persistent) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain '", name,
+        "' is not running: start it first, or attach persistently to add the "
+        "device to its config for the next start"));
+  }
+  if (persistent && !d->persistent && !d->active) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("domain '", name, "' is neither running nor defined"));
+  }
+  std::string live_xml;
+  std::optional<TmemDevice> live;
+  std::optional<TmemDevice> config;
+  if (d->active) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, false);
+    if (!xml.ok()) return xml.status();
+    live_xml = *xml;
+    live = FindTmemDevice(live_xml);
+  }
+  if (d->persistent) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, true);
+    if (!xml.ok()) return xml.status();
+    config = FindTmemDevice(*xml);
+  }
+  const bool do_live = d->active && !live;
+  const bool do_config = persistent && d->persistent && !config;
+  if (!do_live && !do_config) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("tmem is already attached to domain '", name, "'",
+                     config ? " (live and persistent config)" : ""));
+  }
+  if (do_live) {
+    if (absl::Status s = CheckPciHotplug(live_xml); !s.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot attach tmem to domain '", name, "': ", s.message()));
+    }
+  }
+  DomainState& st = domains_[name];
+  st.name = name;
+  st.uuid = d->uuid;
+  if (absl::StatusOr<TmemMetadata> meta = ReadMetadataLocked(name, d->active);
+      meta.ok()) {
+    st.metadata = *meta;
+  }
+  const bool had_channel = st.channel;
+  // The socket must listen before QEMU connects to it during the attach.
+  std::string path = live     ? live->server_path
+                     : config ? config->server_path
+                              : "";
+  if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
+  absl::Status s = hv_->AttachDevice(
+      name, TmemShmemXml(st.socket_path, options_.vectors), do_live, do_config);
+  if (!s.ok()) {
+    if (!had_channel && !live && !config) {
+      ReleaseChannelLocked(st, "attach failed");
+      // An autoattach domain stays listed, with the error as its detail.
+      if (!st.metadata.autoattach) domains_.erase(name);
+    }
+    Log(LogLevel::kWarn, "libvirt_attach_failed",
+        {{"domain", name}, {"error", s.message()}});
+    return absl::Status(s.code(), absl::StrCat("attach tmem to domain '", name,
+                                               "': ", s.message()));
+  }
+  st.live_device = st.live_device || do_live || live.has_value();
+  st.config_device = st.config_device || do_config || config.has_value();
+  if (do_live) {
+    if (absl::StatusOr<std::string> xml = hv_->GetXml(name, false); xml.ok()) {
+      if (auto dev = FindTmemDevice(*xml)) st.alias = dev->alias;
+    }
+  }
+  st.detach_pending = false;
+  st.detach_timed_out = false;
+  st.detail = do_live ? "attached" : "added to the persistent config";
+  Log(LogLevel::kInfo, "libvirt_attached",
+      {{"domain", name},
+       {"vm", st.vm},
+       {"socket", st.socket_path},
+       {"live", do_live},
+       {"config", do_config},
+       {"alias", st.alias}});
+  return ToState(st);
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
+                                                        bool persistent) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
+  if (!d.ok()) return d.status();
+  std::optional<TmemDevice> live;
+  std::optional<TmemDevice> config;
+  if (d->active) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, false);
+    if (!xml.ok()) return xml.status();
+    live = FindTmemDevice(*xml);
+  }
+  if (d->persistent) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, true);
+    if (!xml.ok()) return xml.status();
+    config = FindTmemDevice(*xml);
+  }
+  const bool do_config = persistent && config.has_value();
+  if (!live && !do_config) {
+    return absl::NotFoundError(absl::StrCat(
+        "tmem is not attached to domain '", name, "'",
+        config ? " (only in its persistent config: detach persistently)" : ""));
+  }
+  DomainState& st = domains_[name];
+  st.name = name;
+  st.uuid = d->uuid;
+  const std::string path =
+      live ? live->server_path : config->server_path;  // same device
+  const std::string xml = TmemShmemXml(path, options_.vectors);
+  if (do_config) {
+    if (absl::Status s = hv_->DetachDevice(name, xml, false, true); !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("detach tmem from the config of '", name,
+                                       "': ", s.message()));
+    }
+    st.config_device = false;
+  }
+  if (live) {
+    if (absl::Status s = hv_->DetachDevice(name, xml, true, false); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("detach tmem from domain '",
+                                                 name, "': ", s.message()));
+    }
+    absl::StatusOr<std::string> now = hv_->GetXml(name, false);
+    if (now.ok() && !FindTmemDevice(*now)) {
+      // The guest acked while libvirt waited.
+      st.live_device = false;
+      st.alias.clear();
+      ReleaseChannelLocked(st, "detached");
+      st.detail = "detached";
+    } else {
+      st.detach_pending = true;
+      st.detach_timed_out = false;
+      st.detach_deadline = steady_clock::now() + options_.detach_timeout;
+      st.detail = "detach requested, waiting for the guest to ack";
+    }
+  } else {
+    ReleaseChannelLocked(st, "removed from the persistent config");
+    st.detail = "removed from the persistent config";
+  }
+  Log(LogLevel::kInfo, "libvirt_detach",
+      {{"domain", name}, {"persistent", do_config}, {"detail", st.detail}});
+  DomainAttachState out = ToState(st);
+  if (!st.channel && !st.live_device && !st.config_device &&
+      !st.detach_pending && !st.metadata.autoattach) {
+    domains_.erase(name);
+  }
+  return out;
+}
+
+std::vector<DomainAttachState> DomainManager::List() {
+  std::lock_guard<std::mutex> op(op_mu_);
+  CheckDeadlinesLocked();
+  std::vector<DomainAttachState> out;
+  for (const auto& [name, st] : domains_) out.push_back(ToState(st));
+  return out;
+}
+
+DomainAttachState DomainManager::ToState(const DomainState& st) {
+  DomainAttachState s;
+  s.domain = st.name;
+  s.vm = st.channel ? st.vm : "";
+  s.attached = st.live_device;
+  s.persistent = st.config_device;
+  s.detail = st.detail;
+  return s;
+}
+
+}  // namespace tmem

@@ -1,0 +1,150 @@
+// DomainManager: tmemd's libvirt glue. Implements DomainControl (attach /
+// detach / list for the gRPC service) over a Hypervisor, and keeps the
+// Agent's channels in step with the domains' lifecycle and metadata.
+//
+// One channel per domain that has the tmem device (live or persistent
+// config), named after the domain (its UUID when the name is not a safe
+// file name), with its socket at the device's <server path>, or
+// SOCKET_DIR/<uuid>.sock for a new device. The socket listens before QEMU
+// can connect: the channel is created at startup (and on DEFINED) for every
+// domain whose config has the device, and before every live attach.
+//
+// Lifecycle:
+//  - STOPPED (shutdown, destroy, crash, save, migrated away): QEMU is gone,
+//    so the VM's pages and channel are released. When the persistent config
+//    still has the device, an empty channel is created again at once so the
+//    next start finds its socket listening.
+//  - UNDEFINED: a stopped domain's channel is released.
+//  - DEVICE_REMOVED for the tmem device (the guest acked a detach): the
+//    channel is released (recreated empty if the config keeps the device).
+//  - A detach the guest never acks stays pending; after detach_timeout the
+//    state says so (List()), the channel stays (QEMU still holds it) and a
+//    later DEVICE_REMOVED or STOPPED still completes it.
+//  - Reconnect after libvirtd restarts: every domain is reconciled again.
+//
+// Policy: the tmem metadata element (domain_xml.h) is the source of truth
+// for libvirt-managed VMs. It is applied when the channel is created and
+// whenever the element changes (METADATA_CHANGE); a policy set through gRPC
+// in between holds until then. `autoattach` domains get the device live on
+// start, at tmemd startup and when autoattach is switched on.
+//
+// Threads: events are queued by the Hypervisor's thread and handled by the
+// manager's own thread; Attach/Detach/List run on the caller's thread. All
+// of them serialize on one mutex (libvirt calls included), so a domain's
+// state changes in one order.
+#ifndef TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_MANAGER_H_
+#define TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_MANAGER_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "host-agent/agent.h"
+#include "host-agent/domain_control.h"
+#include "host-agent/libvirt/domain_xml.h"
+#include "host-agent/libvirt/hypervisor.h"
+
+namespace tmem {
+
+struct DomainManagerOptions {
+  // MSI vectors of the device (must match the Agent's channels).
+  int vectors = 1;
+  // How long a live detach may wait for the guest's ack before List()
+  // reports it as timed out.
+  std::chrono::milliseconds detach_timeout{30000};
+};
+
+class DomainManager final : public DomainControl {
+ public:
+  // `agent` and `hypervisor` must outlive the manager.
+  DomainManager(Agent* agent, Hypervisor* hypervisor,
+                DomainManagerOptions options);
+  ~DomainManager() override;  // Stop()
+  DomainManager(const DomainManager&) = delete;
+  DomainManager& operator=(const DomainManager&) = delete;
+
+  // Subscribes to events, reconciles every domain (creating channels for
+  // those whose config has the device, autoattaching), starts the event
+  // thread. An error only if the domains cannot be listed.
+  absl::Status Start();
+  // Stops the event thread. Channels stay with the Agent (its destructor
+  // drops them).
+  void Stop();
+
+  absl::StatusOr<DomainAttachState> Attach(const std::string& domain,
+                                           bool persistent) override;
+  absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
+                                           bool persistent) override;
+  std::vector<DomainAttachState> List() override;
+
+  // Waits until every event queued so far has been handled (tests).
+  void Flush();
+  // Events handled since Start (tests, logs).
+  uint64_t events_handled() const;
+
+ private:
+  struct DomainState {
+    std::string name;
+    std::string uuid;
+    std::string vm;           // Agent VM name, when channel
+    std::string socket_path;  // the channel's socket
+    bool channel = false;     // the Agent has a VM for it (ours)
+    bool live_device = false;
+    bool config_device = false;
+    std::string alias;                    // live device alias
+    std::optional<TmemMetadata> applied;  // metadata applied to the channel
+    TmemMetadata metadata;                // last good metadata
+    bool detach_pending = false;
+    bool detach_timed_out = false;
+    std::chrono::steady_clock::time_point detach_deadline;
+    std::string detail;
+  };
+
+  void OnEvent(const DomainEvent& event);  // Hypervisor thread: queue it
+  void Loop();
+  void HandleLocked(const DomainEvent& event);
+  void CheckDeadlinesLocked();
+  void SyncAllLocked(bool autoattach);
+  // Reads the domain from the hypervisor and makes channel, policy and
+  // device agree with it.
+  void ReconcileLocked(const std::string& name, bool autoattach);
+  absl::StatusOr<DomainAttachState> AttachLocked(const std::string& name,
+                                                 bool persistent);
+  absl::Status EnsureChannelLocked(DomainState& st, const std::string& path);
+  void ReleaseChannelLocked(DomainState& st, const std::string& why);
+  void ApplyPolicyLocked(DomainState& st, bool force);
+  absl::StatusOr<TmemMetadata> ReadMetadataLocked(const std::string& name,
+                                                  bool active);
+  std::string VmNameFor(const std::string& name, const std::string& uuid) const;
+  std::string DefaultSocketPath(const std::string& uuid) const;
+  static DomainAttachState ToState(const DomainState& st);
+
+  Agent* const agent_;
+  Hypervisor* const hv_;
+  const DomainManagerOptions options_;
+
+  std::mutex op_mu_;  // serializes operations; guards domains_
+  std::map<std::string, DomainState> domains_;  // by domain name
+
+  mutable std::mutex mu_;  // guards the queue; never held across op_mu_
+  std::condition_variable cv_;
+  std::deque<DomainEvent> queue_;
+  bool busy_ = false;
+  bool stop_ = false;
+  bool started_ = false;
+  uint64_t handled_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_MANAGER_H_

@@ -1,0 +1,340 @@
+#include "host-agent/libvirt/domain_xml.h"
+
+#include <cstddef>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "host-agent/config.h"
+
+namespace tmem {
+namespace {
+
+bool IsNameChar(char c) {
+  return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-' ||
+         c == '_' || c == '.';
+}
+
+// An element in [begin, end): `open_end` is one past the start tag's '>'.
+struct Element {
+  size_t begin = std::string_view::npos;
+  size_t open_end = 0;
+  size_t end = 0;
+  bool self_closing = false;
+  std::string_view prefix;  // "tmem" of <tmem:quota>, else empty
+};
+
+// The next element named `name` (any namespace prefix) at or after `from`.
+std::optional<Element> FindElement(std::string_view xml, std::string_view name,
+                                   size_t from = 0) {
+  for (size_t at = xml.find('<', from); at != std::string_view::npos;
+       at = xml.find('<', at + 1)) {
+    size_t n = at + 1;
+    size_t local = n;
+    while (n < xml.size() && (IsNameChar(xml[n]) || xml[n] == ':')) {
+      if (xml[n] == ':') local = n + 1;
+      ++n;
+    }
+    if (xml.substr(local, n - local) != name) continue;
+    if (n < xml.size() && xml[n] != '>' && xml[n] != '/' &&
+        !absl::ascii_isspace(static_cast<unsigned char>(xml[n]))) {
+      continue;
+    }
+    const size_t gt = xml.find('>', n);
+    if (gt == std::string_view::npos) return std::nullopt;
+    Element e;
+    e.begin = at;
+    e.open_end = gt + 1;
+    e.prefix = local > at + 1 ? xml.substr(at + 1, local - at - 2)
+                              : std::string_view();
+    if (xml[gt - 1] == '/') {
+      e.self_closing = true;
+      e.end = gt + 1;
+      return e;
+    }
+    // Same-name elements do not nest in what we read.
+    const std::string close =
+        e.prefix.empty()
+            ? absl::StrCat("</", std::string(name))
+            : absl::StrCat("</", std::string(e.prefix), ":", std::string(name));
+    const size_t c = xml.find(close, gt);
+    if (c == std::string_view::npos) return std::nullopt;
+    const size_t cgt = xml.find('>', c);
+    if (cgt == std::string_view::npos) return std::nullopt;
+    e.end = cgt + 1;
+    return e;
+  }
+  return std::nullopt;
+}
+
+std::string_view StartTag(std::string_view xml, const Element& e) {
+  return xml.substr(e.begin, e.open_end - e.begin);
+}
+
+std::string_view Text(std::string_view xml, const Element& e) {
+  if (e.self_closing) return {};
+  const size_t close = xml.rfind("</", e.end - 1);
+  return xml.substr(e.open_end, close - e.open_end);
+}
+
+// Attribute value in a start tag (either quote), unescaped for &apos; etc.
+std::optional<std::string> Attr(std::string_view tag, std::string_view attr) {
+  for (size_t at = tag.find(attr); at != std::string_view::npos;
+       at = tag.find(attr, at + 1)) {
+    if (at == 0 ||
+        !absl::ascii_isspace(static_cast<unsigned char>(tag[at - 1])))
+      continue;
+    size_t p = at + attr.size();
+    while (p < tag.size() &&
+           absl::ascii_isspace(static_cast<unsigned char>(tag[p])))
+      ++p;
+    if (p >= tag.size() || tag[p] != '=') continue;
+    ++p;
+    while (p < tag.size() &&
+           absl::ascii_isspace(static_cast<unsigned char>(tag[p])))
+      ++p;
+    if (p >= tag.size() || (tag[p] != '\'' && tag[p] != '"')) continue;
+    const char q = tag[p];
+    const size_t close = tag.find(q, p + 1);
+    if (close == std::string_view::npos) return std::nullopt;
+    std::string v(tag.substr(p + 1, close - p - 1));
+    // The five predefined entities are all libvirt emits in attributes.
+    std::string out;
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (v[i] != '&') {
+        out += v[i];
+        continue;
+      }
+      const size_t semi = v.find(';', i);
+      const std::string ent = v.substr(i, semi - i + 1);
+      if (ent == "&amp;")
+        out += '&';
+      else if (ent == "&lt;")
+        out += '<';
+      else if (ent == "&gt;")
+        out += '>';
+      else if (ent == "&apos;")
+        out += '\'';
+      else if (ent == "&quot;")
+        out += '"';
+      else
+        out += ent;
+      i = semi == std::string::npos ? v.size() : semi;
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string XmlEscape(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+absl::Status ParseBool(std::string_view element, std::string_view text,
+                       bool* out) {
+  const std::string t = absl::AsciiStrToLower(
+      absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  if (t == "true" || t == "yes" || t == "on" || t == "1") {
+    *out = true;
+  } else if (t == "false" || t == "no" || t == "off" || t == "0") {
+    *out = false;
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat("tmem metadata <",
+                                                   std::string(element), ">'",
+                                                   t, "': use true or false"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string TmemShmemXml(std::string_view socket_path, int vectors) {
+  return absl::StrCat("<shmem name='", std::string(kTmemShmemName),
+                      "'><model type='ivshmem-doorbell'/><server path='",
+                      XmlEscape(socket_path), "'/><msi vectors='", vectors,
+                      "' ioeventfd='on'/></shmem>");
+}
+
+std::optional<TmemDevice> FindTmemDevice(std::string_view xml) {
+  for (auto e = FindElement(xml, "shmem"); e;
+       e = FindElement(xml, "shmem", e->end)) {
+    if (Attr(StartTag(xml, *e), "name") != std::string(kTmemShmemName))
+      continue;
+    const std::string_view body = xml.substr(e->begin, e->end - e->begin);
+    TmemDevice d;
+    if (auto s = FindElement(body, "server")) {
+      d.server_path = Attr(StartTag(body, *s), "path").value_or("");
+    }
+    if (auto a = FindElement(body, "alias")) {
+      d.alias = Attr(StartTag(body, *a), "name").value_or("");
+    }
+    return d;
+  }
+  return std::nullopt;
+}
+
+absl::Status CheckPciHotplug(std::string_view xml) {
+  std::string machine;
+  if (auto os = FindElement(xml, "os")) {
+    const std::string_view body = xml.substr(os->begin, os->end - os->begin);
+    if (auto t = FindElement(body, "type")) {
+      machine = Attr(StartTag(body, *t), "machine").value_or("");
+    }
+  }
+  if (machine.find("q35") != std::string::npos) {
+    for (auto c = FindElement(xml, "controller"); c;
+         c = FindElement(xml, "controller", c->end)) {
+      if (Attr(StartTag(xml, *c), "model") == "pcie-to-pci-bridge") {
+        return absl::OkStatus();
+      }
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "machine '", machine,
+        "' (q35) cannot hot-plug the ivshmem-doorbell device, a conventional "
+        "PCI device, without a PCIe-to-PCI bridge: add <controller "
+        "type='pci' model='pcie-to-pci-bridge'/> to the domain (virsh edit), "
+        "restart it, then attach again"));
+  }
+  if (machine.find("pc") != std::string::npos ||
+      machine.find("i440fx") != std::string::npos) {
+    bool acpi = false;
+    if (auto f = FindElement(xml, "features")) {
+      acpi = FindElement(xml.substr(f->begin, f->end - f->begin), "acpi")
+                 .has_value();
+    }
+    if (!acpi) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "machine '", machine,
+          "' has ACPI off, so PCI hot-plug is impossible: add <acpi/> under "
+          "<features> (virsh edit), restart the domain, then attach again "
+          "(or attach with --persistent and restart)"));
+    }
+    return absl::OkStatus();
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("machine '", machine,
+                   "' is not pc (i440fx) or q35: tmemd only knows how to "
+                   "hot-plug ivshmem-doorbell on those"));
+}
+
+absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
+  TmemMetadata m;
+  auto root = FindElement(xml, "tmem");
+  if (!root) {
+    return absl::InvalidArgumentError("tmem metadata has no <tmem> element");
+  }
+  if (root->self_closing) return m;
+  size_t at = root->open_end;
+  const size_t stop = xml.rfind("</", root->end - 1);
+  while (true) {
+    const size_t lt = xml.find('<', at);
+    if (lt == std::string_view::npos || lt >= stop) break;
+    if (xml.substr(lt, 4) == "<!--") {
+      const size_t c = xml.find("-->", lt);
+      at = c == std::string_view::npos ? stop : c + 3;
+      continue;
+    }
+    size_t n = lt + 1;
+    size_t local = n;
+    while (n < xml.size() && (IsNameChar(xml[n]) || xml[n] == ':')) {
+      if (xml[n] == ':') local = n + 1;
+      ++n;
+    }
+    const std::string name(xml.substr(local, n - local));
+    auto e = FindElement(xml, name, lt);
+    if (!e || e->begin != lt) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tmem metadata: malformed <", name, ">"));
+    }
+    const std::string_view sv = Text(xml, *e);
+    const std::string text(
+        absl::StripAsciiWhitespace(absl::string_view(sv.data(), sv.size())));
+    absl::Status s;
+    if (name == "enabled") {
+      s = ParseBool(name, text, &m.policy.enabled);
+    } else if (name == "frozen") {
+      s = ParseBool(name, text, &m.policy.frozen);
+    } else if (name == "autoattach") {
+      s = ParseBool(name, text, &m.autoattach);
+    } else if (name == "quota") {
+      if (text == "unlimited" || text.empty()) {
+        m.policy.quota_bytes = kUnlimitedQuota;
+      } else {
+        absl::StatusOr<uint64_t> q = ParseSize(text);
+        if (!q.ok()) {
+          s = absl::InvalidArgumentError(
+              absl::StrCat("tmem metadata <quota>: ", q.status().message()));
+        } else {
+          m.policy.quota_bytes = *q;
+        }
+      }
+    } else if (name == "weight") {
+      uint32_t w = 0;
+      if (!absl::SimpleAtoi(text, &w) || w < 1 || w > 1000000) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("tmem metadata <weight>'", text,
+                         "': use an integer in [1, 1000000]"));
+      } else {
+        m.policy.weight = w;
+      }
+    } else if (name == "mode") {
+      if (!ParseValveMode(text, &m.policy.mode)) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("tmem metadata <mode>'", text,
+                         "': use default, off, always or adaptive"));
+      }
+    } else {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "tmem metadata: unknown element <", name,
+          "> (known: enabled, quota, weight, mode, frozen, autoattach)"));
+    }
+    if (!s.ok()) return s;
+    at = e->end;
+  }
+  return m;
+}
+
+std::string FormatTmemMetadata(const TmemMetadata& m) {
+  const VmPolicy& p = m.policy;
+  return absl::StrCat(
+      "<tmem><enabled>", p.enabled ? "true" : "false", "</enabled><quota>",
+      p.quota_bytes == kUnlimitedQuota ? std::string("unlimited")
+                                       : absl::StrCat(p.quota_bytes),
+      "</quota><weight>", p.weight, "</weight><mode>",
+      std::string(ValveModeName(p.mode)), "</mode><frozen>",
+      p.frozen ? "true" : "false", "</frozen><autoattach>",
+      m.autoattach ? "true" : "false", "</autoattach></tmem>");
+}
+
+std::string DomainXmlElement(std::string_view xml, std::string_view element) {
+  auto e = FindElement(xml, element);
+  if (!e) return "";
+  const std::string_view t = Text(xml, *e);
+  return std::string(
+      absl::StripAsciiWhitespace(absl::string_view(t.data(), t.size())));
+}
+
+}  // namespace tmem

@@ -1,0 +1,69 @@
+// The bits of libvirt domain XML tmemd reads and writes: the tmem shmem
+// device, the machine's hotplug ability, and tmemd's metadata element.
+//
+// libvirt generates the XML it returns, so a small scanner is enough here
+// (no libxml2): attributes may use either quote, elements may carry a
+// namespace prefix. Pure functions, thread-safe.
+#ifndef TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_XML_H_
+#define TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_XML_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "backend/tmem_store.h"
+
+namespace tmem {
+
+// The shmem device's name in the domain XML (QEMU id "shmem<N>", libvirt
+// alias "shmem<N>"); one tmem device per domain.
+inline constexpr std::string_view kTmemShmemName = "tmem0";
+// tmemd's metadata namespace and its usual prefix.
+inline constexpr std::string_view kTmemMetadataUri =
+    "https://tmemd.dev/xmlns/tmem/1";
+inline constexpr std::string_view kTmemMetadataPrefix = "tmem";
+
+// <shmem name='tmem0'><model type='ivshmem-doorbell'/><server path='P'/>
+// <msi vectors='N' ioeventfd='on'/></shmem>
+std::string TmemShmemXml(std::string_view socket_path, int vectors);
+
+struct TmemDevice {
+  std::string server_path;  // <server path=...>
+  std::string alias;        // live XML only: libvirt's alias ("shmem0")
+};
+// The tmem shmem device of a domain XML, if any.
+std::optional<TmemDevice> FindTmemDevice(std::string_view domain_xml);
+
+// OK when QEMU can hot-plug a PCI device into this (live) domain:
+// machine pc (i440fx) with <acpi/>, or q35 with a pcie-to-pci-bridge
+// controller. FAILED_PRECONDITION otherwise, saying how to fix it.
+absl::Status CheckPciHotplug(std::string_view domain_xml);
+
+// Per-VM settings from the domain metadata:
+//   <tmem:tmem xmlns:tmem="https://tmemd.dev/xmlns/tmem/1">
+//     <enabled>true</enabled> <quota>512MiB</quota> <weight>200</weight>
+//     <mode>adaptive</mode> <frozen>false</frozen>
+//     <autoattach>true</autoattach>
+//   </tmem:tmem>
+// Every element is optional; missing ones keep VmPolicy's defaults.
+struct TmemMetadata {
+  VmPolicy policy;
+  bool autoattach = false;
+};
+// INVALID_ARGUMENT naming the element for a bad value or an unknown element
+// (a typo must not silently fall back to a default).
+absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml);
+// The element for virDomainSetMetadata (root without a namespace: libvirt
+// puts it in kTmemMetadataUri with the prefix it is given).
+std::string FormatTmemMetadata(const TmemMetadata& metadata);
+
+// libvirt's <uuid> and <name> of a domain XML ("" when absent).
+std::string DomainXmlElement(std::string_view domain_xml,
+                             std::string_view element);
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_XML_H_

@@ -1,0 +1,478 @@
+#include "host-agent/libvirt/libvirt_hypervisor.h"
+
+#include <libvirt/virterror.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/libvirt/domain_xml.h"
+#include "host-agent/log.h"
+
+namespace tmem {
+namespace {
+
+// libvirt prints every error to stderr by default; tmemd reports them
+// through its own Status values and log instead.
+void QuietErrors(void* /*opaque*/, virErrorPtr /*error*/) {}
+
+// One process-wide event loop thread (libvirt's default implementation is
+// global and cannot be unregistered).
+absl::Status EnsureEventLoop() {
+  static std::once_flag once;
+  static int rc = 0;
+  std::call_once(once, [] {
+    virSetErrorFunc(nullptr, QuietErrors);
+    if (virInitialize() < 0 || virEventRegisterDefaultImpl() < 0) {
+      rc = -1;
+      return;
+    }
+    std::thread([] {
+      for (;;) {
+        if (virEventRunDefaultImpl() < 0) {
+          Log(LogLevel::kError, "libvirt_event_loop_error");
+        }
+      }
+    }).detach();
+  });
+  if (rc < 0) {
+    return absl::InternalError("cannot start libvirt's default event loop");
+  }
+  return absl::OkStatus();
+}
+
+// Live instances. libvirt may still be running one of our callbacks on its
+// event thread while an instance is destroyed (deregistering does not wait
+// for a callback in flight), so callbacks reach an instance only through
+// this set, under its mutex; the destructor leaves the set first.
+std::mutex& LiveMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::set<LibvirtHypervisor*>& LiveSet() {
+  static std::set<LibvirtHypervisor*> live;
+  return live;
+}
+void Dispatch(void* opaque, const DomainEvent& event) {
+  std::lock_guard<std::mutex> l(LiveMutex());
+  auto* self = static_cast<LibvirtHypervisor*>(opaque);
+  if (LiveSet().count(self) != 0) self->Emit(event);
+}
+
+std::string LastErrorMessage() {
+  virErrorPtr e = virGetLastError();
+  return e != nullptr && e->message != nullptr ? e->message
+                                               : "unknown libvirt error";
+}
+
+absl::Status LastError(std::string_view what) {
+  virErrorPtr e = virGetLastError();
+  const int code = e != nullptr ? e->code : VIR_ERR_INTERNAL_ERROR;
+  std::string msg = absl::StrCat(std::string(what), ": ", LastErrorMessage());
+  switch (code) {
+    case VIR_ERR_NO_DOMAIN:
+      return absl::NotFoundError(msg);
+    case VIR_ERR_OPERATION_INVALID:
+    case VIR_ERR_CONFIG_UNSUPPORTED:
+    case VIR_ERR_OPERATION_UNSUPPORTED:
+    case VIR_ERR_OPERATION_FAILED:
+      return absl::FailedPreconditionError(msg);
+    case VIR_ERR_NO_SUPPORT:
+      return absl::UnimplementedError(msg);
+    case VIR_ERR_INVALID_CONN:
+    case VIR_ERR_RPC:
+    case VIR_ERR_SYSTEM_ERROR:
+    case VIR_ERR_NO_CONNECT:
+      return absl::UnavailableError(msg);
+    default:
+      return absl::InternalError(msg);
+  }
+}
+
+unsigned AffectFlags(bool live, bool config) {
+  unsigned f = 0;
+  if (live) f |= VIR_DOMAIN_AFFECT_LIVE;
+  if (config) f |= VIR_DOMAIN_AFFECT_CONFIG;
+  return f;  // 0 == VIR_DOMAIN_AFFECT_CURRENT
+}
+
+// RAII for a looked-up domain.
+struct DomainHandle {
+  virDomainPtr dom = nullptr;
+  DomainHandle() = default;
+  DomainHandle(const DomainHandle&) = delete;
+  DomainHandle& operator=(const DomainHandle&) = delete;
+  ~DomainHandle() {
+    if (dom != nullptr) virDomainFree(dom);
+  }
+};
+
+DomainEvent BaseEvent(virDomainPtr dom, DomainEvent::Kind kind) {
+  DomainEvent e;
+  e.kind = kind;
+  const char* name = virDomainGetName(dom);
+  e.domain = name != nullptr ? name : "";
+  char uuid[VIR_UUID_STRING_BUFLEN] = {};
+  if (virDomainGetUUIDString(dom, uuid) == 0) e.uuid = uuid;
+  return e;
+}
+
+std::string StoppedDetail(int detail) {
+  switch (detail) {
+    case VIR_DOMAIN_EVENT_STOPPED_SHUTDOWN:
+      return "shutdown";
+    case VIR_DOMAIN_EVENT_STOPPED_DESTROYED:
+      return "destroyed";
+    case VIR_DOMAIN_EVENT_STOPPED_CRASHED:
+      return "crashed";
+    case VIR_DOMAIN_EVENT_STOPPED_MIGRATED:
+      return "migrated";
+    case VIR_DOMAIN_EVENT_STOPPED_SAVED:
+      return "saved";
+    case VIR_DOMAIN_EVENT_STOPPED_FAILED:
+      return "failed";
+    case VIR_DOMAIN_EVENT_STOPPED_FROM_SNAPSHOT:
+      return "from_snapshot";
+    default:
+      return absl::StrCat("detail ", detail);
+  }
+}
+
+int OnLifecycle(virConnectPtr /*conn*/, virDomainPtr dom, int event, int detail,
+                void* opaque) {
+  using Kind = DomainEvent::Kind;
+  DomainEvent e;
+  switch (event) {
+    case VIR_DOMAIN_EVENT_DEFINED:
+      e = BaseEvent(dom, Kind::kDefined);
+      break;
+    case VIR_DOMAIN_EVENT_UNDEFINED:
+      e = BaseEvent(dom, Kind::kUndefined);
+      break;
+    case VIR_DOMAIN_EVENT_STARTED:
+      e = BaseEvent(dom, Kind::kStarted);
+      e.detail = detail == VIR_DOMAIN_EVENT_STARTED_MIGRATED ? "migrated" : "";
+      break;
+    case VIR_DOMAIN_EVENT_STOPPED:
+      e = BaseEvent(dom, Kind::kStopped);
+      e.detail = StoppedDetail(detail);
+      break;
+    default:
+      return 0;
+  }
+  Dispatch(opaque, e);
+  return 0;
+}
+
+void OnDeviceRemoved(virConnectPtr /*conn*/, virDomainPtr dom,
+                     const char* alias, void* opaque) {
+  DomainEvent e = BaseEvent(dom, DomainEvent::Kind::kDeviceRemoved);
+  e.alias = alias != nullptr ? alias : "";
+  Dispatch(opaque, e);
+}
+
+void OnDeviceRemovalFailed(virConnectPtr /*conn*/, virDomainPtr dom,
+                           const char* alias, void* opaque) {
+  DomainEvent e = BaseEvent(dom, DomainEvent::Kind::kDeviceRemovalFailed);
+  e.alias = alias != nullptr ? alias : "";
+  Dispatch(opaque, e);
+}
+
+void OnMetadataChange(virConnectPtr /*conn*/, virDomainPtr dom, int type,
+                      const char* nsuri, void* opaque) {
+  if (type != VIR_DOMAIN_METADATA_ELEMENT || nsuri == nullptr ||
+      std::string_view(nsuri) != kTmemMetadataUri) {
+    return;
+  }
+  Dispatch(opaque, BaseEvent(dom, DomainEvent::Kind::kMetadataChanged));
+}
+
+void OnClose(virConnectPtr conn, int reason, void* opaque) {
+  std::lock_guard<std::mutex> l(LiveMutex());
+  auto* self = static_cast<LibvirtHypervisor*>(opaque);
+  if (LiveSet().count(self) != 0) self->OnClosed(conn, reason);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> LibvirtHypervisor::Connect(
+    const LibvirtOptions& options) {
+  if (absl::Status s = EnsureEventLoop(); !s.ok()) return s;
+  std::unique_ptr<LibvirtHypervisor> hv(new LibvirtHypervisor(options));
+  {
+    std::lock_guard<std::mutex> l(LiveMutex());
+    LiveSet().insert(hv.get());
+  }
+  {
+    std::lock_guard<std::mutex> l(hv->mu_);
+    if (absl::Status s = hv->OpenLocked(); !s.ok()) return s;
+  }
+  hv->reconnect_thread_ = std::thread([p = hv.get()] { p->ReconnectLoop(); });
+  return hv;
+}
+
+LibvirtHypervisor::LibvirtHypervisor(LibvirtOptions options)
+    : options_(std::move(options)) {}
+
+LibvirtHypervisor::~LibvirtHypervisor() {
+  {
+    std::lock_guard<std::mutex> l(LiveMutex());
+    LiveSet().erase(this);
+  }
+  SetEventHandler(nullptr);
+  {
+    std::lock_guard<std::mutex> l(reconnect_mu_);
+    stop_ = true;
+  }
+  reconnect_cv_.notify_all();
+  if (reconnect_thread_.joinable()) reconnect_thread_.join();
+  std::lock_guard<std::mutex> l(mu_);
+  CloseLocked();
+}
+
+void LibvirtHypervisor::SetEventHandler(EventHandler handler) {
+  std::lock_guard<std::mutex> l(handler_mu_);
+  handler_ = std::move(handler);
+}
+
+void LibvirtHypervisor::Emit(const DomainEvent& event) {
+  std::lock_guard<std::mutex> l(handler_mu_);
+  if (handler_) handler_(event);
+}
+
+void LibvirtHypervisor::OnClosed(virConnectPtr /*conn*/, int reason) {
+  connected_ = false;
+  Log(LogLevel::kWarn, "libvirt_closed",
+      {{"uri", options_.uri}, {"reason", reason}});
+  {
+    std::lock_guard<std::mutex> l(reconnect_mu_);
+    lost_ = true;
+  }
+  reconnect_cv_.notify_all();
+}
+
+absl::Status LibvirtHypervisor::OpenLocked() {
+  conn_ = virConnectOpen(options_.uri.c_str());
+  if (conn_ == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to libvirt at '",
+                                               options_.uri,
+                                               "': ", LastErrorMessage()));
+  }
+  // Keepalive needs the event loop; it makes a hung daemon visible.
+  virConnectSetKeepAlive(conn_, options_.keepalive_interval_s,
+                         options_.keepalive_count);
+  virConnectRegisterCloseCallback(conn_, OnClose, this, nullptr);
+  struct Reg {
+    int id;
+    virConnectDomainEventGenericCallback cb;
+  };
+  const Reg regs[] = {
+      {VIR_DOMAIN_EVENT_ID_LIFECYCLE, VIR_DOMAIN_EVENT_CALLBACK(OnLifecycle)},
+      {VIR_DOMAIN_EVENT_ID_DEVICE_REMOVED,
+       VIR_DOMAIN_EVENT_CALLBACK(OnDeviceRemoved)},
+      {VIR_DOMAIN_EVENT_ID_DEVICE_REMOVAL_FAILED,
+       VIR_DOMAIN_EVENT_CALLBACK(OnDeviceRemovalFailed)},
+      {VIR_DOMAIN_EVENT_ID_METADATA_CHANGE,
+       VIR_DOMAIN_EVENT_CALLBACK(OnMetadataChange)},
+  };
+  for (const Reg& r : regs) {
+    const int id = virConnectDomainEventRegisterAny(conn_, nullptr, r.id, r.cb,
+                                                    this, nullptr);
+    if (id < 0) {
+      absl::Status s = LastError("register libvirt domain events");
+      CloseLocked();
+      return s;
+    }
+    callback_ids_.push_back(id);
+  }
+  connected_ = true;
+  Log(LogLevel::kInfo, "libvirt_connected", {{"uri", options_.uri}});
+  return absl::OkStatus();
+}
+
+void LibvirtHypervisor::CloseLocked() {
+  connected_ = false;
+  if (conn_ == nullptr) return;
+  for (int id : callback_ids_) virConnectDomainEventDeregisterAny(conn_, id);
+  callback_ids_.clear();
+  virConnectUnregisterCloseCallback(conn_, OnClose);
+  virConnectClose(conn_);
+  conn_ = nullptr;
+}
+
+void LibvirtHypervisor::ReconnectLoop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> l(reconnect_mu_);
+      reconnect_cv_.wait(l, [this] { return stop_ || lost_; });
+      if (stop_) return;
+      lost_ = false;
+    }
+    DomainEvent lost;
+    lost.kind = DomainEvent::Kind::kConnectionLost;
+    Emit(lost);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      CloseLocked();
+    }
+    auto backoff = options_.min_backoff;
+    for (int attempt = 1;; ++attempt) {
+      absl::Status s;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        s = OpenLocked();
+      }
+      if (s.ok()) {
+        ++reconnects_;
+        Log(LogLevel::kInfo, "libvirt_reconnected",
+            {{"uri", options_.uri}, {"attempts", attempt}});
+        DomainEvent back;
+        back.kind = DomainEvent::Kind::kReconnected;
+        Emit(back);
+        break;
+      }
+      Log(LogLevel::kWarn, "libvirt_reconnect_failed",
+          {{"uri", options_.uri},
+           {"attempt", attempt},
+           {"retry_ms", static_cast<int64_t>(backoff.count())},
+           {"error", s.message()}});
+      std::unique_lock<std::mutex> l(reconnect_mu_);
+      if (reconnect_cv_.wait_for(l, backoff, [this] { return stop_; })) return;
+      backoff = std::min(backoff * 2, options_.max_backoff);
+    }
+  }
+}
+
+#define TMEM_NEED_CONN()                                                     \
+  if (conn_ == nullptr) {                                                    \
+    return absl::UnavailableError(absl::StrCat(                              \
+        "not connected to libvirt at '", options_.uri, "' (reconnecting)")); \
+  }
+
+absl::StatusOr<std::vector<DomainSummary>> LibvirtHypervisor::ListDomains() {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  virDomainPtr* doms = nullptr;
+  const int n = virConnectListAllDomains(conn_, &doms, 0);
+  if (n < 0) return LastError("list domains");
+  std::vector<DomainSummary> out;
+  for (int i = 0; i < n; ++i) {
+    DomainSummary d;
+    const char* name = virDomainGetName(doms[i]);
+    d.name = name != nullptr ? name : "";
+    char uuid[VIR_UUID_STRING_BUFLEN] = {};
+    if (virDomainGetUUIDString(doms[i], uuid) == 0) d.uuid = uuid;
+    d.active = virDomainIsActive(doms[i]) == 1;
+    d.persistent = virDomainIsPersistent(doms[i]) == 1;
+    out.push_back(std::move(d));
+    virDomainFree(doms[i]);
+  }
+  free(doms);  // NOLINT(cppcoreguidelines-no-malloc): libvirt allocates it
+  return out;
+}
+
+absl::StatusOr<DomainSummary> LibvirtHypervisor::GetDomain(
+    const std::string& name) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  DomainSummary d;
+  d.name = name;
+  char uuid[VIR_UUID_STRING_BUFLEN] = {};
+  if (virDomainGetUUIDString(h.dom, uuid) == 0) d.uuid = uuid;
+  d.active = virDomainIsActive(h.dom) == 1;
+  d.persistent = virDomainIsPersistent(h.dom) == 1;
+  return d;
+}
+
+absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
+                                                      bool inactive) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  char* xml =
+      virDomainGetXMLDesc(h.dom, inactive ? VIR_DOMAIN_XML_INACTIVE : 0);
+  if (xml == nullptr) return LastError(absl::StrCat("XML of '", name, "'"));
+  std::string out(xml);
+  free(xml);  // NOLINT(cppcoreguidelines-no-malloc)
+  return out;
+}
+
+absl::StatusOr<std::optional<std::string>> LibvirtHypervisor::GetMetadata(
+    const std::string& name, bool inactive) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  const std::string uri(kTmemMetadataUri);
+  char* xml = virDomainGetMetadata(
+      h.dom, VIR_DOMAIN_METADATA_ELEMENT, uri.c_str(),
+      inactive ? VIR_DOMAIN_AFFECT_CONFIG : VIR_DOMAIN_AFFECT_CURRENT);
+  if (xml == nullptr) {
+    virErrorPtr e = virGetLastError();
+    if (e != nullptr && e->code == VIR_ERR_NO_DOMAIN_METADATA) {
+      return std::optional<std::string>();
+    }
+    return LastError(absl::StrCat("metadata of '", name, "'"));
+  }
+  std::string out(xml);
+  free(xml);  // NOLINT(cppcoreguidelines-no-malloc)
+  return std::optional<std::string>(std::move(out));
+}
+
+absl::Status LibvirtHypervisor::SetMetadata(const std::string& name,
+                                            const std::string& xml, bool live,
+                                            bool config) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  const std::string uri(kTmemMetadataUri);
+  const std::string prefix(kTmemMetadataPrefix);
+  if (virDomainSetMetadata(h.dom, VIR_DOMAIN_METADATA_ELEMENT, xml.c_str(),
+                           prefix.c_str(), uri.c_str(),
+                           AffectFlags(live, config)) < 0) {
+    return LastError(absl::StrCat("set metadata of '", name, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LibvirtHypervisor::AttachDevice(const std::string& name,
+                                             const std::string& xml, bool live,
+                                             bool config) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (virDomainAttachDeviceFlags(h.dom, xml.c_str(),
+                                 AffectFlags(live, config)) < 0) {
+    return LastError("virDomainAttachDeviceFlags");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LibvirtHypervisor::DetachDevice(const std::string& name,
+                                             const std::string& xml, bool live,
+                                             bool config) {
+  std::lock_guard<std::mutex> l(mu_);
+  TMEM_NEED_CONN();
+  DomainHandle h;
+  h.dom = virDomainLookupByName(conn_, name.c_str());
+  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (virDomainDetachDeviceFlags(h.dom, xml.c_str(),
+                                 AffectFlags(live, config)) < 0) {
+    return LastError("virDomainDetachDeviceFlags");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tmem

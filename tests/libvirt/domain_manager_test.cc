@@ -1,0 +1,381 @@
+// DomainManager's logic against FakeHypervisor and a real Agent (real
+// channels and sockets in a temporary directory, a real store).
+#include "host-agent/libvirt/domain_manager.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "host-agent/agent.h"
+#include "host-agent/libvirt/domain_xml.h"
+#include "tests/libvirt/fake_hypervisor.h"
+#include "tests/test_pages.h"
+
+namespace tmem {
+namespace {
+
+using std::chrono::milliseconds;
+
+std::string Meta(const std::string& inner) {
+  return "<tmem xmlns=\"https://tmemd.dev/xmlns/tmem/1\">" + inner + "</tmem>";
+}
+
+bool Exists(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0;
+}
+
+class DomainManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tmemd-dm-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    AgentOptions o;
+    o.socket_dir = dir_;
+    o.workers = 1;
+    o.run_valve_ticker = false;
+    absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agent_ = std::move(*a);
+    DomainManagerOptions mo;
+    mo.detach_timeout = milliseconds(200);
+    manager_ = std::make_unique<DomainManager>(agent_.get(), &hv_, mo);
+  }
+  void TearDown() override {
+    manager_.reset();
+    agent_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  FakeHypervisor::Domain WithDevice(const std::string& sock) {
+    FakeHypervisor::Domain d;
+    d.config_devices.push_back(TmemShmemXml(dir_ + "/" + sock, 1));
+    return d;
+  }
+  // Stores `n` pages for the VM; returns the VM's page count.
+  uint64_t PutPages(const std::string& vm, int n) {
+    TmemStore& store = agent_->store();
+    const VmId id = store.FindVm(vm).value();
+    const PoolId pool = store.NewPool(id, nullptr).value();
+    for (int i = 0; i < n; ++i) {
+      ObjectId oid;
+      oid.words[0] = 7;
+      const test::Page page = test::TextPage(i);
+      EXPECT_TRUE(store.Put(id, pool, oid, i, ConstPage(page)).ok());
+    }
+    return Pages(vm);
+  }
+  uint64_t Pages(const std::string& vm) {
+    absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
+    if (!info.ok()) return 0;
+    return info->stats.counters[static_cast<int>(Counter::kPagesHeld)];
+  }
+  std::optional<DomainAttachState> Find(const std::string& domain) {
+    for (const DomainAttachState& s : manager_->List()) {
+      if (s.domain == domain) return s;
+    }
+    return std::nullopt;
+  }
+
+  std::string dir_;
+  FakeHypervisor hv_;
+  std::unique_ptr<Agent> agent_;
+  std::unique_ptr<DomainManager> manager_;
+};
+
+TEST_F(DomainManagerTest, StartupCreatesChannelsForDomainsWithTheDevice) {
+  hv_.Define("web1", WithDevice("web1.sock"));
+  hv_.Define("plain", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_TRUE(agent_->HasVm("web1"));
+  EXPECT_TRUE(Exists(dir_ + "/web1.sock"));
+  EXPECT_FALSE(agent_->HasVm("plain"));
+  ASSERT_EQ(manager_->List().size(), 1u);
+  EXPECT_TRUE(manager_->List()[0].persistent);
+  EXPECT_FALSE(manager_->List()[0].attached);
+  // A domain defined later with the device gets its channel on DEFINED.
+  hv_.Define("web2", WithDevice("web2.sock"));
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("web2"));
+}
+
+TEST_F(DomainManagerTest, RunningDeviceFromAnEarlierTmemdIsReported) {
+  hv_.Define("old", WithDevice("old.sock"));
+  hv_.Start("old");  // QEMU connected to a tmemd that is gone
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_TRUE(agent_->HasVm("old"));
+  auto st = Find("old");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->attached);
+  EXPECT_NE(st->detail.find("does not reconnect"), std::string::npos)
+      << st->detail;
+}
+
+TEST_F(DomainManagerTest, AttachListensBeforeTheDeviceIsAdded) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  bool listening_at_attach = false;
+  hv_.SetAttachHook([&](const std::string& xml) {
+    auto dev = FindTmemDevice("<devices>" + xml + "</devices>");
+    listening_at_attach = dev && Exists(dev->server_path);
+  });
+  absl::StatusOr<DomainAttachState> s = manager_->Attach("web1", false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(listening_at_attach);
+  EXPECT_TRUE(s->attached);
+  EXPECT_FALSE(s->persistent);
+  EXPECT_EQ(s->vm, "web1");
+  absl::StatusOr<VmInfo> vm = agent_->GetVm("web1");
+  ASSERT_TRUE(vm.ok());
+  const std::string uuid = hv_.GetDomain("web1")->uuid;
+  EXPECT_EQ(vm->socket_path, dir_ + "/" + uuid + ".sock");
+  EXPECT_EQ(manager_->Attach("web1", false).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Persistent on top of live: only the config is added.
+  s = manager_->Attach("web1", true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->persistent);
+  EXPECT_TRUE(FindTmemDevice(hv_.GetXml("web1", true).value()).has_value());
+}
+
+TEST_F(DomainManagerTest, AttachErrorsSayWhatToDoAndLeaveNoChannel) {
+  FakeHypervisor::Domain no_acpi;
+  no_acpi.acpi = false;
+  hv_.Define("noacpi", no_acpi);
+  hv_.Start("noacpi");
+  FakeHypervisor::Domain q35;
+  q35.machine = "pc-q35-7.2";
+  hv_.Define("q35", q35);
+  hv_.Start("q35");
+  FakeHypervisor::Domain q35b = q35;
+  q35b.pcie_to_pci_bridge = true;
+  hv_.Define("q35b", q35b);
+  hv_.Start("q35b");
+  hv_.Define("off", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+
+  EXPECT_EQ(manager_->Attach("nosuch", false).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::Status s = manager_->Attach("off", false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("not running"), absl::string_view::npos) << s;
+  s = manager_->Attach("noacpi", false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("<acpi/>"), absl::string_view::npos) << s;
+  s = manager_->Attach("q35", false).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("pcie-to-pci-bridge"), absl::string_view::npos)
+      << s;
+  EXPECT_TRUE(agent_->VmNames().empty());
+  EXPECT_TRUE(manager_->List().empty());
+  EXPECT_TRUE(manager_->Attach("q35b", false).ok());
+  // A stopped domain can get the device in its config for the next start.
+  absl::StatusOr<DomainAttachState> off = manager_->Attach("off", true);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_FALSE(off->attached);
+  EXPECT_TRUE(off->persistent);
+  EXPECT_TRUE(agent_->HasVm("off"));
+}
+
+TEST_F(DomainManagerTest, DetachAckedByTheGuestReleasesTheChannel) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->Attach("web1", false).ok());
+  EXPECT_EQ(PutPages("web1", 5), 5u);
+  absl::StatusOr<DomainAttachState> s = manager_->Detach("web1", false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("web1"));
+  EXPECT_TRUE(manager_->List().empty());
+  EXPECT_EQ(manager_->Detach("web1", false).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(DomainManagerTest, DetachTheGuestNeverAcksTimesOutVisibly) {
+  FakeHypervisor::Domain d;
+  d.guest_acks = false;
+  hv_.Define("web1", d);
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->Attach("web1", false).ok());
+  absl::StatusOr<DomainAttachState> s = manager_->Detach("web1", false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(s->detail.find("waiting"), std::string::npos) << s->detail;
+  EXPECT_TRUE(agent_->HasVm("web1"));  // QEMU still holds the device
+  std::this_thread::sleep_for(milliseconds(400));
+  auto st = Find("web1");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_TRUE(st->attached);
+  EXPECT_NE(st->detail.find("timed out"), std::string::npos) << st->detail;
+  EXPECT_TRUE(agent_->HasVm("web1"));
+  // A late ack still completes the detach.
+  hv_.GuestAcks("web1");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("web1"));
+}
+
+TEST_F(DomainManagerTest, StopDropsPagesAndKeepsAnEmptyChannelForNextStart) {
+  hv_.Define("web1", WithDevice("web1.sock"));
+  ASSERT_TRUE(manager_->Start().ok());
+  hv_.Start("web1");
+  manager_->Flush();
+  EXPECT_EQ(PutPages("web1", 10), 10u);
+  hv_.Destroy("web1");
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("web1"));  // recreated for the next start
+  EXPECT_TRUE(Exists(dir_ + "/web1.sock"));
+  EXPECT_EQ(Pages("web1"), 0u);
+  // Crash and migration drop pages the same way.
+  hv_.Start("web1");
+  PutPages("web1", 3);
+  hv_.Destroy("web1", "migrated");
+  manager_->Flush();
+  EXPECT_EQ(Pages("web1"), 0u);
+  // Undefine a stopped domain: the channel goes.
+  hv_.Undefine("web1");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("web1"));
+  EXPECT_FALSE(Exists(dir_ + "/web1.sock"));
+  EXPECT_TRUE(manager_->List().empty());
+}
+
+TEST_F(DomainManagerTest, StopHandledAfterARestartKeepsTheChannel) {
+  hv_.Define("web1", WithDevice("web1.sock"));
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_EQ(PutPages("web1", 3), 3u);
+  // virsh destroy; virsh start, faster than tmemd handles STOPPED: the new
+  // QEMU may already be on the socket, which must not be unlinked (the
+  // channel itself drops the old boot's pools when the new guest starts).
+  hv_.EmitRaw(DomainEvent::Kind::kStopped, "web1", "destroyed");
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("web1"));
+  EXPECT_EQ(Pages("web1"), 3u);  // the same channel, not a recreated one
+}
+
+TEST_F(DomainManagerTest, TransientDomainStopReleasesEverything) {
+  FakeHypervisor::Domain d;
+  d.persistent = false;
+  hv_.Define("t1", d);
+  hv_.Start("t1");
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->Attach("t1", false).ok());
+  PutPages("t1", 4);
+  hv_.Destroy("t1", "crashed");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("t1"));
+  EXPECT_TRUE(manager_->List().empty());
+}
+
+TEST_F(DomainManagerTest, MetadataIsAppliedAndFollowedLive) {
+  FakeHypervisor::Domain d = WithDevice("web1.sock");
+  d.config_metadata = Meta("<quota>512MiB</quota><weight>200</weight>");
+  hv_.Define("web1", d);
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->weight, 200u);
+  hv_.Start("web1");
+  ASSERT_TRUE(hv_.SetMetadata("web1",
+                              Meta("<quota>64MiB</quota><mode>off</mode>"),
+                              true, false)
+                  .ok());
+  manager_->Flush();
+  absl::StatusOr<VmPolicy> p = agent_->GetVmPolicy("web1");
+  EXPECT_EQ(p->quota_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(p->weight, 100u);  // absent: back to the default
+  EXPECT_EQ(agent_->GetVm("web1")->valve.mode,
+            ValveMode::kOff);  // the valve keeps modes
+  // A gRPC-style change holds until the metadata changes again.
+  VmPolicy grpc = *p;
+  grpc.quota_bytes = uint64_t{8} << 20;
+  ASSERT_TRUE(agent_->SetVmPolicy("web1", grpc).ok());
+  hv_.Destroy("web1");  // lifecycle events alone do not reapply...
+  manager_->Flush();
+  hv_.Start("web1");
+  manager_->Flush();
+  // ...except that a stop recreates the channel, from metadata.
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{512} << 20);
+  ASSERT_TRUE(agent_->SetVmPolicy("web1", grpc).ok());
+  hv_.Define("web1", d);  // e.g. virsh edit of something else
+  manager_->Flush();
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{8} << 20);
+  // Bad metadata keeps the last good policy and says why.
+  ASSERT_TRUE(
+      hv_.SetMetadata("web1", Meta("<quota>huge</quota>"), true, true).ok());
+  manager_->Flush();
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{8} << 20);
+  auto st = Find("web1");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_NE(st->detail.find("quota"), std::string::npos) << st->detail;
+}
+
+TEST_F(DomainManagerTest, AutoattachOnStartAndWhenSwitchedOn) {
+  FakeHypervisor::Domain d;
+  d.config_metadata = Meta("<autoattach>true</autoattach><quota>1MiB</quota>");
+  hv_.Define("auto", d);
+  hv_.Define("later", FakeHypervisor::Domain{});
+  hv_.Start("later");
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_FALSE(agent_->HasVm("auto"));  // not running yet
+  hv_.Start("auto");
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("auto"));
+  EXPECT_TRUE(FindTmemDevice(hv_.GetXml("auto", false).value()).has_value());
+  EXPECT_EQ(agent_->GetVmPolicy("auto")->quota_bytes, uint64_t{1} << 20);
+  EXPECT_FALSE(agent_->HasVm("later"));
+  // A domain that cannot hot-plug is listed with the reason.
+  FakeHypervisor::Domain no_acpi;
+  no_acpi.acpi = false;
+  no_acpi.config_metadata = Meta("<autoattach>true</autoattach>");
+  hv_.Define("noacpi", no_acpi);
+  hv_.Start("noacpi");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("noacpi"));
+  auto st = Find("noacpi");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_NE(st->detail.find("autoattach failed"), std::string::npos)
+      << st->detail;
+  EXPECT_NE(st->detail.find("<acpi/>"), std::string::npos) << st->detail;
+  ASSERT_TRUE(
+      hv_.SetMetadata("later", Meta("<autoattach>on</autoattach>"), true, false)
+          .ok());
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("later"));
+  EXPECT_TRUE(FindTmemDevice(hv_.GetXml("later", false).value()).has_value());
+}
+
+TEST_F(DomainManagerTest, ResynchronizesAfterReconnect) {
+  hv_.Define("gone", WithDevice("gone.sock"));
+  hv_.Define("stays", WithDevice("stays.sock"));
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(agent_->HasVm("gone"));
+  hv_.LoseConnection();
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("gone"));  // kept while disconnected
+  // Meanwhile (events lost): one domain undefined, one defined.
+  hv_.SetQuiet(true);
+  hv_.Erase("gone");
+  hv_.Define("new", WithDevice("new.sock"));
+  hv_.SetQuiet(false);
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("new"));
+  hv_.Reconnect();
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("gone"));
+  EXPECT_TRUE(agent_->HasVm("stays"));
+  EXPECT_TRUE(agent_->HasVm("new"));
+}
+
+}  // namespace
+}  // namespace tmem

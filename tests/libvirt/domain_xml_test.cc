@@ -1,0 +1,140 @@
+// The domain XML scanner: the tmem device, hotplug checks, metadata.
+#include "host-agent/libvirt/domain_xml.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+namespace tmem {
+namespace {
+
+TEST(DomainXmlTest, ShmemXmlRoundTrips) {
+  const std::string xml = TmemShmemXml("/run/tmemd/a'b.sock", 2);
+  EXPECT_NE(xml.find("<model type='ivshmem-doorbell'/>"), std::string::npos);
+  EXPECT_NE(xml.find("vectors='2' ioeventfd='on'"), std::string::npos);
+  auto dev = FindTmemDevice("<domain><devices>" + xml + "</devices></domain>");
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->server_path, "/run/tmemd/a'b.sock");
+}
+
+TEST(DomainXmlTest, FindsOnlyTheTmemShmemWithItsAlias) {
+  const std::string xml = R"(<domain type="qemu"><name>web1</name>
+    <uuid>c7a5fdbd-edaf-9455-926a-d65c16db1809</uuid><devices>
+    <shmem name="other"><model type="ivshmem-plain"/><size unit="M">4</size></shmem>
+    <shmem name="tmem0">
+      <model type="ivshmem-doorbell"/>
+      <server path="/run/tmemd/x.sock"/>
+      <msi vectors="1" ioeventfd="on"/>
+      <alias name="shmem1"/>
+      <address type="pci" domain="0x0000" bus="0x00" slot="0x05"/>
+    </shmem></devices></domain>)";
+  auto dev = FindTmemDevice(xml);
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->server_path, "/run/tmemd/x.sock");
+  EXPECT_EQ(dev->alias, "shmem1");
+  EXPECT_EQ(DomainXmlElement(xml, "name"), "web1");
+  EXPECT_EQ(DomainXmlElement(xml, "uuid"),
+            "c7a5fdbd-edaf-9455-926a-d65c16db1809");
+  EXPECT_FALSE(FindTmemDevice("<domain><devices><shmem name='tmem01'/>"
+                              "</devices></domain>")
+                   .has_value());
+}
+
+TEST(DomainXmlTest, HotplugNeedsAcpiOnPcAndABridgeOnQ35) {
+  const std::string pc_acpi =
+      "<domain><os><type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>"
+      "</os><features><acpi/><apic/></features><devices/></domain>";
+  EXPECT_TRUE(CheckPciHotplug(pc_acpi).ok());
+  const std::string pc_no_acpi =
+      "<domain><os><type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>"
+      "</os><features><apic/></features><devices/></domain>";
+  absl::Status s = CheckPciHotplug(pc_no_acpi);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("<acpi/>"), absl::string_view::npos) << s;
+  const std::string q35 =
+      "<domain><os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>"
+      "<features><acpi/></features><devices><controller type='pci' "
+      "index='0' model='pcie-root'/></devices></domain>";
+  s = CheckPciHotplug(q35);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.message().find("pcie-to-pci-bridge"), absl::string_view::npos)
+      << s;
+  const std::string q35_bridge =
+      "<domain><os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>"
+      "<features><acpi/></features><devices><controller type='pci' "
+      "index='1' model='pcie-to-pci-bridge'><model name='pcie-pci-bridge'/>"
+      "</controller></devices></domain>";
+  EXPECT_TRUE(CheckPciHotplug(q35_bridge).ok());
+}
+
+TEST(DomainXmlTest, ParsesMetadataWithAnyPrefix) {
+  absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(
+      R"(<tmem:tmem xmlns:tmem="https://tmemd.dev/xmlns/tmem/1">
+           <tmem:enabled>true</tmem:enabled>
+           <tmem:quota>512MiB</tmem:quota>
+           <!-- operator note -->
+           <tmem:weight>200</tmem:weight>
+           <tmem:mode>always</tmem:mode>
+           <tmem:frozen>no</tmem:frozen>
+           <tmem:autoattach>yes</tmem:autoattach>
+         </tmem:tmem>)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->policy.quota_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(m->policy.weight, 200u);
+  EXPECT_EQ(m->policy.mode, ValveMode::kAlways);
+  EXPECT_TRUE(m->policy.enabled);
+  EXPECT_FALSE(m->policy.frozen);
+  EXPECT_TRUE(m->autoattach);
+  // What virDomainGetMetadata returns: the default namespace, no prefix.
+  m = ParseTmemMetadata(
+      "<tmem xmlns=\"https://tmemd.dev/xmlns/tmem/1\"><quota>1GiB</quota>"
+      "<enabled>false</enabled></tmem>");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->policy.quota_bytes, uint64_t{1} << 30);
+  EXPECT_FALSE(m->policy.enabled);
+  EXPECT_EQ(m->policy.weight, 100u);
+  EXPECT_FALSE(m->autoattach);
+  m = ParseTmemMetadata("<tmem/>");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->policy.quota_bytes, kUnlimitedQuota);
+}
+
+TEST(DomainXmlTest, RejectsBadMetadataNamingTheElement) {
+  for (const char* bad :
+       {"<tmem><quota>lots</quota></tmem>", "<tmem><weight>0</weight></tmem>",
+        "<tmem><mode>fast</mode></tmem>",
+        "<tmem><enabled>maybe</enabled></tmem>",
+        "<tmem><qouta>1MiB</qouta></tmem>", "<other/>"}) {
+    absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(bad);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ParseTmemMetadata("<tmem><qouta>1</qouta></tmem>")
+                .status()
+                .message()
+                .find("qouta"),
+            absl::string_view::npos);
+}
+
+TEST(DomainXmlTest, FormatParsesBack) {
+  TmemMetadata m;
+  m.policy.quota_bytes = 12345;
+  m.policy.weight = 7;
+  m.policy.enabled = false;
+  m.policy.frozen = true;
+  m.policy.mode = ValveMode::kOff;
+  m.autoattach = true;
+  absl::StatusOr<TmemMetadata> back = ParseTmemMetadata(FormatTmemMetadata(m));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->policy.quota_bytes, 12345u);
+  EXPECT_EQ(back->policy.weight, 7u);
+  EXPECT_FALSE(back->policy.enabled);
+  EXPECT_TRUE(back->policy.frozen);
+  EXPECT_EQ(back->policy.mode, ValveMode::kOff);
+  EXPECT_TRUE(back->autoattach);
+  back = ParseTmemMetadata(FormatTmemMetadata(TmemMetadata{}));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->policy.quota_bytes, kUnlimitedQuota);
+}
+
+}  // namespace
+}  // namespace tmem

@@ -1,0 +1,99 @@
+// The tmemd binary with --libvirt-uri: connects (test:///default, which
+// tmemd opens in its own process), reports ready, shuts down cleanly on
+// SIGTERM; an unreachable URI is a clear startup error.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/libvirt/libvirt_test_support.h"
+
+extern char** environ;
+
+namespace tmem {
+namespace {
+
+class TmemdLibvirtTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/tmemd-lvd-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    if (pid_ > 0) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  void Spawn(const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {TMEMD_BIN, "--socket-dir", dir_ + "/sock"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, Log().c_str(),
+                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> args;
+    for (std::string& a : argv) args.push_back(a.data());
+    args.push_back(nullptr);
+    ASSERT_EQ(
+        posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ),
+        0);
+    posix_spawn_file_actions_destroy(&actions);
+  }
+  std::string Log() const { return dir_ + "/tmemd.log"; }
+  std::string LogText() const {
+    std::ifstream in(Log());
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  int Wait() {
+    int st = 0;
+    waitpid(pid_, &st, 0);
+    pid_ = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  }
+
+  std::string dir_;
+  pid_t pid_ = -1;
+};
+
+TEST_F(TmemdLibvirtTest, ConnectsReportsReadyAndStopsCleanly) {
+  Spawn({"--libvirt-uri", "test:///default"});
+  ASSERT_TRUE(WaitFor(
+      [&] { return LogText().find("event=tmemd_ready") != std::string::npos; },
+      std::chrono::milliseconds(10000)))
+      << LogText();
+  const std::string log = LogText();
+  EXPECT_NE(log.find("event=libvirt_connected uri=test:///default"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("event=libvirt_ready"), std::string::npos) << log;
+  EXPECT_EQ(log.find("no_vms"), std::string::npos) << log;
+  kill(pid_, SIGTERM);
+  EXPECT_EQ(Wait(), 0) << LogText();
+  EXPECT_NE(LogText().find("event=tmemd_stopped"), std::string::npos);
+}
+
+TEST_F(TmemdLibvirtTest, UnreachableUriIsAStartupError) {
+  Spawn({"--libvirt-uri", "qemu+unix:///system?socket=/nonexistent/sock"});
+  EXPECT_EQ(Wait(), 1) << LogText();
+  EXPECT_NE(LogText().find("event=libvirt_error"), std::string::npos)
+      << LogText();
+}
+
+}  // namespace
+}  // namespace tmem
