@@ -152,7 +152,7 @@ puts=$(( $(logval "${work}/tmemd1.log" final_stats puts_compressed || echo 0) +
          $(logval "${work}/tmemd1.log" final_stats puts_raw || echo 0) +
          $(logval "${work}/tmemd1.log" final_stats puts_zero_same || echo 0) ))
 hits=$(logval "${work}/tmemd1.log" final_stats gets_hit)
-bad=$(logval "${work}/tmemd1.log" vm_channel_stats bad_entries)
+bad=$(logval "${work}/tmemd1.log" vm_stats bad_entries)
 ((puts > 0)) || fail "tmemd stored no puts"
 ((${hits:-0} > 0)) || fail "tmemd served no get hits"
 [[ "${bad:-x}" == 0 ]] || fail "tmemd saw bad ring entries (${bad:-none})"
