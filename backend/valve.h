@@ -74,7 +74,7 @@ struct ValveOptions {
   double throttle_below = 0.02;     // reuse ratio that throttles a VM
   double restore_above = 0.08;      // reuse ratio that restores it
   uint64_t min_samples = 512;       // admitted puts before judging reuse
-  int min_dwell_periods = 10;       // periods between state changes
+  int min_dwell_periods = 4;        // periods between state changes
   uint32_t min_admission = 1024;    // of TMEM_ADMIT_ALL (65536): 1/64
   double reuse_window_decay = 0.9;  // per period, of the reuse counters
   int ghost_bits = 16;              // ghost list: 2^bits key hashes per VM

@@ -258,15 +258,24 @@ absl::Status Agent::TickValve() {
           vm, valve_->VmStatus(vm).throttled ? kThrottledEvictionBias : 1);
     }
   }
-  // Polling burns CPU no VM is charged for: scale the window with the share
-  // of the configured budget the host leaves tmemd (all of it on an idle
-  // host; almost none on a saturated one, where guests ring doorbells).
+  // Polling burns CPU no VM is charged for (a worker spinning between the
+  // gets of a busy re-reader is a whole core). Scale the window with the
+  // share of the configured budget the host leaves tmemd (all of it on an
+  // idle host, almost none on a saturated one, where guests ring doorbells),
+  // and, as a feedback loop on tmemd's measured CPU, halve it each period
+  // tmemd is over its budget and grow it back when well under.
   const ValveHostStatus host = valve_->HostStatus();
   const double configured = host.options.cpu_budget_percent / 100.0;
   const double share =
       configured > 0 ? std::clamp(host.budget_fraction / configured, 0.0, 1.0)
                      : 0.0;
-  const int poll_us = static_cast<int>(options_.worker.poll_us * share);
+  if (host.agent_busy_fraction > host.budget_fraction * 1.02) {
+    poll_scale_ = poll_scale_ * 0.5;
+  } else if (host.agent_busy_fraction < host.budget_fraction * 0.8) {
+    poll_scale_ = std::min(1.0, poll_scale_ * 1.25 + 0.02);
+  }
+  const int poll_us =
+      static_cast<int>(options_.worker.poll_us * std::min(share, poll_scale_));
   for (auto& w : workers_) w->SetPollMicros(poll_us);
   return absl::OkStatus();
 }

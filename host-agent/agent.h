@@ -119,7 +119,8 @@ class Agent {
   // the agent is destroyed.
   void StopServing();
 
-  // One valve period by hand (tests; the ticker does this otherwise).
+  // One valve period by hand (tests; the ticker does this otherwise). One
+  // caller at a time.
   absl::Status TickValve();
 
   TmemStore& store() { return *store_; }
@@ -147,6 +148,7 @@ class Agent {
   std::unique_ptr<CpuSampler> owned_sampler_;
   CpuSampler* sampler_ = nullptr;
   std::vector<std::unique_ptr<Worker>> workers_;
+  double poll_scale_ = 1.0;  // TickValve only: the polling feedback loop
 
   mutable std::mutex mu_;
   std::map<std::string, VmEntry> vms_;  // guarded by mu_
