@@ -849,9 +849,8 @@ INSTANTIATE_TEST_SUITE_P(
                       CoherencyCase{16, 32, true, TMEM_ADMIT_ALL / 3}));
 
 // The check itself must catch a broken host, or its passing means nothing.
-TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatIgnoresInvalidates) {
-  FakeHost host;
-  host.ignore_invalidates = true;
+// Runs the coherency workload against `host` (already configured broken).
+WorkloadResult RunCoherencyAgainst(FakeHost& host) {
   host.Start();
   auto guest = MustCreate(&host);
   WorkloadConfig config;
@@ -863,6 +862,13 @@ TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatIgnoresInvalidates) {
   config.ops = 20000;
   WorkloadResult r = RunWorkload(*guest, config);
   host.Stop();
+  return r;
+}
+
+TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatIgnoresInvalidates) {
+  FakeHost host;
+  host.ignore_invalidates = true;
+  const WorkloadResult r = RunCoherencyAgainst(host);
   EXPECT_GT(r.mismatches, 0u);
   EXPECT_THAT(r.mismatch_report, HasSubstr("expected a miss"));
 }
@@ -870,17 +876,7 @@ TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatIgnoresInvalidates) {
 TEST(TmemGuestCoherencyCheckTest, CatchesAHostThatKeepsStaleVersions) {
   FakeHost host;
   host.keep_first_put = true;
-  host.Start();
-  auto guest = MustCreate(&host);
-  WorkloadConfig config;
-  config.kind = WorkloadKind::kCoherency;
-  // Few keys, many ops: a host thread racing the guest drops puts (ring
-  // full), which invalidates keys and hides the fault; the broken case must
-  // come up anyway.
-  config.pages = 16;
-  config.ops = 20000;
-  WorkloadResult r = RunWorkload(*guest, config);
-  host.Stop();
+  const WorkloadResult r = RunCoherencyAgainst(host);
   EXPECT_GT(r.mismatches, 0u);
   EXPECT_THAT(r.mismatch_report, HasSubstr("STALE version"));
 }
