@@ -192,6 +192,11 @@ absl::Status TmemGuest::Attach() {
                    ? options_.invalidate_reserve
                    : std::max<uint32_t>(1, g->sq_entries / 8);
     reserve_ = std::min(reserve_, g->sq_entries - 1);
+    doorbell_batch_ =
+        options_.posted_doorbell_batch != 0
+            ? options_.posted_doorbell_batch
+            : std::max<uint32_t>(1, std::min(g->sq_entries, slots_usable_) / 16);
+    unrung_ = 0;
     // Adopt the SQ tail the host (re)wrote, repaired if it cannot be right
     // (a previous guest left garbage).
     sq_tail_ = region_.LoadSqTail();
@@ -329,7 +334,21 @@ uint64_t TmemGuest::Post(tmem_sqe& sqe, uint32_t slot, PoolHandle pool) {
   }
   ++sq_tail_;
   region_.PublishSqTail(sq_tail_);
-  MaybeDoorbell();
+  ++unrung_;
+  const bool waited_on =
+      (sqe.flags & TMEM_SQE_F_IRQ) != 0 ||
+      (sqe.opcode != TMEM_OP_PUT && sqe.opcode != TMEM_OP_INVAL_PAGE &&
+       sqe.opcode != TMEM_OP_INVAL_OBJECT && sqe.opcode != TMEM_OP_INVAL_POOL);
+  if (waited_on || unrung_ >= doorbell_batch_) {
+    MaybeDoorbell();
+  } else {
+    GuestRegion::FenceBeforeDoorbellCheck();
+    if ((region_.LoadHostFlags() & TMEM_HOST_NEEDS_DOORBELL) != 0) {
+      ++counters_.doorbells_deferred;
+    } else {
+      unrung_ = 0;  // the host is polling: it sees them
+    }
+  }
   return tag;
 }
 
@@ -339,6 +358,7 @@ void TmemGuest::MaybeDoorbell() {
     device_->Doorbell(TMEM_VEC_SUBMIT);
     ++counters_.doorbells;
   }
+  unrung_ = 0;
 }
 
 void TmemGuest::Reap() {

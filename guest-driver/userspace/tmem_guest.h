@@ -89,6 +89,13 @@ struct TmemGuestOptions {
   // Gets of keys the filter says were never sent miss at once, without a
   // round trip (false only for tests that need gets to reach the host).
   bool skip_unsent_gets = true;
+  // Puts and invalidates (nothing waits on them) wake a sleeping host only
+  // once this many entries are posted unrung; the host's timer re-check
+  // (tmemd's idle_check_ms) takes fewer, and any waited-on entry (a get, a
+  // pool op) rings for everything before it. A guest that puts rarely (a
+  // throttled streamer) then costs the host no wake-up per put.
+  // 0: min(sq_entries, slots) / 16, >= 1; 1: ring for every entry.
+  uint32_t posted_doorbell_batch = 0;
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -119,6 +126,9 @@ struct GuestCounters {
   uint64_t host_resets_seen = 0;  // host left READY or changed generation
   uint64_t pools_created = 0;     // NEW_POOL successes, re-creations too
   uint64_t doorbells = 0;
+  // Puts and invalidates posted to a sleeping host without a doorbell
+  // (posted_doorbell_batch): the host's timer or a later doorbell takes them.
+  uint64_t doorbells_deferred = 0;
   uint64_t interrupt_waits = 0;    // a Get slept on the interrupt fd
   uint64_t stale_completions = 0;  // CQEs of entries from before a reset
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
@@ -149,6 +159,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("host_resets_seen", c.host_resets_seen);
   fn("pools_created", c.pools_created);
   fn("doorbells", c.doorbells);
+  fn("doorbells_deferred", c.doorbells_deferred);
   fn("interrupt_waits", c.interrupt_waits);
   fn("stale_completions", c.stale_completions);
   fn("errors", c.errors);
@@ -319,6 +330,8 @@ class TmemGuest {
   uint32_t sq_tail_ = 0;  // next SQE index we write
   uint32_t cq_head_ = 0;  // next CQE index we read
   uint32_t reserve_ = 1;
+  uint32_t doorbell_batch_ = 1;  // posted_doorbell_batch in force
+  uint32_t unrung_ = 0;          // entries posted since the host last knew
   std::vector<Pending> pending_;
   std::vector<uint32_t> free_pending_;
   std::vector<uint32_t> free_slots_;

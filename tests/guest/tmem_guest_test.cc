@@ -235,7 +235,9 @@ TEST(TmemGuestOpsTest, TooManyPoolsIsResourceExhausted) {
 
 TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
   FakeHost host;
-  auto guest = MustCreate(&host);
+  TmemGuestOptions o = FastOptions();
+  o.posted_doorbell_batch = 1;
+  auto guest = MustCreate(&host, o);
   const int pool = *guest->InitFs();
   const uint64_t before = host.doorbells();
   guest->Put(pool, kFile, 1, MakePage(1));
@@ -246,6 +248,32 @@ TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
   guest->Put(pool, kFile, 3, MakePage(3));
   EXPECT_EQ(host.doorbells(), before + 1);
   EXPECT_EQ(host.Step(), 2u);  // the host finds them by polling
+  EXPECT_EQ(guest->counters().doorbells, host.doorbells());
+}
+
+TEST(TmemGuestDoorbellTest, PutsToASleepingHostRingOncePerBatch) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.posted_doorbell_batch = 4;
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  const uint64_t before = host.doorbells();
+  for (uint64_t i = 0; i < 3; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  EXPECT_EQ(host.doorbells(), before) << "three puts wait for the batch";
+  EXPECT_EQ(guest->counters().doorbells_deferred, 3u);
+  guest->Put(pool, kFile, 3, MakePage(3));
+  EXPECT_EQ(host.doorbells(), before + 1) << "the fourth fills it";
+  guest->InvalidatePage(pool, kFile, 0);
+  EXPECT_EQ(host.doorbells(), before + 1) << "invalidates batch too";
+  // A get waits: it rings for itself and for every entry before it, which
+  // the host executes first (ring order), so it sees the invalidate.
+  host.Start();
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 0, out));
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  EXPECT_EQ(out, MakePage(1));
+  host.Stop();
+  EXPECT_GE(host.doorbells(), before + 2);
   EXPECT_EQ(guest->counters().doorbells, host.doorbells());
 }
 
