@@ -102,6 +102,10 @@ static unsigned int ring_full_spin_us = 20;
 module_param(ring_full_spin_us, uint, 0644);
 MODULE_PARM_DESC(ring_full_spin_us,
 		 "an invalidate facing a full ring waits this long for room before the flush barrier");
+static unsigned int doorbell_batch;
+module_param(doorbell_batch, uint, 0444);
+MODULE_PARM_DESC(doorbell_batch,
+		 "puts/invalidates posted to a sleeping host before one doorbell (0: min(sq, slots)/16)");
 static bool use_irq = true;
 module_param(use_irq, bool, 0444);
 MODULE_PARM_DESC(use_irq, "use the MSI-X completion interrupt (else gets poll)");
@@ -129,6 +133,7 @@ struct tmem_counters {
 	u64 resets;
 	u64 pools_created;
 	u64 doorbells;
+	u64 doorbells_deferred;
 	u64 interrupts;
 	u64 interrupt_waits;
 	u64 stale_completions;
@@ -202,6 +207,8 @@ struct tmem_state {
 	u32 sq_tail;
 	u32 cq_head;
 	u32 reserve;
+	u32 doorbell_batch;	/* posted entries per doorbell to a sleeping host */
+	u32 unrung;		/* entries posted since the host last knew */
 	struct tmem_pending *pending;
 	u32 pending_cap;
 	u32 *free_pending;
@@ -393,6 +400,9 @@ static int attach(void)
 		reset_pending();
 		st.reserve = invalidate_reserve ? invalidate_reserve : max(1u, g.sq_entries / 8);
 		st.reserve = min(st.reserve, g.sq_entries - 1);
+		st.doorbell_batch = doorbell_batch ? doorbell_batch :
+				    max(1u, min(g.sq_entries, st.slots_usable) / 16);
+		st.unrung = 0;
 		st.sq_tail = READ_ONCE(hdr()->sq_tail.value);
 		if (st.sq_tail - sq_head() > g.sq_entries) {
 			st.sq_tail = sq_head();
@@ -496,6 +506,26 @@ static void maybe_doorbell(void)
 		writel((TMEM_HOST_PEER << 16) | TMEM_VEC_SUBMIT, st.regs + TMEM_REG_DOORBELL);
 		st.c.doorbells++;
 	}
+	st.unrung = 0;
+}
+
+/* Nothing waits for a put or an invalidate: a sleeping host is woken once
+ * per doorbell_batch of them (a doorbell is a VM exit), and its timer
+ * re-check or the next waited-on entry (ring order) takes the rest.
+ */
+static bool waited_on(const struct tmem_sqe *sqe)
+{
+	if (sqe->flags & TMEM_SQE_F_IRQ)
+		return true;
+	switch (sqe->opcode) {
+	case TMEM_OP_PUT:
+	case TMEM_OP_INVAL_PAGE:
+	case TMEM_OP_INVAL_OBJECT:
+	case TMEM_OP_INVAL_POOL:
+		return false;
+	default:
+		return true;
+	}
 }
 
 /* Writes and publishes @sqe; returns its tag, or 0 if not published. */
@@ -526,7 +556,15 @@ static u64 post(struct tmem_sqe *sqe, u32 slot, int pool)
 	}
 	st.sq_tail++;
 	st_release(&hdr()->sq_tail.value, st.sq_tail);
-	maybe_doorbell();
+	if (waited_on(sqe) || ++st.unrung >= st.doorbell_batch) {
+		maybe_doorbell();
+	} else {
+		smp_mb(); /* as in maybe_doorbell: sq_tail before host_flags */
+		if (READ_ONCE(hdr()->host_flags) & TMEM_HOST_NEEDS_DOORBELL)
+			st.c.doorbells_deferred++;
+		else
+			st.unrung = 0; /* the host is polling: it sees them */
+	}
 	return tag;
 }
 
@@ -1401,6 +1439,7 @@ static void debugfs_setup(void)
 	COUNTER(resets);
 	COUNTER(pools_created);
 	COUNTER(doorbells);
+	COUNTER(doorbells_deferred);
 	COUNTER(interrupts);
 	COUNTER(interrupt_waits);
 	COUNTER(stale_completions);

@@ -48,6 +48,10 @@
  * host_flags; the host sets TMEM_HOST_NEEDS_DOORBELL, then a full fence,
  * then re-reads sq_tail before it sleeps. (tmemd also re-checks every ring
  * on a short timer, so a guest that gets this wrong is slow, not stuck.)
+ * A guest may leave entries nothing waits on (puts, invalidates) unrung
+ * for a while (a batch, bounded well below the ring size): that timer or
+ * the doorbell of the next waited-on entry, executed after them in ring
+ * order, takes them. Entries with TMEM_SQE_F_IRQ and pool ops always ring.
  * The host raises vector TMEM_VEC_COMPLETE on the guest only for completions of entries that
  * carry TMEM_SQE_F_IRQ. The rings, not the interrupts, are the truth:
  * interrupts can be lost (before MSI-X is enabled, on reset).
