@@ -77,6 +77,7 @@ struct Options {
   uint64_t seed = 1;
   int progress_ms = 1000;
   int get_timeout_us = 50'000;
+  uint32_t sent_filter_bits = TmemGuestOptions{}.sent_filter_bits;
 };
 
 // The page contents: pages of the corpus file (written by the driver from
@@ -347,6 +348,8 @@ int Main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--get-timeout-us", o.get_timeout_us, "tmem get timeout")
       ->check(CLI::PositiveNumber);
+  app.add_option("--sent-filter-bits", o.sent_filter_bits,
+                 "bits of the guest's sent-keys filter (power of two; 0: none)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -378,6 +381,7 @@ int Main(int argc, char** argv) {
     client = std::move(*c);
     TmemGuestOptions go;
     go.get_timeout = std::chrono::microseconds(o.get_timeout_us);
+    go.sent_filter_bits = o.sent_filter_bits;
     auto g = TmemGuest::Create(client.get(), go);
     if (!g.ok()) {
       std::fprintf(stderr, "tmem-scenario-guest: %s\n",
