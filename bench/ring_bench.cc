@@ -677,6 +677,7 @@ class RingHost {
 // real guest never waits here at all. Returns true if it had to wait (the
 // host was the bottleneck at that moment).
 constexpr auto kRoomPause = std::chrono::microseconds(20);
+constexpr auto kRoomPerEntry = std::chrono::microseconds(3);
 
 bool WaitForRoom(TmemGuest& g, uint32_t limit) {
   if (g.in_flight() < limit && g.free_slots() > 0) return false;
@@ -687,10 +688,15 @@ bool WaitForRoom(TmemGuest& g, uint32_t limit) {
   const uint32_t slots = g.slots_usable();
   for (;;) {
     g.Poll();
-    if (g.in_flight() < resume && g.free_slots() >= std::min(resume, slots)) {
+    const uint32_t in_flight = g.in_flight();
+    if (in_flight < resume && g.free_slots() >= std::min(resume, slots)) {
       return true;
     }
-    std::this_thread::sleep_for(kRoomPause);
+    // Sleep about as long as the host needs for the excess (undershooting:
+    // a page costs the host ~5 us), not a fixed tick: each wake-up of a
+    // guest thread preempts a worker on this 2-CPU machine.
+    const uint32_t excess = in_flight >= resume ? in_flight - resume + 1 : 1;
+    std::this_thread::sleep_for(std::max(kRoomPause, kRoomPerEntry * excess));
   }
 }
 
