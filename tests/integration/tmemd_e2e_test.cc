@@ -23,97 +23,21 @@
 
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "proto/tmem_abi.h"
+#include "tests/process.h"
 
-extern char** environ;
 
 namespace tmem {
 namespace {
 
 using std::chrono::milliseconds;
 
-// A child process with stdout+stderr captured in a file.
-class Process {
- public:
-  Process(const std::vector<std::string>& argv, const std::string& log_path)
-      : log_path_(log_path) {
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                     O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
-    std::vector<char*> args;
-    for (const std::string& a : argv)
-      args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    const int rc =
-        posix_spawn(&pid_, args[0], &actions, nullptr, args.data(), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    if (rc != 0) pid_ = -1;
-  }
-  ~Process() {
-    if (pid_ > 0 && !exited_) {
-      kill(pid_, SIGKILL);
-      Wait();
-    }
-  }
-  pid_t pid() const { return pid_; }
-  // Exit code, or 128 + signal.
-  int Wait() {
-    if (exited_) return status_;
-    int st = 0;
-    waitpid(pid_, &st, 0);
-    exited_ = true;
-    status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-    return status_;
-  }
-  // Waits up to `timeout`; false if still running.
-  bool WaitFor(milliseconds timeout, int* code) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      int st = 0;
-      const pid_t r = waitpid(pid_, &st, WNOHANG);
-      if (r == pid_) {
-        exited_ = true;
-        status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-        *code = status_;
-        return true;
-      }
-      std::this_thread::sleep_for(milliseconds(20));
-    }
-    return false;
-  }
-  bool Running() {
-    if (exited_) return false;
-    int st = 0;
-    if (waitpid(pid_, &st, WNOHANG) == pid_) {
-      exited_ = true;
-      status_ = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      return false;
-    }
-    return true;
-  }
-  std::string Log() const {
-    std::ifstream in(log_path_);
-    std::stringstream s;
-    s << in.rdbuf();
-    return s.str();
-  }
-
- private:
-  std::string log_path_;
-  pid_t pid_ = -1;
-  bool exited_ = false;
-  int status_ = -1;
-};
+using testing::PathExists;
+using testing::Process;
+using testing::WaitUntil;
 
 bool WaitForPath(const std::string& path, milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  struct stat st {};
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (stat(path.c_str(), &st) == 0) return true;
-    std::this_thread::sleep_for(milliseconds(20));
-  }
-  return false;
+  return WaitUntil([&] { return PathExists(path); },
+                   static_cast<int>(timeout.count()));
 }
 
 // The value of `key=` in the last log line with `event=EVENT` and
@@ -181,7 +105,7 @@ class TmemdE2eTest : public ::testing::Test {
   int StopTmemd(Process& p) {
     kill(p.pid(), SIGTERM);
     int code = -1;
-    EXPECT_TRUE(p.WaitFor(milliseconds(10000), &code))
+    EXPECT_TRUE(p.WaitFor(10000, &code))
         << "tmemd did not exit on SIGTERM\n"
         << p.Log();
     return code;
