@@ -91,6 +91,7 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
                                     const VmPolicy& requested,
                                     const std::string& socket_path) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
@@ -137,6 +138,7 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
 }
 
 absl::Status Agent::RemoveVm(const std::string& name) {
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
   std::unique_ptr<Channel> doomed;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -150,6 +150,10 @@ class Agent {
   std::vector<std::unique_ptr<Worker>> workers_;
   double poll_scale_ = 1.0;  // TickValve only: the polling feedback loop
 
+  // Held across a whole AddVm/RemoveVm (before mu_): a channel is
+  // destroyed outside mu_, and its destructor unlinks its socket, so a VM
+  // of the same name added meanwhile would lose its new socket.
+  std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
   std::map<std::string, VmEntry> vms_;  // guarded by mu_
   std::map<Worker*, int> load_;         // guarded by mu_

@@ -14,6 +14,7 @@
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "guest-driver/userspace/tmem_guest.h"
 #include "proto/tmem_abi.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -36,9 +37,7 @@ class FakeSampler final : public CpuSampler {
 class AgentTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmem-agent-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
     AgentOptions o;
     o.socket_dir = dir_;
     o.store.memory_cap_bytes = 64 << 20;
@@ -50,13 +49,12 @@ class AgentTest : public ::testing::Test {
     ASSERT_TRUE(a.ok()) << a.status();
     agent_ = std::move(*a);
   }
-  void TearDown() override {
-    agent_.reset();
-    std::filesystem::remove_all(dir_);
-  }
+  void TearDown() override { agent_.reset(); }
 
   FakeSampler sampler_;
-  std::string dir_;
+  // Declared before what uses it, so it is removed after them.
+  tmem::testing::TempDir tmp_{"tmem-agent-test"};
+  std::string dir_ = tmp_.path();
   std::unique_ptr<Agent> agent_;
 };
 

@@ -25,7 +25,6 @@
 #include "proto/tmem_abi.h"
 #include "tests/process.h"
 
-
 namespace tmem {
 namespace {
 
@@ -105,9 +104,8 @@ class TmemdE2eTest : public ::testing::Test {
   int StopTmemd(Process& p) {
     kill(p.pid(), SIGTERM);
     int code = -1;
-    EXPECT_TRUE(p.WaitFor(10000, &code))
-        << "tmemd did not exit on SIGTERM\n"
-        << p.Log();
+    EXPECT_TRUE(p.WaitFor(10000, &code)) << "tmemd did not exit on SIGTERM\n"
+                                         << p.Log();
     return code;
   }
 

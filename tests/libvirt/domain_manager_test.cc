@@ -16,6 +16,7 @@
 #include "host-agent/agent.h"
 #include "host-agent/libvirt/domain_xml.h"
 #include "tests/libvirt/fake_hypervisor.h"
+#include "tests/temp_dir.h"
 #include "tests/test_pages.h"
 
 namespace tmem {
@@ -35,9 +36,7 @@ bool Exists(const std::string& path) {
 class DomainManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-dm-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
     AgentOptions o;
     o.socket_dir = dir_;
     o.workers = 1;
@@ -52,8 +51,6 @@ class DomainManagerTest : public ::testing::Test {
   void TearDown() override {
     manager_.reset();
     agent_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
 
   FakeHypervisor::Domain WithDevice(const std::string& sock) {
@@ -86,7 +83,8 @@ class DomainManagerTest : public ::testing::Test {
     return std::nullopt;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-dm"};
+  std::string dir_ = tmp_.path();
   FakeHypervisor hv_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<DomainManager> manager_;

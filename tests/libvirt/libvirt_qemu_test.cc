@@ -26,6 +26,7 @@
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
 #include "tests/libvirt/libvirt_test_support.h"
+#include "tests/temp_dir.h"
 #include "tests/test_pages.h"
 
 namespace tmem {
@@ -61,9 +62,7 @@ class LibvirtQemuTest : public ::testing::Test {
     if (access("/usr/bin/qemu-system-x86_64", X_OK) != 0) {
       GTEST_SKIP() << "qemu-system-x86_64 is not installed";
     }
-    char tmpl[] = "/tmp/tmemd-lvq-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
     AgentOptions o;
     o.socket_dir = dir_;
     o.workers = 1;
@@ -92,10 +91,6 @@ class LibvirtQemuTest : public ::testing::Test {
     hv_.reset();
     raw_.reset();
     agent_.reset();
-    if (!dir_.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
   }
 
   // Every tmemd-test-* domain, including leftovers of crashed runs.
@@ -151,7 +146,8 @@ class LibvirtQemuTest : public ::testing::Test {
     return std::nullopt;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-lvq"};
+  std::string dir_ = tmp_.path();
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<LibvirtHypervisor> hv_;
   std::unique_ptr<RawConnection> raw_;

@@ -16,6 +16,7 @@
 #include "host-agent/libvirt/domain_xml.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "tests/libvirt/libvirt_test_support.h"
+#include "tests/temp_dir.h"
 #include "tests/test_pages.h"
 
 namespace tmem {
@@ -28,9 +29,7 @@ constexpr char kUri[] = "test:///default";
 class LibvirtTestDriverTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-lvt-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
     AgentOptions o;
     o.socket_dir = dir_;
     o.workers = 1;
@@ -57,8 +56,6 @@ class LibvirtTestDriverTest : public ::testing::Test {
     hv_.reset();
     raw_.reset();
     agent_.reset();
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
   std::string DomainXml(const std::string& metadata) const {
     return absl::StrCat("<domain type='test'><name>", name_,
@@ -78,7 +75,8 @@ class LibvirtTestDriverTest : public ::testing::Test {
                    : 0;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-lvt"};
+  std::string dir_ = tmp_.path();
   std::string name_ = absl::StrCat("tmemd-td-", getpid());
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<LibvirtHypervisor> hv_;
@@ -148,8 +146,12 @@ TEST_F(LibvirtTestDriverTest, LifecycleAndMetadataFollowLibvirtEvents) {
   // UNDEFINED after stop: the channel goes.
   ASSERT_TRUE(raw_->With(name_, virDomainDestroy, &err)) << err;
   ASSERT_TRUE(raw_->With(name_, virDomainUndefine, &err)) << err;
-  ASSERT_TRUE(WaitFor([&] { return !agent_->HasVm(name_); }, kEventTimeout));
-  EXPECT_FALSE(std::filesystem::exists(dir_ + "/" + name_ + ".sock"));
+  // HasVm turns false before the channel is destroyed (and its socket
+  // unlinked), outside the agent's lock.
+  const std::string sock = dir_ + "/" + name_ + ".sock";
+  ASSERT_TRUE(WaitFor(
+      [&] { return !agent_->HasVm(name_) && !std::filesystem::exists(sock); },
+      kEventTimeout));
   EXPECT_TRUE(manager_->List().empty());
 }
 

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/libvirt/libvirt_test_support.h"
+#include "tests/temp_dir.h"
 
 extern char** environ;
 
@@ -24,18 +25,12 @@ namespace {
 
 class TmemdLibvirtTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-lvd-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
   void TearDown() override {
     if (pid_ > 0) {
       kill(pid_, SIGKILL);
       waitpid(pid_, nullptr, 0);
     }
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
   }
   void Spawn(const std::vector<std::string>& extra) {
     std::vector<std::string> argv = {TMEMD_BIN, "--socket-dir", dir_ + "/sock"};
@@ -67,7 +62,8 @@ class TmemdLibvirtTest : public ::testing::Test {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-lvd"};
+  std::string dir_ = tmp_.path();
   pid_t pid_ = -1;
 };
 
