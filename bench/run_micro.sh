@@ -31,18 +31,9 @@ done
 
 log() { echo "run_micro: $*" >&2; }
 
-cache="$BUILD_DIR/CMakeCache.txt"
-if [[ ! -f "$BUILD_DIR/build.ninja" ]] ||
-   ! grep -q '^CMAKE_BUILD_TYPE:STRING=Release$' "$cache" ||
-   ! grep -q '^TMEM_BUILD_BENCH:BOOL=ON$' "$cache"; then
-  log "configuring Release in $BUILD_DIR"
-  # Tests are not needed to benchmark, and leaving them out keeps this build
-  # independent of the test tree's state.
-  cmake -S "$ROOT" -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DTMEM_BUILD_BENCH=ON -DTMEM_BUILD_TESTS=OFF >&2
-fi
-log "building tmem_micro_bench"
-cmake --build "$BUILD_DIR" --target tmem_micro_bench >&2
+# shellcheck source=bench/build_release.sh
+source "$ROOT/bench/build_release.sh"
+bench_build_release "$BUILD_DIR" tmem_micro_bench run_micro
 
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs" \
     "(figures are ratios measured side by side; a busy machine mostly" \
