@@ -345,15 +345,29 @@ void LibvirtHypervisor::ReconnectLoop() {
   }
 }
 
-#define TMEM_NEED_CONN()                                                     \
-  if (conn_ == nullptr) {                                                    \
-    return absl::UnavailableError(absl::StrCat(                              \
-        "not connected to libvirt at '", options_.uri, "' (reconnecting)")); \
-  }
+namespace {
+
+// Between a lost connection and the reconnect every call fails at once.
+absl::Status NeedConnection(virConnectPtr conn, const std::string& uri) {
+  if (conn != nullptr) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("not connected to libvirt at '", uri, "' (reconnecting)"));
+}
+
+// The named domain in `*h`, or why not (no connection, no such domain).
+absl::Status LookUp(virConnectPtr conn, const std::string& uri,
+                    const std::string& name, DomainHandle* h) {
+  if (absl::Status s = NeedConnection(conn, uri); !s.ok()) return s;
+  h->dom = virDomainLookupByName(conn, name.c_str());
+  if (h->dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::vector<DomainSummary>> LibvirtHypervisor::ListDomains() {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
+  if (absl::Status s = NeedConnection(conn_, options_.uri); !s.ok()) return s;
   virDomainPtr* doms = nullptr;
   const int n = virConnectListAllDomains(conn_, &doms, 0);
   if (n < 0) return LastError("list domains");
@@ -376,10 +390,10 @@ absl::StatusOr<std::vector<DomainSummary>> LibvirtHypervisor::ListDomains() {
 absl::StatusOr<DomainSummary> LibvirtHypervisor::GetDomain(
     const std::string& name) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   DomainSummary d;
   d.name = name;
   char uuid[VIR_UUID_STRING_BUFLEN] = {};
@@ -392,10 +406,10 @@ absl::StatusOr<DomainSummary> LibvirtHypervisor::GetDomain(
 absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
                                                       bool inactive) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   char* xml =
       virDomainGetXMLDesc(h.dom, inactive ? VIR_DOMAIN_XML_INACTIVE : 0);
   if (xml == nullptr) return LastError(absl::StrCat("XML of '", name, "'"));
@@ -407,10 +421,10 @@ absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
 absl::StatusOr<std::optional<std::string>> LibvirtHypervisor::GetMetadata(
     const std::string& name, bool inactive) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   const std::string uri(kTmemMetadataUri);
   char* xml = virDomainGetMetadata(
       h.dom, VIR_DOMAIN_METADATA_ELEMENT, uri.c_str(),
@@ -431,10 +445,10 @@ absl::Status LibvirtHypervisor::SetMetadata(const std::string& name,
                                             const std::string& xml, bool live,
                                             bool config) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   const std::string uri(kTmemMetadataUri);
   const std::string prefix(kTmemMetadataPrefix);
   if (virDomainSetMetadata(h.dom, VIR_DOMAIN_METADATA_ELEMENT, xml.c_str(),
@@ -449,10 +463,10 @@ absl::Status LibvirtHypervisor::AttachDevice(const std::string& name,
                                              const std::string& xml, bool live,
                                              bool config) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   if (virDomainAttachDeviceFlags(h.dom, xml.c_str(),
                                  AffectFlags(live, config)) < 0) {
     return LastError("virDomainAttachDeviceFlags");
@@ -464,10 +478,10 @@ absl::Status LibvirtHypervisor::DetachDevice(const std::string& name,
                                              const std::string& xml, bool live,
                                              bool config) {
   std::lock_guard<std::mutex> l(mu_);
-  TMEM_NEED_CONN();
   DomainHandle h;
-  h.dom = virDomainLookupByName(conn_, name.c_str());
-  if (h.dom == nullptr) return LastError(absl::StrCat("domain '", name, "'"));
+  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
+    return s;
+  }
   if (virDomainDetachDeviceFlags(h.dom, xml.c_str(),
                                  AffectFlags(live, config)) < 0) {
     return LastError("virDomainDetachDeviceFlags");
