@@ -348,8 +348,9 @@ int Main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--get-timeout-us", o.get_timeout_us, "tmem get timeout")
       ->check(CLI::PositiveNumber);
-  app.add_option("--sent-filter-bits", o.sent_filter_bits,
-                 "bits of the guest's sent-keys filter (power of two; 0: none)");
+  app.add_option(
+      "--sent-filter-bits", o.sent_filter_bits,
+      "bits of the guest's sent-keys filter (power of two; 0: none)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -192,10 +192,10 @@ absl::Status TmemGuest::Attach() {
                    ? options_.invalidate_reserve
                    : std::max<uint32_t>(1, g->sq_entries / 8);
     reserve_ = std::min(reserve_, g->sq_entries - 1);
-    doorbell_batch_ =
-        options_.posted_doorbell_batch != 0
-            ? options_.posted_doorbell_batch
-            : std::max<uint32_t>(1, std::min(g->sq_entries, slots_usable_) / 16);
+    doorbell_batch_ = options_.posted_doorbell_batch != 0
+                          ? options_.posted_doorbell_batch
+                          : std::max<uint32_t>(
+                                1, std::min(g->sq_entries, slots_usable_) / 16);
     unrung_ = 0;
     // Adopt the SQ tail the host (re)wrote, repaired if it cannot be right
     // (a previous guest left garbage).
