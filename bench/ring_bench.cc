@@ -854,6 +854,7 @@ std::string RingPutWarnings(const RingHost& h, uint64_t expected_sent) {
     const bool expected = name == "puts_sent" || name == "gets_hit" ||
                           name == "gets_miss" || name == "invalidates" ||
                           name == "pools_created" || name == "doorbells" ||
+                          name == "doorbells_deferred" ||
                           name == "interrupt_waits";
     if (!expected && value > 0) {
       w += Fmt("; WARNING: guest %s = %llu", std::string(name).c_str(),
