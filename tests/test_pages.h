@@ -57,6 +57,58 @@ inline Page RandomPage(uint64_t seed) {
   return page;
 }
 
+// SplitMix64's finalizer: a well-mixed hash of x, for deriving page seeds.
+inline uint64_t Mix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The kinds of page the store treats differently: compressible text,
+// incompressible random bytes, a repeated word, all zeros.
+enum class PageStyle : uint8_t { kText, kRandom, kSameFilled, kZero };
+
+// A page of `style`: text and random bytes follow from `seed` (Mix64
+// chains), a same-filled page repeats `fill_word` (which must not be 0 to
+// differ from the zero page), the zero page is all zeros. Callers that
+// need pages to name their key write a header over the first bytes of
+// text and random pages.
+inline Page StyledPage(PageStyle style, uint64_t seed, uint64_t fill_word) {
+  Page page{};
+  switch (style) {
+    case PageStyle::kZero:
+      break;
+    case PageStyle::kSameFilled:
+      page = FilledWith(fill_word);
+      break;
+    case PageStyle::kText: {
+      static constexpr std::string_view kWords[] = {
+          "the ", "quick ", "brown ", "fox ", "jumps ", "over ",  "lazy ",
+          "dog ", "page ",  "cache ", "\n",   "file ",  "inode ", "pool "};
+      uint64_t x = seed;
+      size_t off = 0;
+      while (off < kPageSize) {
+        x = Mix64(x);
+        const std::string_view w = kWords[x % std::size(kWords)];
+        const size_t n = std::min(w.size(), kPageSize - off);
+        std::memcpy(page.data() + off, w.data(), n);
+        off += n;
+      }
+      break;
+    }
+    case PageStyle::kRandom: {
+      uint64_t x = seed;
+      for (size_t off = 0; off < kPageSize; off += sizeof(x)) {
+        x = Mix64(x);
+        std::memcpy(page.data() + off, &x, sizeof(x));
+      }
+      break;
+    }
+  }
+  return page;
+}
+
 }  // namespace tmem::test
 
 #endif  // TMEMD_TESTS_TEST_PAGES_H_

@@ -26,24 +26,18 @@
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "gtest/gtest.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
+using test::Page;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
 
 constexpr int kNumVms = 3;
 constexpr int kPrivatePoolsPerVm = 2;
 constexpr int kSharedSpace = kNumVms * kPrivatePoolsPerVm;  // model space id
-
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 struct Key {
   int space;  // vm * kPrivatePoolsPerVm + slot, or kSharedSpace
@@ -55,51 +49,19 @@ struct Key {
   }
 };
 
-enum class Style : uint8_t { kText, kRandom, kSameFilled, kZero };
+using Style = test::PageStyle;
 
 // The page of one version of one key. Text and random pages start with a
 // header naming the key and version; same-filled pages use a word derived
 // from them. Zero pages carry no identity, but every zero page is the same,
 // so returning an older zero page is indistinguishable and harmless.
 Page MakePage(const Key& key, uint64_t version, Style style) {
-  Page page;
   const uint64_t seed =
-      Mix(Mix(Mix(key.space) ^ key.object) ^ key.index) ^ Mix(version);
-  switch (style) {
-    case Style::kZero:
-      page.fill(0);
-      return page;
-    case Style::kSameFilled: {
-      const uint64_t word = seed | 1;  // never zero
-      for (size_t off = 0; off < kPageSize; off += 8) {
-        std::memcpy(page.data() + off, &word, 8);
-      }
-      return page;
-    }
-    case Style::kText: {
-      static constexpr std::string_view kWords[] = {
-          "the ", "quick ", "brown ", "fox ", "jumps ", "over ",  "lazy ",
-          "dog ", "page ",  "cache ", "\n",   "file ",  "inode ", "pool "};
-      uint64_t x = seed;
-      size_t off = 0;
-      while (off < kPageSize) {
-        x = Mix(x);
-        std::string_view w = kWords[x % std::size(kWords)];
-        const size_t n = std::min(w.size(), kPageSize - off);
-        std::memcpy(page.data() + off, w.data(), n);
-        off += n;
-      }
-      break;
-    }
-    case Style::kRandom: {
-      uint64_t x = seed;
-      for (size_t off = 0; off < kPageSize; off += 8) {
-        x = Mix(x);
-        std::memcpy(page.data() + off, &x, 8);
-      }
-      break;
-    }
-  }
+      test::Mix64(test::Mix64(test::Mix64(key.space) ^ key.object) ^
+                  key.index) ^
+      test::Mix64(version);
+  Page page = test::StyledPage(style, seed, seed | 1);
+  if (style == Style::kZero || style == Style::kSameFilled) return page;
   const uint64_t header[5] = {0x746d656d2d6b6579ull,
                               static_cast<uint64_t>(key.space), key.object,
                               key.index, version};

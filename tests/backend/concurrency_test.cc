@@ -27,11 +27,12 @@
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "gtest/gtest.h"
+#include "tests/test_pages.h"
 
 namespace tmem {
 namespace {
 
-using Page = std::array<uint8_t, kPageSize>;
+using test::Page;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
 constexpr int kWorkers = 4;
@@ -52,13 +53,6 @@ constexpr int kShards = 8;
 constexpr uint64_t kSlack = uint64_t{kWorkers + 1} * 64 * kKiB;
 constexpr uint64_t kMagic = 0x636f6e632d6b6579ull;
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
 // What a page is the content of: owner tag (worker, or 100 + churn
 // generation), pool tag, object, index, version.
 struct Key {
@@ -74,51 +68,18 @@ struct Key {
 constexpr uint64_t kSharedPool = 99;
 
 uint64_t KeyHash(const Key& k) {
-  return Mix(Mix(Mix(Mix(k.owner) ^ k.pool) ^ k.object) ^ k.index);
+  return test::Mix64(
+      test::Mix64(test::Mix64(test::Mix64(k.owner) ^ k.pool) ^ k.object) ^
+      k.index);
 }
 
-enum class Style : uint8_t { kText, kRandom, kSameFilled, kZero };
+using Style = test::PageStyle;
 
 Page MakePage(const Key& key, uint64_t version, Style style) {
-  Page page;
-  const uint64_t seed = KeyHash(key) ^ Mix(version);
-  switch (style) {
-    case Style::kZero:
-      page.fill(0);
-      return page;
-    case Style::kSameFilled: {
-      // Low half names the key, high half the version.
-      const uint64_t word =
-          (version << 32) | ((KeyHash(key) & 0xffffffffu) | 1);
-      for (size_t off = 0; off < kPageSize; off += 8) {
-        std::memcpy(page.data() + off, &word, 8);
-      }
-      return page;
-    }
-    case Style::kText: {
-      static constexpr std::string_view kWords[] = {
-          "the ", "quick ", "brown ", "fox ", "jumps ", "over ",  "lazy ",
-          "dog ", "page ",  "cache ", "\n",   "file ",  "inode ", "pool "};
-      uint64_t x = seed;
-      size_t off = 0;
-      while (off < kPageSize) {
-        x = Mix(x);
-        std::string_view w = kWords[x % std::size(kWords)];
-        const size_t n = std::min(w.size(), kPageSize - off);
-        std::memcpy(page.data() + off, w.data(), n);
-        off += n;
-      }
-      break;
-    }
-    case Style::kRandom: {
-      uint64_t x = seed;
-      for (size_t off = 0; off < kPageSize; off += 8) {
-        x = Mix(x);
-        std::memcpy(page.data() + off, &x, 8);
-      }
-      break;
-    }
-  }
+  const uint64_t seed = KeyHash(key) ^ test::Mix64(version);
+  Page page = test::StyledPage(
+      style, seed, (version << 32) | ((KeyHash(key) & 0xffffffffu) | 1));
+  if (style == Style::kZero || style == Style::kSameFilled) return page;
   const uint64_t header[7] = {kMagic,
                               key.owner,
                               key.pool,
