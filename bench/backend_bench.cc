@@ -546,19 +546,6 @@ bool ParseFlags(int* argc, char** argv, Flags* flags) {
   return true;
 }
 
-void Emit(const ResultTable& table, const Flags& flags) {
-  std::printf("%s", table.ToText().c_str());
-  std::fflush(stdout);
-  if (!flags.markdown.empty() &&
-      WriteFile(flags.markdown, table.ToMarkdown())) {
-    std::fprintf(stderr, "markdown table written to %s\n",
-                 flags.markdown.c_str());
-  }
-  if (!flags.csv.empty() && WriteFile(flags.csv, table.ToCsv())) {
-    std::fprintf(stderr, "csv table written to %s\n", flags.csv.c_str());
-  }
-}
-
 }  // namespace
 }  // namespace tmem::bench
 
@@ -583,7 +570,7 @@ int main(int argc, char** argv) {
     SummaryOptions options;
     options.rounds = flags.rounds;
     options.metadata_pages = flags.metadata_pages;
-    Emit(RunSummary(corpus, options), flags);
+    EmitTable(RunSummary(corpus, options), flags.markdown, flags.csv);
     return 0;
   }
 
@@ -595,6 +582,6 @@ int main(int argc, char** argv) {
   CapturingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
-  Emit(TableFromRuns(reporter), flags);
+  EmitTable(TableFromRuns(reporter), flags.markdown, flags.csv);
   return 0;
 }

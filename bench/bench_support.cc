@@ -271,6 +271,19 @@ bool WriteFile(const std::string& path, const std::string& text) {
   return true;
 }
 
+void EmitTable(const ResultTable& table, const std::string& markdown_path,
+               const std::string& csv_path) {
+  std::printf("%s", table.ToText().c_str());
+  std::fflush(stdout);
+  if (!markdown_path.empty() && WriteFile(markdown_path, table.ToMarkdown())) {
+    std::fprintf(stderr, "markdown table written to %s\n",
+                 markdown_path.c_str());
+  }
+  if (!csv_path.empty() && WriteFile(csv_path, table.ToCsv())) {
+    std::fprintf(stderr, "csv table written to %s\n", csv_path.c_str());
+  }
+}
+
 std::string MachineDescription() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");

@@ -119,6 +119,11 @@ struct ResultTable {
 // Writes `text` to `path`; prints an error and returns false on failure.
 bool WriteFile(const std::string& path, const std::string& text);
 
+// Prints `table` as text on stdout and, where a path is given, writes its
+// Markdown and CSV forms (saying so on stderr).
+void EmitTable(const ResultTable& table, const std::string& markdown_path,
+               const std::string& csv_path);
+
 // "model name", 1-minute load average and online CPUs, for the table context.
 std::string MachineDescription();
 

@@ -1610,19 +1610,6 @@ bool ParseFlags(int argc, char** argv, Flags* flags) {
   return true;
 }
 
-void Emit(const ResultTable& table, const Flags& flags) {
-  std::printf("%s", table.ToText().c_str());
-  std::fflush(stdout);
-  if (!flags.markdown.empty() &&
-      WriteFile(flags.markdown, table.ToMarkdown())) {
-    std::fprintf(stderr, "markdown table written to %s\n",
-                 flags.markdown.c_str());
-  }
-  if (!flags.csv.empty() && WriteFile(flags.csv, table.ToCsv())) {
-    std::fprintf(stderr, "csv table written to %s\n", flags.csv.c_str());
-  }
-}
-
 }  // namespace
 }  // namespace tmem::bench
 
@@ -1644,6 +1631,6 @@ int main(int argc, char** argv) {
   CorpusOptions corpus_options;
   corpus_options.pages_per_category = flags.corpus_pages;
   const PageCorpus corpus = PageCorpus::Build(corpus_options);
-  Emit(RunRingBench(corpus, flags.options), flags);
+  EmitTable(RunRingBench(corpus, flags.options), flags.markdown, flags.csv);
   return 0;
 }
