@@ -150,9 +150,10 @@ class Agent {
   std::vector<std::unique_ptr<Worker>> workers_;
   double poll_scale_ = 1.0;  // TickValve only: the polling feedback loop
 
-  // Held across a whole AddVm/RemoveVm (before mu_): a channel is
-  // destroyed outside mu_, and its destructor unlinks its socket, so a VM
-  // of the same name added meanwhile would lose its new socket.
+  // Held across a whole AddVm/RemoveVm (before mu_): a removed VM leaves
+  // vms_ before its channel is destroyed outside mu_ (dropping its store VM
+  // and unlinking its socket), and a VM of the same name added in that
+  // window must wait for it rather than be refused by the store.
   std::mutex lifecycle_mu_;
   mutable std::mutex mu_;
   std::map<std::string, VmEntry> vms_;  // guarded by mu_

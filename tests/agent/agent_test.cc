@@ -86,6 +86,34 @@ TEST_F(AgentTest, AddListGetRemove) {
   EXPECT_EQ(agent_->Status().store.vms, 2u);
 }
 
+// libvirt events can remove a VM on one thread while another re-adds the
+// same name (undefine, then define). A VM leaves the list before its
+// channel is torn down (and its socket unlinked, its store VM dropped): a
+// re-add in that window must wait for the teardown, not fail as a
+// duplicate, and must keep its own new socket.
+TEST_F(AgentTest, ReAddingAVmWhileItIsRemovedWaitsForTheOldOne) {
+  const std::string sock = dir_ + "/vm.sock";
+  ASSERT_TRUE(agent_->AddVm("vm", VmPolicy{}).ok());
+  int failed_adds = 0;
+  int lost_sockets = 0;
+  for (int i = 0; i < 200; ++i) {
+    std::thread remover([&] { EXPECT_TRUE(agent_->RemoveVm("vm").ok()); });
+    while (agent_->HasVm("vm")) std::this_thread::yield();
+    absl::StatusOr<VmInfo> info = agent_->AddVm("vm", VmPolicy{});
+    remover.join();
+    if (!info.ok()) {
+      ++failed_adds;
+      ADD_FAILURE() << info.status();
+      ASSERT_TRUE(agent_->AddVm("vm", VmPolicy{}).ok());
+      continue;
+    }
+    struct stat st {};
+    if (stat(sock.c_str(), &st) != 0) ++lost_sockets;
+  }
+  EXPECT_EQ(failed_adds, 0);
+  EXPECT_EQ(lost_sockets, 0);
+}
+
 TEST_F(AgentTest, PolicyReachesStoreAndValve) {
   ASSERT_TRUE(agent_->AddVm("a", VmPolicy{}).ok());
   VmPolicy p;
