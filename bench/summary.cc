@@ -185,6 +185,19 @@ void Prefill(BenchStore& s, int vm, const PageSet& set, PutMode mode) {
   }
 }
 
+// Steady-state puts of `set` in `mode` into a fresh one-VM store (prefilled,
+// so every put replaces a page), paired with `baseline`; `kinds` counts how
+// the puts were stored.
+Paired PutsAgainst(const SummaryOptions& o, const PageSet& set, PutMode mode,
+                   const std::function<double()>& baseline, KindCounts& kinds) {
+  BenchStore s(1);
+  Prefill(s, 0, set, mode);
+  uint64_t key = 0;
+  return Interleave(
+      o, [&] { return PutPass(s, 0, set, set.size(), mode, key, kinds); },
+      baseline);
+}
+
 // Puts kGetBatch pages (untimed), then times getting them all.
 double GetPass(BenchStore& s, const PageSet& set, PutMode mode, Page& out,
                uint64_t& misses) {
@@ -427,16 +440,9 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
   // 2. LZ4-path put vs LZ4_compress_default of the same pages.
   if (!tb.empty()) {
     progress.Step("LZ4 put vs LZ4_compress_default");
-    BenchStore s(1);
-    Prefill(s, 0, tb, PutMode::kCompress);
-    uint64_t key = 0;
     KindCounts kinds;
-    Paired p = Interleave(
-        o,
-        [&] {
-          return PutPass(s, 0, tb, tb.size(), PutMode::kCompress, key, kinds);
-        },
-        [&] { return CompressPass(tb); });
+    const Paired p = PutsAgainst(
+        o, tb, PutMode::kCompress, [&] { return CompressPass(tb); }, kinds);
     ResultRow row{"put LZ4 path / LZ4_compress_default",
                   SetLabel("text+binary", tb),
                   p.measured,
@@ -458,17 +464,10 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
   // 3. Incompressible pages: LZ4 is tried, fails the threshold, page kept raw.
   if (!compressed.empty()) {
     progress.Step("incompressible put vs LZ4_compress_default");
-    BenchStore s(1);
-    Prefill(s, 0, compressed, PutMode::kCompress);
-    uint64_t key = 0;
     KindCounts kinds;
-    Paired p = Interleave(
-        o,
-        [&] {
-          return PutPass(s, 0, compressed, compressed.size(),
-                         PutMode::kCompress, key, kinds);
-        },
-        [&] { return CompressPass(compressed); });
+    const Paired p = PutsAgainst(
+        o, compressed, PutMode::kCompress,
+        [&] { return CompressPass(compressed); }, kinds);
     table.rows.push_back(
         {"put incompressible (raw path) / LZ4_compress_default",
          SetLabel("compressed", compressed), p.measured, p.baseline, "ns/page",
@@ -478,14 +477,10 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
   // 4. PutMode::kRaw (the valve's "CPU is scarce" answer) vs memcpy.
   if (!tb.empty()) {
     progress.Step("PutMode::kRaw put vs memcpy");
-    BenchStore s(1);
-    Prefill(s, 0, tb, PutMode::kRaw);
-    uint64_t key = 0;
     KindCounts kinds;
-    Paired p = Interleave(
-        o,
-        [&] { return PutPass(s, 0, tb, tb.size(), PutMode::kRaw, key, kinds); },
-        [&] { return MemcpyPass(tb, tb.size(), *dst); });
+    const Paired p = PutsAgainst(
+        o, tb, PutMode::kRaw, [&] { return MemcpyPass(tb, tb.size(), *dst); },
+        kinds);
     table.rows.push_back({"put PutMode::kRaw / memcpy 4 KiB (same pages)",
                           SetLabel("text+binary", tb), p.measured, p.baseline,
                           "ns/page", p.ratio, "x", Goal::kInfo, 0, p.Spread()});
@@ -494,16 +489,9 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
   // 5. Mix put vs LZ4 of the mix: what a realistic stream costs over LZ4.
   if (!mix.empty()) {
     progress.Step("mix put vs LZ4_compress_default");
-    BenchStore s(1);
-    Prefill(s, 0, mix, PutMode::kCompress);
-    uint64_t key = 0;
     KindCounts kinds;
-    Paired p = Interleave(
-        o,
-        [&] {
-          return PutPass(s, 0, mix, mix.size(), PutMode::kCompress, key, kinds);
-        },
-        [&] { return CompressPass(mix); });
+    const Paired p = PutsAgainst(
+        o, mix, PutMode::kCompress, [&] { return CompressPass(mix); }, kinds);
     table.rows.push_back({"put mix / LZ4_compress_default",
                           SetLabel("mix", mix), p.measured, p.baseline,
                           "ns/page", p.ratio, "x", Goal::kInfo, 0, p.Spread()});
