@@ -459,34 +459,40 @@ absl::Status LibvirtHypervisor::SetMetadata(const std::string& name,
   return absl::OkStatus();
 }
 
-absl::Status LibvirtHypervisor::AttachDevice(const std::string& name,
+namespace {
+
+// virDomainAttachDeviceFlags and virDomainDetachDeviceFlags have one shape.
+using DeviceCall = int (*)(virDomainPtr, const char*, unsigned int);
+
+}  // namespace
+
+absl::Status LibvirtHypervisor::ChangeDevice(const std::string& name,
                                              const std::string& xml, bool live,
-                                             bool config) {
+                                             bool config, bool attach) {
+  const DeviceCall call =
+      attach ? virDomainAttachDeviceFlags : virDomainDetachDeviceFlags;
   std::lock_guard<std::mutex> l(mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;
   }
-  if (virDomainAttachDeviceFlags(h.dom, xml.c_str(),
-                                 AffectFlags(live, config)) < 0) {
-    return LastError("virDomainAttachDeviceFlags");
+  if (call(h.dom, xml.c_str(), AffectFlags(live, config)) < 0) {
+    return LastError(attach ? "virDomainAttachDeviceFlags"
+                            : "virDomainDetachDeviceFlags");
   }
   return absl::OkStatus();
+}
+
+absl::Status LibvirtHypervisor::AttachDevice(const std::string& name,
+                                             const std::string& xml, bool live,
+                                             bool config) {
+  return ChangeDevice(name, xml, live, config, /*attach=*/true);
 }
 
 absl::Status LibvirtHypervisor::DetachDevice(const std::string& name,
                                              const std::string& xml, bool live,
                                              bool config) {
-  std::lock_guard<std::mutex> l(mu_);
-  DomainHandle h;
-  if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
-    return s;
-  }
-  if (virDomainDetachDeviceFlags(h.dom, xml.c_str(),
-                                 AffectFlags(live, config)) < 0) {
-    return LastError("virDomainDetachDeviceFlags");
-  }
-  return absl::OkStatus();
+  return ChangeDevice(name, xml, live, config, /*attach=*/false);
 }
 
 }  // namespace tmem

@@ -77,6 +77,9 @@ class LibvirtHypervisor final : public Hypervisor {
 
  private:
   explicit LibvirtHypervisor(LibvirtOptions options);
+  // AttachDevice (attach) or DetachDevice.
+  absl::Status ChangeDevice(const std::string& name, const std::string& xml,
+                            bool live, bool config, bool attach);
   absl::Status OpenLocked();
   void CloseLocked();
   void ReconnectLoop();
