@@ -233,11 +233,17 @@ TEST(TmemGuestOpsTest, TooManyPoolsIsResourceExhausted) {
 // ---------------------------------------------------------------------------
 // Doorbells and interrupts
 
+// A guest whose puts and invalidates ring a sleeping host once per `batch`.
+std::unique_ptr<TmemGuest> MustCreateWithDoorbellBatch(FakeHost* host,
+                                                       uint32_t batch) {
+  TmemGuestOptions o = FastOptions();
+  o.posted_doorbell_batch = batch;
+  return MustCreate(host, o);
+}
+
 TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
   FakeHost host;
-  TmemGuestOptions o = FastOptions();
-  o.posted_doorbell_batch = 1;
-  auto guest = MustCreate(&host, o);
+  auto guest = MustCreateWithDoorbellBatch(&host, 1);
   const int pool = *guest->InitFs();
   const uint64_t before = host.doorbells();
   guest->Put(pool, kFile, 1, MakePage(1));
@@ -253,9 +259,7 @@ TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
 
 TEST(TmemGuestDoorbellTest, PutsToASleepingHostRingOncePerBatch) {
   FakeHost host;
-  TmemGuestOptions o = FastOptions();
-  o.posted_doorbell_batch = 4;
-  auto guest = MustCreate(&host, o);
+  auto guest = MustCreateWithDoorbellBatch(&host, 4);
   const int pool = *guest->InitFs();
   const uint64_t before = host.doorbells();
   for (uint64_t i = 0; i < 3; ++i) guest->Put(pool, kFile, i, MakePage(i));
