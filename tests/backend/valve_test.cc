@@ -68,6 +68,17 @@ uint64_t Count(const Valve& v, VmId vm, ValveCounter c) {
   return v.VmStatus(vm).counters[static_cast<int>(c)];
 }
 
+// One sample period of VM 1 on an idle host: `puts` puts of fresh keys,
+// every `hit_every`-th of them read back as a hit (0: none), then a tick.
+void ReusePeriod(Valve& v, FakeHost& host, uint64_t& key, int puts,
+                 int hit_every = 0) {
+  for (int i = 0; i < puts; ++i) {
+    v.Decide(1, ++key, true);
+    if (hit_every > 0 && i % hit_every == 0) v.RecordGet(1, key, true);
+  }
+  v.Tick(host.Advance(0, 0));
+}
+
 TEST(ValveTest, ValidateOptionsRejectsNonsense) {
   ValveOptions o;
   EXPECT_TRUE(Valve::ValidateOptions(o).ok());
@@ -243,10 +254,7 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
   v.AddVm(1, Policy());
   uint64_t key = 0;
   // Streaming: many puts, no gets.
-  for (int period = 0; period < 6; ++period) {
-    for (int i = 0; i < 500; ++i) v.Decide(1, ++key, true);
-    v.Tick(host.Advance(0, 0));
-  }
+  for (int period = 0; period < 6; ++period) ReusePeriod(v, host, key, 500);
   ValveVmStatus st = v.VmStatus(1);
   EXPECT_TRUE(st.throttled);
   EXPECT_EQ(st.admission, o.min_admission);
@@ -255,11 +263,7 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
 
   // The sampled puts start coming back: restored after the dwell time.
   for (int period = 0; period < 6; ++period) {
-    for (int i = 0; i < 20; ++i) {
-      v.Decide(1, ++key, true);
-      v.RecordGet(1, key, /*hit=*/true);
-    }
-    v.Tick(host.Advance(0, 0));
+    ReusePeriod(v, host, key, 20, /*hit_every=*/1);
   }
   st = v.VmStatus(1);
   EXPECT_FALSE(st.throttled);
@@ -276,25 +280,14 @@ TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
   uint64_t key = 0;
   // 5% reuse: neither throttles an admitted VM...
   for (int period = 0; period < 20; ++period) {
-    for (int i = 0; i < 200; ++i) {
-      v.Decide(1, ++key, true);
-      if (i % 20 == 0) v.RecordGet(1, key, true);
-    }
-    v.Tick(host.Advance(0, 0));
+    ReusePeriod(v, host, key, 200, /*hit_every=*/20);
     EXPECT_FALSE(v.VmStatus(1).throttled) << "period " << period;
   }
   // ...nor restores a throttled one.
-  for (int period = 0; period < 8; ++period) {
-    for (int i = 0; i < 200; ++i) v.Decide(1, ++key, true);
-    v.Tick(host.Advance(0, 0));
-  }
+  for (int period = 0; period < 8; ++period) ReusePeriod(v, host, key, 200);
   ASSERT_TRUE(v.VmStatus(1).throttled);
   for (int period = 0; period < 20; ++period) {
-    for (int i = 0; i < 200; ++i) {
-      v.Decide(1, ++key, true);
-      if (i % 20 == 0) v.RecordGet(1, key, true);
-    }
-    v.Tick(host.Advance(0, 0));
+    ReusePeriod(v, host, key, 200, /*hit_every=*/20);
     EXPECT_TRUE(v.VmStatus(1).throttled) << "period " << period;
   }
   EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
@@ -307,10 +300,7 @@ TEST(ValveTest, FewSamplesNeverThrottle) {
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
   uint64_t key = 0;
-  for (int period = 0; period < 30; ++period) {
-    for (int i = 0; i < 10; ++i) v.Decide(1, ++key, true);
-    v.Tick(host.Advance(0, 0));
-  }
+  for (int period = 0; period < 30; ++period) ReusePeriod(v, host, key, 10);
   EXPECT_FALSE(v.VmStatus(1).throttled);
 }
 
@@ -321,10 +311,7 @@ TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
   uint64_t key = 0;
-  for (int period = 0; period < 6; ++period) {
-    for (int i = 0; i < 500; ++i) v.Decide(1, ++key, true);
-    v.Tick(host.Advance(0, 0));
-  }
+  for (int period = 0; period < 6; ++period) ReusePeriod(v, host, key, 500);
   ASSERT_TRUE(v.VmStatus(1).throttled);
   int admitted = 0;
   const int n = 64 * 100;
