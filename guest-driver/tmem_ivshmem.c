@@ -559,7 +559,7 @@ static u64 post(struct tmem_sqe *sqe, u32 slot, int pool)
 	if (waited_on(sqe) || ++st.unrung >= st.doorbell_batch) {
 		maybe_doorbell();
 	} else {
-		smp_mb(); /* as in maybe_doorbell: sq_tail before host_flags */
+		/* Only a counter hangs on this read: no Dekker barrier needed. */
 		if (READ_ONCE(hdr()->host_flags) & TMEM_HOST_NEEDS_DOORBELL)
 			st.c.doorbells_deferred++;
 		else
