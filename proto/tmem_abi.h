@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
 /*
- * tmem_abi.h - the tmemd shared-memory data plane, version 1.
+ * tmem_abi.h - the tmemd shared-memory data plane, version 2.
  *
  * Plain C, included by the Linux guest module (tmem_ivshmem.ko), the
  * userspace guest library and tmemd. All fields are little-endian and
@@ -41,7 +41,9 @@
  * has written it). So the guest reuses a slot only after its CQE.
  *
  * Doorbells: the guest rings ivshmem vector TMEM_VEC_SUBMIT (write
- * (0 << 16) | vector to BAR0 offset 12) only when host_flags has
+ * (host_peer_id << 16) | vector to BAR0 offset 12; v1 hosts were always
+ * peer 0, v2 hosts say which peer they are, because a migratable device
+ * (QEMU master=on) needs the VM to be peer 0) only when host_flags has
  * TMEM_HOST_NEEDS_DOORBELL; otherwise the host is polling. Lost wakeups
  * are avoided Dekker-style: the guest publishes sq_tail, then a full fence
  * (__atomic_thread_fence(__ATOMIC_SEQ_CST) / smp_mb()), then reads
@@ -68,6 +70,11 @@
  * region; guest_generation whenever the guest (re)attaches. A side that sees
  * the other's generation change forgets all pool ids and state (the host
  * drops the VM's pages; the guest re-creates pools lazily).
+ * A region can arrive holding another host's header and rings (live
+ * migration copies the shared memory with the VM): a host that finds a
+ * host_generation it did not write treats the region as foreign and
+ * re-initializes it, so the guest sees the generation change and
+ * resynchronizes (pools, sent-keys filter, prefetched pages all forgotten).
  */
 #ifndef TMEMD_PROTO_TMEM_ABI_H_
 #define TMEMD_PROTO_TMEM_ABI_H_
@@ -96,7 +103,7 @@ typedef uint64_t tmem_u64;
 #endif
 
 #define TMEM_ABI_MAGIC 0x4d454d54u /* "TMEM" little-endian */
-#define TMEM_ABI_VERSION 1u
+#define TMEM_ABI_VERSION 2u
 #define TMEM_PAGE_SIZE 4096u
 #define TMEM_MAX_POOLS 64u   /* per VM; fits the flush bitmap */
 #define TMEM_OBJECT_WORDS 6u /* cleancache filekey: u32 key[6] */
@@ -110,6 +117,7 @@ typedef uint64_t tmem_u64;
 #define TMEM_FEAT_SHARED_POOLS (1u << 0)
 #define TMEM_FEAT_ADMISSION_HINT (1u << 1)
 #define TMEM_FEAT_FLUSH_BARRIER (1u << 2)
+#define TMEM_FEAT_GET_BATCH (1u << 3)   /* TMEM_OP_GET_BATCH (v2) */
 
 /* host_state */
 #define TMEM_HOST_STATE_INIT 0u  /* region being set up: do nothing */
@@ -118,6 +126,15 @@ typedef uint64_t tmem_u64;
 
 /* host_flags */
 #define TMEM_HOST_NEEDS_DOORBELL (1u << 0) /* host sleeps: ring to wake it */
+
+/*
+ * guest_flags (v2). TMEM_GUEST_STANDING_ASIDE: the frontend measured that
+ * tmem costs it more than it saves (or it was told "off") and sends no puts
+ * and no gets; before setting it the guest invalidated every pool it uses
+ * (INVAL_POOL), so it owes the host no per-key invalidates while it stands
+ * aside. The host reports it per VM and admits nothing from that VM.
+ */
+#define TMEM_GUEST_STANDING_ASIDE (1u << 0)
 
 /* Admission hint: puts to send out of TMEM_ADMIT_ALL (the valve's rate). */
 #define TMEM_ADMIT_ALL 65536u
@@ -132,8 +149,31 @@ enum tmem_opcode {
 	TMEM_OP_INVAL_PAGE = 5,
 	TMEM_OP_INVAL_OBJECT = 6,
 	TMEM_OP_INVAL_POOL = 7,
-	TMEM_OP_MAX = 8,
+	TMEM_OP_GET_BATCH = 8,   /* v2: `count` pages into `count` slots */
+	TMEM_OP_MAX = 9,
 };
+
+/*
+ * TMEM_OP_GET_BATCH (v2, TMEM_FEAT_GET_BATCH): one ring round trip for a
+ * run of pages of one object, the way the page cache reads a readahead
+ * window (index, index + 1, ... back to back).
+ *   sqe.index = first page index, sqe.count = n (1 .. TMEM_GET_BATCH_MAX),
+ *   sqe.slot  = first of n consecutive slots (slot + n <= slot_count).
+ *   Page index + k goes to slot + k. cqe.result is the hit bitmap: bit k
+ *   set = page index + k was present and its bytes are in slot + k; clear =
+ *   miss (slot contents undefined).
+ *   Only on private pools (a shared pool answers TMEM_ERR_INVAL): every hit
+ *   is exclusive exactly as a single GET, i.e. the host forgets the page. The
+ *   guest then owns the only copy, in its slot, and must honour every later
+ *   invalidate or put of that key against it (drop the slot copy) before it
+ *   serves a get from it. An unused prefetched page may simply be dropped:
+ *   pages are ephemeral.
+ *   A bitmap of zeros is a statement about that moment only; a guest may
+ *   answer later gets of those keys as misses until it puts them again
+ *   (a miss is always allowed).
+ * Every other opcode must have count == 0.
+ */
+#define TMEM_GET_BATCH_MAX 32u
 
 /* sqe.flags */
 #define TMEM_SQE_F_IRQ (1u << 0)    /* interrupt the guest on completion */
@@ -155,13 +195,15 @@ struct tmem_sqe {
 	tmem_u64 tag;   /* guest cookie, echoed in the CQE */
 	tmem_u64 index; /* page index */
 	tmem_u32 oid[TMEM_OBJECT_WORDS]; /* object id; NEW_POOL: uuid (16 B) */
-	tmem_u8 reserved[16];            /* must be zero */
+	tmem_u16 count;                  /* GET_BATCH: pages; else zero */
+	tmem_u8 reserved[14];            /* must be zero */
 };
 
 struct tmem_cqe {
 	tmem_u64 tag;
 	tmem_s32 status; /* TMEM_OK or TMEM_ERR_* */
-	tmem_u32 result; /* NEW_POOL: pool id; GET: 1 hit / 0 miss */
+	tmem_u32 result; /* NEW_POOL: pool id; GET: 1 hit / 0 miss;
+			  * GET_BATCH: hit bitmap (bit k: page index + k) */
 };
 
 /* Ring indices live on their own cache lines: each line has one writer. */
@@ -183,8 +225,9 @@ struct tmem_shm_header {
 	tmem_u32 cq_entries;
 	tmem_u32 slots_offset;
 	tmem_u32 slot_count;
-	tmem_u64 host_generation;
-	tmem_u8 pad0[8];
+	tmem_u64 host_generation;   /* v2: unique per host and init (random) */
+	tmem_u32 host_peer_id;      /* v2: ivshmem peer id the guest rings */
+	tmem_u32 pad0;
 
 	/* Host-written, changing. */
 	tmem_u32 host_state;
@@ -197,10 +240,17 @@ struct tmem_shm_header {
 	/* Guest-written. */
 	tmem_u64 guest_generation;
 	tmem_u32 features_guest;
-	tmem_u32 guest_flags;        /* reserved, zero */
+	tmem_u32 guest_flags;        /* TMEM_GUEST_* */
 	tmem_u64 flush_request;      /* bitmap of pool ids */
 	tmem_u64 flush_request_seq;  /* sq_tail when the flush was requested */
-	tmem_u8 pad2[32];
+	/*
+	 * v2, informational (the host shows them, never trusts them for
+	 * safety): the guest's own view of whether tmem pays off.
+	 */
+	tmem_u64 guest_get_ns;       /* guest time per page served by tmem */
+	tmem_u64 guest_miss_ns;      /* guest's estimate of a disk read/page */
+	tmem_u64 guest_prefetch_used;   /* batched pages served from slots */
+	tmem_u64 guest_prefetch_unused; /* batched pages dropped unused */
 
 	struct tmem_ring_index sq_head; /* host */
 	struct tmem_ring_index sq_tail; /* guest */

@@ -130,7 +130,7 @@ class EntryExecutor {
     // them a meaning without old hosts silently misreading new guests.
     const unsigned allowed =
         TMEM_SQE_F_IRQ | (op == TMEM_OP_NEW_POOL ? TMEM_SQE_F_SHARED : 0u);
-    if ((sqe.flags & ~allowed) != 0 ||
+    if ((sqe.flags & ~allowed) != 0 || sqe.count != 0 ||
         !AllZero(sqe.reserved, sizeof(sqe.reserved))) {
       return Fail(ChannelCounter::kSqeBadFlags, TMEM_ERR_INVAL);
     }
@@ -161,6 +161,7 @@ class EntryExecutor {
         return Done(store_->InvalidateObject(vm_, sqe.pool, ObjectIdOf(sqe)));
       case TMEM_OP_INVAL_POOL:
         return Done(store_->InvalidatePool(vm_, sqe.pool));
+      case TMEM_OP_GET_BATCH:  // not offered yet (no TMEM_FEAT_GET_BATCH)
       case TMEM_OP_MAX:
         break;
     }
