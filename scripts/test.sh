@@ -91,6 +91,7 @@ for preset in "${presets[@]}"; do
   stage_t0=${SECONDS}
   banner "stage ${preset}: configure, build, test"
   mkdir -p "build/${preset}"
+  rm -f "build/${preset}/ctest.log"  # the summary reads this run's only
   ok=1
   if ((ok)); then
     run_step "${preset}/configure" cmake --preset "${preset}" || ok=0
@@ -129,6 +130,16 @@ fi
 
 banner "summary ($(fmt_secs $((SECONDS - start_all))) total)"
 printf '%s\n' "${summary[@]}"
+# Which tests failed, per preset (ctest lists them after "The following
+# tests FAILED:"), so the last lines of a CI log name the culprit.
+for preset in "${presets[@]}"; do
+  log="build/${preset}/ctest.log"
+  [[ -f "${log}" ]] || continue
+  while IFS= read -r line; do
+    printf 'FAILED TEST: %s: %s\n' "${preset}" "$(tr -s ' ' <<<"${line}" | sed 's/^ //')"
+  done < <(sed -n '/The following tests FAILED:/,/^Errors while running/p' "${log}" \
+             | grep -E '^[[:space:]]+[0-9]+ - ')
+done
 if ((failed > 0)); then
   printf 'RESULT: FAIL (%d step(s) failed)\n' "${failed}"
 else

@@ -334,6 +334,7 @@ uint64_t TmemGuest::Post(tmem_sqe& sqe, uint32_t slot, PoolHandle pool) {
   }
   ++sq_tail_;
   region_.PublishSqTail(sq_tail_);
+  ++counters_.sqes_posted;
   ++unrung_;
   const bool waited_on =
       (sqe.flags & TMEM_SQE_F_IRQ) != 0 ||
@@ -394,6 +395,7 @@ void TmemGuest::Complete(const tmem_cqe& cqe) {
     ++counters_.stale_completions;
     return;
   }
+  ++counters_.completions_reaped;
   const Pending p = pending_[index];
   pending_[index].tag = 0;
   free_pending_.push_back(static_cast<uint32_t>(index));

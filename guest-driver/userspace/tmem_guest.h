@@ -131,6 +131,12 @@ struct GuestCounters {
   uint64_t doorbells_deferred = 0;
   uint64_t interrupt_waits = 0;    // a Get slept on the interrupt fd
   uint64_t stale_completions = 0;  // CQEs of entries from before a reset
+  // Every SQE published to the host, and every CQE matched to one of them:
+  // the host processed at least completions_reaped and at most sqes_posted
+  // of this guest's entries, whatever the load (tests derive volume checks
+  // from these instead of guessing what a fast machine reaches).
+  uint64_t sqes_posted = 0;
+  uint64_t completions_reaped = 0;
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
 };
 
@@ -162,6 +168,8 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("doorbells_deferred", c.doorbells_deferred);
   fn("interrupt_waits", c.interrupt_waits);
   fn("stale_completions", c.stale_completions);
+  fn("sqes_posted", c.sqes_posted);
+  fn("completions_reaped", c.completions_reaped);
   fn("errors", c.errors);
 }
 
