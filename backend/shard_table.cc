@@ -16,6 +16,7 @@ ShardTable::ShardTable(MemoryBudget* budget)
       chunk_list_charge_(budget),
       page_index_charge_(budget),
       object_index_charge_(budget),
+      pool_heads_charge_(budget),
       objects_charge_(budget),
       lru_charge_(budget) {}
 
@@ -69,6 +70,13 @@ uint64_t HashSetBytes(size_t capacity) {
   return capacity == 0 ? 0 : capacity * (sizeof(uint32_t) + 1) + 16;
 }
 
+// The pool-head map's slots are (uint64_t, uint32_t) pairs.
+uint64_t PoolHeadsBytes(size_t capacity) {
+  return capacity == 0
+             ? 0
+             : capacity * (sizeof(std::pair<uint64_t, uint32_t>) + 1) + 16;
+}
+
 // The capacity absl picks for reserve(n): n / (7/8) rounded up to 2^k - 1.
 size_t CapacityForReserve(size_t n) {
   const size_t m = n + (n - 1) / 7;
@@ -87,7 +95,20 @@ bool ShardTable::ReserveIndex(Set& set, ChargedCapacity& charge,
                         [&] { set.reserve(target); });
 }
 
-bool ShardTable::PrepareInsert(uint16_t vm_slot, bool new_object) {
+namespace {
+
+template <typename Map>
+bool ReserveMap(Map& map, ChargedCapacity& charge, size_t needed) {
+  if (needed * 4 <= map.capacity() * 3) return true;
+  const size_t target = 2 * needed;
+  return charge.TryGrow(PoolHeadsBytes(CapacityForReserve(target)),
+                        [&] { map.reserve(target); });
+}
+
+}  // namespace
+
+bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
+                               bool new_object) {
   if (free_entry_ == kNoEntry) {
     constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(PageEntry);
     if (chunks_.size() >= (UINT32_MAX >> kChunkShift)) return false;
@@ -113,6 +134,10 @@ bool ShardTable::PrepareInsert(uint16_t vm_slot, bool new_object) {
   if (new_object) {
     if (!ReserveIndex(object_index_, object_index_charge_,
                       object_index_.size() + 1)) {
+      return false;
+    }
+    if (!pool_heads_.contains(pool_key) &&
+        !ReserveMap(pool_heads_, pool_heads_charge_, pool_heads_.size() + 1)) {
       return false;
     }
     if (free_objects_.empty() && objects_.size() == objects_.capacity()) {
@@ -160,6 +185,14 @@ uint32_t ShardTable::AllocObject(uint64_t pool_key, const ObjectId& oid) {
   o.oid = oid;
   o.first_page = kNoEntry;
   o.pages = 0;
+  o.pool_prev = kNoEntry;
+  // Push onto the front of the pool's list (the map slot was reserved).
+  auto [head, is_first] = pool_heads_.try_emplace(pool_key, id);
+  o.pool_next = is_first ? kNoEntry : head->second;
+  if (!is_first) {
+    objects_[head->second].pool_prev = id;
+    head->second = id;
+  }
   object_index_.insert(id);
   return id;
 }
@@ -194,7 +227,7 @@ uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
                                 PageIndex index, uint16_t vm_slot,
                                 StorageKind kind, uint64_t payload) {
   uint32_t object = FindObject(pool_key, oid);
-  if (!PrepareInsert(vm_slot, object == kNoEntry)) return kNoEntry;
+  if (!PrepareInsert(pool_key, vm_slot, object == kNoEntry)) return kNoEntry;
   const uint32_t id = AllocEntry();
   if (object == kNoEntry) object = AllocObject(pool_key, oid);
   ObjectNode& o = objects_[object];
@@ -235,6 +268,14 @@ PageEntry ShardTable::RemovePage(uint32_t id) {
   if (e.obj_next != kNoEntry) Slot(e.obj_next).obj_prev = e.obj_prev;
   if (--o.pages == 0) {
     object_index_.erase(e.object);
+    if (o.pool_prev != kNoEntry) {
+      objects_[o.pool_prev].pool_next = o.pool_next;
+    } else if (o.pool_next != kNoEntry) {
+      pool_heads_.find(o.pool_key)->second = o.pool_next;
+    } else {
+      pool_heads_.erase(o.pool_key);  // erasing never allocates
+    }
+    if (o.pool_next != kNoEntry) objects_[o.pool_next].pool_prev = o.pool_prev;
     o.pool_key = 0;
     free_objects_.push_back(e.object);
   }
@@ -263,6 +304,7 @@ void ShardTable::ReleaseWhileEmpty() {
   }
   page_index_.clear();  // absl frees tables above 127 slots on clear()
   object_index_.clear();
+  pool_heads_.clear();
   objects_.clear();
   free_objects_.clear();
   if (objects_.capacity() > kChunkEntries) {
@@ -273,6 +315,7 @@ void ShardTable::ReleaseWhileEmpty() {
   }
   page_index_charge_.Sync(HashSetBytes(page_index_.capacity()));
   object_index_charge_.Sync(HashSetBytes(object_index_.capacity()));
+  pool_heads_charge_.Sync(PoolHeadsBytes(pool_heads_.capacity()));
   objects_charge_.Sync(objects_.capacity() * sizeof(ObjectNode) +
                        free_objects_.capacity() * sizeof(uint32_t));
 }
@@ -300,8 +343,10 @@ std::vector<uint32_t> ShardTable::PagesOfObject(uint32_t object) const {
 
 std::vector<uint32_t> ShardTable::PagesOfPool(uint64_t pool_key) const {
   std::vector<uint32_t> out;
-  for (uint32_t n : object_index_) {
-    if (objects_[n].pool_key != pool_key) continue;
+  auto head = pool_heads_.find(pool_key);
+  if (head == pool_heads_.end()) return out;
+  for (uint32_t n = head->second; n != kNoEntry; n = objects_[n].pool_next) {
+    ++objects_visited_;
     for (uint32_t p = objects_[n].first_page; p != kNoEntry;
          p = Slot(p).obj_next) {
       out.push_back(p);
@@ -312,8 +357,8 @@ std::vector<uint32_t> ShardTable::PagesOfPool(uint64_t pool_key) const {
 
 uint64_t ShardTable::metadata_bytes() const {
   return chunk_list_charge_.charged() + page_index_charge_.charged() +
-         object_index_charge_.charged() + objects_charge_.charged() +
-         lru_charge_.charged() +
+         object_index_charge_.charged() + pool_heads_charge_.charged() +
+         objects_charge_.charged() + lru_charge_.charged() +
          chunks_.size() * kChunkEntries * sizeof(PageEntry);
 }
 

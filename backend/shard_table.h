@@ -3,7 +3,9 @@
 // Holds, for the keys that hash to this shard: object nodes (pool, 24-byte
 // object id), page entries (index, how stored, where), a hash index from
 // (object, index) to entry, each object's page list (for invalidate-object),
-// and one LRU list per VM (for eviction and for forgetting a VM).
+// each pool's object list (so invalidate-pool and destroy-pool walk only that
+// pool's objects, never other VMs'), and one LRU list per VM (for eviction
+// and for forgetting a VM).
 //
 // Memory: a page entry is 40 bytes and the hash index holds only a 32-bit
 // entry number per slot (hashing and equality look through to the entry), so
@@ -21,6 +23,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "backend/charged_capacity.h"
 #include "backend/memory_budget.h"
@@ -49,6 +52,8 @@ struct ObjectNode {
   ObjectId oid;
   uint32_t first_page = kNoEntry;
   uint32_t pages = 0;
+  uint32_t pool_prev = kNoEntry;  // the pool's object list in this shard
+  uint32_t pool_next = kNoEntry;
 };
 
 class ShardTable {
@@ -79,13 +84,17 @@ class ShardTable {
   // Least recently used entry of a VM in this shard, or kNoEntry.
   uint32_t LruTail(uint16_t vm_slot) const;
 
-  // Entries of every object of `pool_key` (for invalidate-pool). O(objects).
+  // Entries of every object of `pool_key` (for invalidate-pool): O(that
+  // pool's objects and pages in this shard), whatever else the shard holds.
   std::vector<uint32_t> PagesOfPool(uint64_t pool_key) const;
   // Entries of one object.
   std::vector<uint32_t> PagesOfObject(uint32_t object) const;
 
   uint64_t pages() const { return pages_; }
   uint64_t metadata_bytes() const;
+  // Object nodes PagesOfPool has looked at since construction: the work a
+  // pool-wide operation did, which must follow that pool's own objects.
+  uint64_t objects_visited() const { return objects_visited_; }
 
  private:
   static constexpr uint32_t kChunkShift = 8;
@@ -146,7 +155,7 @@ class ShardTable {
   uint32_t AllocObject(uint64_t pool_key, const ObjectId& oid);
   void LruUnlink(PageEntry& e, uint32_t id);
   void LruPushHead(PageEntry& e, uint32_t id);
-  bool PrepareInsert(uint16_t vm_slot, bool new_object);
+  bool PrepareInsert(uint64_t pool_key, uint16_t vm_slot, bool new_object);
   template <typename Set>
   static bool ReserveIndex(Set& set, ChargedCapacity& charge, size_t needed);
   void ReleaseWhileEmpty();
@@ -159,10 +168,15 @@ class ShardTable {
   std::vector<LruList> lru_;  // indexed by VM slot
   absl::flat_hash_set<uint32_t, PageHash, PageEq> page_index_;
   absl::flat_hash_set<uint32_t, ObjectHash, ObjectEq> object_index_;
+  // Pool key -> first object of that pool's list in this shard. Only pools
+  // with objects here have an entry.
+  absl::flat_hash_map<uint64_t, uint32_t> pool_heads_;
   uint64_t pages_ = 0;
+  mutable uint64_t objects_visited_ = 0;
   ChargedCapacity chunk_list_charge_;  // chunks_ pointer array
   ChargedCapacity page_index_charge_;
   ChargedCapacity object_index_charge_;
+  ChargedCapacity pool_heads_charge_;
   ChargedCapacity objects_charge_;  // objects_ + free_objects_
   ChargedCapacity lru_charge_;
 };

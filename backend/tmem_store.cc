@@ -428,10 +428,14 @@ class TmemStore::Impl {
     int64_t removed = 0;
     for (auto& shard : shards_) {
       MutexLock lock(&shard->mu);
+      const uint64_t visited_before = shard->table.objects_visited();
       for (uint32_t e : shard->table.PagesOfPool(pool.key())) {
         RemoveEntryLocked(*shard, e);
         ++removed;
       }
+      pool_scan_objects_visited_.fetch_add(
+          shard->table.objects_visited() - visited_before,
+          std::memory_order_relaxed);
     }
     return removed;
   }
@@ -851,6 +855,8 @@ class TmemStore::Impl {
         s.memory_used_bytes - std::min(s.memory_used_bytes, s.slab_bytes);
     s.blob_slot_bytes = arena_.slot_bytes_in_use();
     s.uptime_nanos = clock_->NowNanos() - start_nanos_;
+    s.pool_scan_objects_visited =
+        pool_scan_objects_visited_.load(std::memory_order_relaxed);
     MutexLock lock(&registry_mu_);
     s.counters = retired_counters_;
     for (const auto& [name, vm] : by_name_)
@@ -900,6 +906,7 @@ class TmemStore::Impl {
 
   std::array<std::atomic<Vm*>, kMaxVms> slots_;
   std::atomic<int> max_slot_{-1};
+  std::atomic<uint64_t> pool_scan_objects_visited_{0};
 
   mutable Mutex registry_mu_;
   std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(registry_mu_){};

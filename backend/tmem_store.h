@@ -139,6 +139,9 @@ struct HostStats {
   uint64_t blob_slot_bytes = 0;    // slot bytes of live blobs (<= slab_bytes;
                                    // the gap is slab fragmentation)
   uint64_t vms = 0;
+  // Object nodes looked at by pool-wide removals (invalidate pool, destroy
+  // pool): grows with the pools' own objects only, never with other VMs'.
+  uint64_t pool_scan_objects_visited = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };

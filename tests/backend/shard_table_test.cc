@@ -232,6 +232,15 @@ TEST(ShardTableTest, RandomizedAgainstAModel) {
       model[key] = payload;
     }
     ASSERT_EQ(table.pages(), model.size());
+    if (step % 1000 == 0) {
+      // The per-pool object lists stay exact through removals anywhere.
+      for (uint64_t pool = 1; pool <= 3; ++pool) {
+        size_t expected = 0;
+        for (const auto& [key, payload] : model)
+          expected += std::get<0>(key) == pool;
+        ASSERT_EQ(table.PagesOfPool(pool).size(), expected) << "step " << step;
+      }
+    }
   }
   for (uint64_t pool = 1; pool <= 3; ++pool) {
     size_t expected = 0;
