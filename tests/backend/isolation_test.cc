@@ -2,9 +2,12 @@
 // VM can trigger costs O(its own data). The work is counted by the store
 // itself (HostStats::pool_scan_objects_visited), not timed, so the test means
 // the same on a loaded machine and under sanitizers.
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
@@ -121,6 +124,115 @@ TEST_F(IsolationTest, ForgettingASmallVmCostsOnlyItsOwnObjects) {
   EXPECT_LE(Visited() - before, 5u);
   EXPECT_EQ(Held(*store_, neighbour_), kNeighbourObjects);
 }
+
+// ---------------------------------------------------------------------------
+// A VM's quota bounds what its pages really cost (architecture invariant 4),
+// whatever shapes it picks. "Real" is the store's own measure of the bytes it
+// took from the OS (HostStats::memory_used_bytes, every container charged
+// before it grows); with one VM in the store, all of it is that VM's doing.
+
+struct FloodShape {
+  const char* name;
+  uint64_t quota_bytes;
+  uint64_t puts;
+  uint64_t pages_per_object;
+  int pools;     // objects are spread round robin over this many pools
+  char content;  // 'z' zero, 's' same-filled (distinct words), 't' text,
+                 // 'r' random
+};
+
+class MetadataFloodQuotaTest : public ::testing::TestWithParam<FloodShape> {};
+
+TEST_P(MetadataFloodQuotaTest, RealMemoryStaysWithinQuotaAtEveryStep) {
+  const FloodShape& shape = GetParam();
+  constexpr int kShards = 4;
+  StoreOptions options;
+  options.memory_cap_bytes = 1024 * kMiB;
+  options.address_space_bytes = 1024 * kMiB;
+  options.num_shards = kShards;
+  std::unique_ptr<TmemStore> store = TmemStore::Create(options).value();
+  const uint64_t baseline = store->GetHostStats().memory_used_bytes;
+  VmPolicy policy;
+  policy.quota_bytes = shape.quota_bytes;
+  const VmId vm = store->AddVm("flooder", policy).value();
+  std::vector<PoolId> pools;
+  for (int i = 0; i < shape.pools; ++i) {
+    pools.push_back(store->NewPool(vm, nullptr).value());
+  }
+  // Not per page: per shard, one entry chunk, one object chunk and small
+  // tables kept while empty (256 x 48 B each, tables under 8 KiB); per blob
+  // size class, one partly filled 64 KiB slab; 8 cached empty slabs.
+  const uint64_t fixed_slack = kShards * (256 * 48 * 2 + 8 * 1024) +
+                               (shape.content == 't' ? 64 : 1) * 65536 +
+                               8 * 65536;
+  const uint64_t bound =
+      shape.quota_bytes + shape.quota_bytes / 20 + fixed_slack;
+  uint64_t peak_used = 0, peak_charged = 0, stored = 0;
+  for (uint64_t i = 0; i < shape.puts; ++i) {
+    const uint64_t object = i / shape.pages_per_object;
+    test::Page page;
+    switch (shape.content) {
+      case 'z':
+        page = test::FilledWith(0);
+        break;
+      case 's':
+        page = test::FilledWith(i + 1);
+        break;
+      case 't':
+        page = test::TextPage(i);
+        break;
+      default:
+        page = test::RandomPage(i);
+        break;
+    }
+    const PutResult r =
+        store
+            ->Put(vm, pools[object % pools.size()], ObjectId::FromInode(object),
+                  i % shape.pages_per_object, page)
+            .value();
+    stored += r.stored;
+    const HostStats host = store->GetHostStats();
+    const uint64_t used = host.memory_used_bytes - baseline;
+    const uint64_t charged =
+        store->GetVmStats(vm)
+            ->counters[static_cast<int>(Counter::kChargedBytes)];
+    peak_used = std::max(peak_used, used);
+    peak_charged = std::max(peak_charged, charged);
+    ASSERT_LE(charged, shape.quota_bytes) << "after put " << i;
+    ASSERT_LE(used, bound) << "after put " << i << ": real " << used
+                           << " B, charged " << charged << " B, quota "
+                           << shape.quota_bytes << " B";
+  }
+  // The flood went well past the quota: the bound was tested at its edge.
+  EXPECT_GT(store->GetVmStats(vm)
+                ->counters[static_cast<int>(Counter::kEvictionsQuota)],
+            0u);
+  EXPECT_GT(stored, shape.puts / 2) << "puts are stored, not refused";
+  // And the charge is what the pages cost, not a multiple of it: at the
+  // peak, real memory is at least 85% of what the VM was charged.
+  EXPECT_GE(peak_used, peak_charged / 100 * 85);
+  std::printf(
+      "[ shape %s ] peak real %llu B, peak charged %llu B, quota %llu B"
+      " (real/quota %.3f)\n",
+      shape.name, static_cast<unsigned long long>(peak_used),
+      static_cast<unsigned long long>(peak_charged),
+      static_cast<unsigned long long>(shape.quota_bytes),
+      static_cast<double>(peak_used) / shape.quota_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, MetadataFloodQuotaTest,
+    ::testing::Values(
+        // Issue 15: 8 MiB quota, a zero page per object, held 2.8x.
+        FloodShape{"ZeroPagePerObject", 8 * kMiB, 200'000, 1, 1, 'z'},
+        FloodShape{"SameFilledPerObject", 8 * kMiB, 200'000, 1, 1, 's'},
+        FloodShape{"ZeroPagesManyPerObject", 8 * kMiB, 400'000, 64, 1, 'z'},
+        FloodShape{"ObjectPerPoolSpread", 8 * kMiB, 200'000, 1, 1024, 'z'},
+        FloodShape{"TextPagePerObject", 32 * kMiB, 40'000, 1, 1, 't'},
+        FloodShape{"RandomPagePerObject", 32 * kMiB, 20'000, 1, 1, 'r'}),
+    [](const ::testing::TestParamInfo<FloodShape>& info) {
+      return std::string(info.param.name);
+    });
 
 }  // namespace
 }  // namespace tmem

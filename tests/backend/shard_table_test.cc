@@ -65,7 +65,7 @@ TEST(ShardTableTest, InsertFindRemove) {
   EXPECT_EQ(table.FindPage(kPoolB, Oid(1), 7), e2);
   EXPECT_EQ(table.FindPage(kPoolA, Oid(1), 7), e);
 
-  const PageEntry removed = table.RemovePage(e);
+  const PageEntry removed = table.RemovePage(e).entry;
   EXPECT_EQ(removed.index, 7u);
   EXPECT_EQ(removed.payload, 0xabcdefu);
   EXPECT_EQ(removed.kind, StorageKind::kLz4);
