@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
+#include "host-agent/channel/socket_file.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
 #include "host-agent/control/grpc_service.h"
@@ -255,6 +256,13 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kError, "socket_dir_error",
         {{"dir", config.socket_dir},
          {"error", std::generic_category().message(errno)}});
+    return 1;
+  }
+  // Every socket is created in this directory: refuse one that someone else
+  // could write to (they could swap sockets for symlinks).
+  if (absl::Status s = CheckSocketDirectory(config.socket_dir); !s.ok()) {
+    Log(LogLevel::kError, "socket_dir_error",
+        {{"dir", config.socket_dir}, {"error", s.message()}});
     return 1;
   }
 

@@ -146,9 +146,15 @@ absl::Status PolicyStore::SaveLocked() const {
   if (path_.empty()) return absl::OkStatus();
   const std::string text = SerializeLocked();
   const std::string tmp = absl::StrCat(path_, ".tmp.", getpid());
-  const int fd =
-      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus("cannot write state file", tmp);
+  // A temporary left by a crashed tmemd of the same pid goes first (unlink
+  // removes a link itself, never its target); then the file is created new,
+  // never opened through a link someone planted (O_EXCL | O_NOFOLLOW).
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot remove stale state file temporary", tmp);
+  }
+  const int fd = open(
+      tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus("cannot create state file temporary", tmp);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);

@@ -2,10 +2,13 @@
 #include "host-agent/control/policy_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "tests/control/test_util.h"
 
@@ -116,9 +119,35 @@ TEST_F(PolicyStoreTest, WriteFailureIsReported) {
   ASSERT_TRUE(store.ok());
   const absl::Status s = (*store)->CommitVm("a", {VmPolicy{}, 1});
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("cannot write state file"), std::string::npos);
+  EXPECT_NE(s.message().find("state file"), std::string::npos) << s;
   // The in-memory state still moved on (the policy is live).
   EXPECT_EQ((*store)->Vm("a")->generation, 1u);
+}
+
+// Issue 15: the temporary was opened through whatever sat at its name. A
+// symlink planted there must neither be followed nor its target changed.
+TEST_F(PolicyStoreTest, TemporaryNeverFollowsAPlantedSymlink) {
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  ASSERT_EQ(chmod(victim.c_str(), 0644), 0);
+  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
+  ASSERT_EQ(symlink(victim.c_str(), tmp.c_str()), 0);
+  auto store = PolicyStore::Open(path_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->CommitVm("a", {VmPolicy{}, 1}).ok());
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious") << "the state was written through the link";
+  struct stat st {};
+  ASSERT_EQ(stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
+  ASSERT_EQ(lstat(path_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the state file is a file of its own";
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  auto reopened = PolicyStore::Open(path_);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->Vm("a")->generation, 1u);
 }
 
 }  // namespace
