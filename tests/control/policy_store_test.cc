@@ -150,5 +150,39 @@ TEST_F(PolicyStoreTest, TemporaryNeverFollowsAPlantedSymlink) {
   EXPECT_EQ((*reopened)->Vm("a")->generation, 1u);
 }
 
+// Issue 15: state-file values were not range-checked (weight 5000000000
+// wrapped to 705032704). They use the same table as flags, config and RPCs.
+TEST_F(PolicyStoreTest, StateFileValuesAreRangeChecked) {
+  auto write = [&](const std::string& vm_json) {
+    std::ofstream(path_) << R"({"version": 1, "vms": {"a": )" << vm_json
+                         << "}}";
+  };
+  const std::string ok_rest =
+      R"("enabled": true, "frozen": false, "mode": "default"})";
+  write(R"({"generation": 1, "quota_bytes": 0, "weight": 5000000000, )" +
+        ok_rest);
+  auto store = PolicyStore::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("vms.a.weight"), std::string::npos)
+      << store.status();
+  write(R"({"generation": 1, "quota_bytes": 0, "weight": 0, )" + ok_rest);
+  EXPECT_FALSE(PolicyStore::Open(path_).ok());
+  std::ofstream(path_)
+      << R"({"version": 1, "host": {"cpu_budget_percent": 500}})";
+  store = PolicyStore::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("cpu_budget_percent"),
+            std::string::npos)
+      << store.status();
+  // quota 0 (and the UINT64_MAX older files wrote) is unlimited.
+  for (const char* quota : {"0", "18446744073709551615"}) {
+    write(std::string(R"({"generation": 1, "quota_bytes": )") + quota +
+          R"(, "weight": 100, )" + ok_rest);
+    store = PolicyStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->Vm("a")->policy.quota_bytes, kUnlimitedQuota) << quota;
+  }
+}
+
 }  // namespace
 }  // namespace tmem
