@@ -16,11 +16,13 @@ ShardTable::ShardTable(MemoryBudget* budget)
       chunk_list_charge_(budget),
       page_index_charge_(budget),
       object_index_charge_(budget),
-      objects_charge_(budget),
+      pool_heads_charge_(budget),
+      object_chunk_list_charge_(budget),
       lru_charge_(budget) {}
 
 ShardTable::~ShardTable() {
-  budget_->Release(chunks_.size() * kChunkEntries * sizeof(PageEntry));
+  budget_->Release(chunks_.size() * kChunkEntries * sizeof(PageEntry) +
+                   object_chunks_.size() * kChunkEntries * sizeof(ObjectNode));
 }
 
 // The hash indexes store only entry/node numbers; hashing and equality read
@@ -37,14 +39,14 @@ bool ShardTable::PageEq::operator()(uint32_t e, const PageKey& k) const {
   return p.object == k.object && p.index == k.index;
 }
 size_t ShardTable::ObjectHash::operator()(uint32_t n) const {
-  const ObjectNode& o = table->objects_[n];
+  const ObjectNode& o = table->Obj(n);
   return (*this)(ObjectKey{o.pool_key, &o.oid});
 }
 size_t ShardTable::ObjectHash::operator()(const ObjectKey& k) const {
   return absl::Hash<std::pair<uint64_t, ObjectId>>{}({k.pool_key, *k.oid});
 }
 bool ShardTable::ObjectEq::operator()(uint32_t n, const ObjectKey& k) const {
-  const ObjectNode& o = table->objects_[n];
+  const ObjectNode& o = table->Obj(n);
   return o.pool_key == k.pool_key && o.oid == *k.oid;
 }
 
@@ -69,6 +71,13 @@ uint64_t HashSetBytes(size_t capacity) {
   return capacity == 0 ? 0 : capacity * (sizeof(uint32_t) + 1) + 16;
 }
 
+// The pool-head map's slots are (uint64_t, uint32_t) pairs.
+uint64_t PoolHeadsBytes(size_t capacity) {
+  return capacity == 0
+             ? 0
+             : capacity * (sizeof(std::pair<uint64_t, uint32_t>) + 1) + 16;
+}
+
 // The capacity absl picks for reserve(n): n / (7/8) rounded up to 2^k - 1.
 size_t CapacityForReserve(size_t n) {
   const size_t m = n + (n - 1) / 7;
@@ -80,14 +89,28 @@ size_t CapacityForReserve(size_t n) {
 template <typename Set>
 bool ShardTable::ReserveIndex(Set& set, ChargedCapacity& charge,
                               size_t needed) {
-  // Keep the load at or under 3/4 ourselves, doubling ahead of need.
+  // Keep the load at or under 3/4 ourselves, doubling the capacity exactly
+  // (reserving one more than it holds), so the load after growth is 3/8.
   if (needed * 4 <= set.capacity() * 3) return true;
-  const size_t target = 2 * needed;
+  const size_t target = std::max(needed, set.capacity() + 1);
   return charge.TryGrow(HashSetBytes(CapacityForReserve(target)),
                         [&] { set.reserve(target); });
 }
 
-bool ShardTable::PrepareInsert(uint16_t vm_slot, bool new_object) {
+namespace {
+
+template <typename Map>
+bool ReserveMap(Map& map, ChargedCapacity& charge, size_t needed) {
+  if (needed * 4 <= map.capacity() * 3) return true;
+  const size_t target = std::max(needed, map.capacity() + 1);
+  return charge.TryGrow(PoolHeadsBytes(CapacityForReserve(target)),
+                        [&] { map.reserve(target); });
+}
+
+}  // namespace
+
+bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
+                               bool new_object) {
   if (free_entry_ == kNoEntry) {
     constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(PageEntry);
     if (chunks_.size() >= (UINT32_MAX >> kChunkShift)) return false;
@@ -115,16 +138,28 @@ bool ShardTable::PrepareInsert(uint16_t vm_slot, bool new_object) {
                       object_index_.size() + 1)) {
       return false;
     }
-    if (free_objects_.empty() && objects_.size() == objects_.capacity()) {
-      // free_objects_ never outgrows objects_, so reserving both together
-      // means RemovePage never allocates.
-      const size_t cap = std::max<size_t>(16, 2 * objects_.capacity());
-      if (!objects_charge_.TryGrow(
-              cap * (sizeof(ObjectNode) + sizeof(uint32_t)), [&] {
-                objects_.reserve(cap);
-                free_objects_.reserve(cap);
-              })) {
-        return false;
+    if (!pool_heads_.contains(pool_key) &&
+        !ReserveMap(pool_heads_, pool_heads_charge_, pool_heads_.size() + 1)) {
+      return false;
+    }
+    if (free_object_ == kNoEntry) {
+      constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(ObjectNode);
+      if (object_chunks_.size() >= (UINT32_MAX >> kChunkShift)) return false;
+      if (object_chunks_.size() == object_chunks_.capacity()) {
+        const size_t cap = std::max<size_t>(4, 2 * object_chunks_.capacity());
+        if (!object_chunk_list_charge_.TryGrow(
+                cap * sizeof(object_chunks_[0]),
+                [&] { object_chunks_.reserve(cap); })) {
+          return false;
+        }
+      }
+      if (!budget_->TryCharge(kChunkBytes)) return false;
+      object_chunks_.emplace_back(new ObjectNode[kChunkEntries]);
+      const auto base =
+          static_cast<uint32_t>((object_chunks_.size() - 1) << kChunkShift);
+      for (uint32_t i = kChunkEntries; i-- > 0;) {
+        Obj(base + i).first_page = free_object_;
+        free_object_ = base + i;
       }
     }
   }
@@ -147,19 +182,21 @@ uint32_t ShardTable::AllocEntry() {
 }
 
 uint32_t ShardTable::AllocObject(uint64_t pool_key, const ObjectId& oid) {
-  uint32_t id;
-  if (!free_objects_.empty()) {
-    id = free_objects_.back();
-    free_objects_.pop_back();
-  } else {
-    id = static_cast<uint32_t>(objects_.size());
-    objects_.emplace_back();
-  }
-  ObjectNode& o = objects_[id];
+  const uint32_t id = free_object_;
+  ObjectNode& o = Obj(id);
+  free_object_ = o.first_page;
   o.pool_key = pool_key;
   o.oid = oid;
   o.first_page = kNoEntry;
   o.pages = 0;
+  o.pool_prev = kNoEntry;
+  // Push onto the front of the pool's list (the map slot was reserved).
+  auto [head, is_first] = pool_heads_.try_emplace(pool_key, id);
+  o.pool_next = is_first ? kNoEntry : head->second;
+  if (!is_first) {
+    Obj(head->second).pool_prev = id;
+    head->second = id;
+  }
   object_index_.insert(id);
   return id;
 }
@@ -194,10 +231,15 @@ uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
                                 PageIndex index, uint16_t vm_slot,
                                 StorageKind kind, uint64_t payload) {
   uint32_t object = FindObject(pool_key, oid);
-  if (!PrepareInsert(vm_slot, object == kNoEntry)) return kNoEntry;
+  if (!PrepareInsert(pool_key, vm_slot, object == kNoEntry)) return kNoEntry;
   const uint32_t id = AllocEntry();
-  if (object == kNoEntry) object = AllocObject(pool_key, oid);
-  ObjectNode& o = objects_[object];
+  uint8_t charges = 0;
+  if (object == kNoEntry) {
+    charges = kPaysObject;
+    if (!pool_heads_.contains(pool_key)) charges |= kPaysPoolInShard;
+    object = AllocObject(pool_key, oid);
+  }
+  ObjectNode& o = Obj(object);
 
   PageEntry& e = Slot(id);
   e.index = index;
@@ -205,7 +247,7 @@ uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
   e.object = object;
   e.vm_slot = vm_slot;
   e.kind = kind;
-  e.reserved = 0;
+  e.charges = charges;
   e.obj_prev = kNoEntry;
   e.obj_next = o.first_page;
   if (o.first_page != kNoEntry) Slot(o.first_page).obj_prev = id;
@@ -220,29 +262,57 @@ uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
   return id;
 }
 
-PageEntry ShardTable::RemovePage(uint32_t id) {
+RemovedPage ShardTable::RemovePage(uint32_t id) {
   PageEntry& e = Slot(id);
-  const PageEntry copy = e;
+  RemovedPage out{e};
   page_index_.erase(id);
   LruUnlink(e, id);
 
-  ObjectNode& o = objects_[e.object];
+  ObjectNode& o = Obj(e.object);
   if (e.obj_prev != kNoEntry) {
     Slot(e.obj_prev).obj_next = e.obj_next;
   } else {
     o.first_page = e.obj_next;
   }
   if (e.obj_next != kNoEntry) Slot(e.obj_next).obj_prev = e.obj_prev;
-  if (--o.pages == 0) {
+  if (--o.pages > 0) {
+    // The object lives on: another of its pages pays what this one did.
+    if (e.charges != 0) {
+      out.heir = o.first_page;
+      out.heir_gained = e.charges;
+      Slot(out.heir).charges |= e.charges;
+    }
+  } else {
+    // The last page paid for the object; the pool's presence here passes
+    // to a page of the pool's next object, if it has one in this shard.
     object_index_.erase(e.object);
+    uint32_t pool_heir_object = kNoEntry;
+    if (o.pool_prev != kNoEntry) {
+      Obj(o.pool_prev).pool_next = o.pool_next;
+      pool_heir_object = o.pool_prev;
+    } else if (o.pool_next != kNoEntry) {
+      pool_heads_.find(o.pool_key)->second = o.pool_next;
+    } else {
+      pool_heads_.erase(o.pool_key);  // erasing never allocates
+    }
+    if (o.pool_next != kNoEntry) {
+      Obj(o.pool_next).pool_prev = o.pool_prev;
+      pool_heir_object = o.pool_next;
+    }
+    if ((e.charges & kPaysPoolInShard) && pool_heir_object != kNoEntry) {
+      out.heir = Obj(pool_heir_object).first_page;
+      out.heir_gained = kPaysPoolInShard;
+      Slot(out.heir).charges |= kPaysPoolInShard;
+    }
     o.pool_key = 0;
-    free_objects_.push_back(e.object);
+    o.first_page = free_object_;
+    free_object_ = e.object;
   }
 
   e.lru_next = free_entry_;
   free_entry_ = id;
   if (--pages_ == 0) ReleaseWhileEmpty();
-  return copy;
+  return out;
 }
 
 // An empty shard gives back what it grew for its peak, keeping one entry
@@ -261,20 +331,25 @@ void ShardTable::ReleaseWhileEmpty() {
       free_entry_ = i;
     }
   }
+  if (object_chunks_.size() > 1) {
+    constexpr uint64_t kObjectChunkBytes = kChunkEntries * sizeof(ObjectNode);
+    budget_->Release((object_chunks_.size() - 1) * kObjectChunkBytes);
+    object_chunks_.resize(1);
+    object_chunks_.shrink_to_fit();
+    object_chunk_list_charge_.Sync(object_chunks_.capacity() *
+                                   sizeof(object_chunks_[0]));
+    free_object_ = kNoEntry;
+    for (uint32_t i = kChunkEntries; i-- > 0;) {
+      Obj(i).first_page = free_object_;
+      free_object_ = i;
+    }
+  }
   page_index_.clear();  // absl frees tables above 127 slots on clear()
   object_index_.clear();
-  objects_.clear();
-  free_objects_.clear();
-  if (objects_.capacity() > kChunkEntries) {
-    objects_.shrink_to_fit();
-    free_objects_.shrink_to_fit();
-    // Keep the "free_objects_ never reallocates" promise of PrepareInsert.
-    free_objects_.reserve(objects_.capacity());
-  }
+  pool_heads_.clear();
   page_index_charge_.Sync(HashSetBytes(page_index_.capacity()));
   object_index_charge_.Sync(HashSetBytes(object_index_.capacity()));
-  objects_charge_.Sync(objects_.capacity() * sizeof(ObjectNode) +
-                       free_objects_.capacity() * sizeof(uint32_t));
+  pool_heads_charge_.Sync(PoolHeadsBytes(pool_heads_.capacity()));
 }
 
 void ShardTable::Touch(uint32_t id) {
@@ -290,8 +365,8 @@ uint32_t ShardTable::LruTail(uint16_t vm_slot) const {
 
 std::vector<uint32_t> ShardTable::PagesOfObject(uint32_t object) const {
   std::vector<uint32_t> out;
-  out.reserve(objects_[object].pages);
-  for (uint32_t p = objects_[object].first_page; p != kNoEntry;
+  out.reserve(Obj(object).pages);
+  for (uint32_t p = Obj(object).first_page; p != kNoEntry;
        p = Slot(p).obj_next) {
     out.push_back(p);
   }
@@ -300,10 +375,11 @@ std::vector<uint32_t> ShardTable::PagesOfObject(uint32_t object) const {
 
 std::vector<uint32_t> ShardTable::PagesOfPool(uint64_t pool_key) const {
   std::vector<uint32_t> out;
-  for (uint32_t n : object_index_) {
-    if (objects_[n].pool_key != pool_key) continue;
-    for (uint32_t p = objects_[n].first_page; p != kNoEntry;
-         p = Slot(p).obj_next) {
+  auto head = pool_heads_.find(pool_key);
+  if (head == pool_heads_.end()) return out;
+  for (uint32_t n = head->second; n != kNoEntry; n = Obj(n).pool_next) {
+    ++objects_visited_;
+    for (uint32_t p = Obj(n).first_page; p != kNoEntry; p = Slot(p).obj_next) {
       out.push_back(p);
     }
   }
@@ -312,9 +388,10 @@ std::vector<uint32_t> ShardTable::PagesOfPool(uint64_t pool_key) const {
 
 uint64_t ShardTable::metadata_bytes() const {
   return chunk_list_charge_.charged() + page_index_charge_.charged() +
-         object_index_charge_.charged() + objects_charge_.charged() +
-         lru_charge_.charged() +
-         chunks_.size() * kChunkEntries * sizeof(PageEntry);
+         object_index_charge_.charged() + pool_heads_charge_.charged() +
+         object_chunk_list_charge_.charged() + lru_charge_.charged() +
+         chunks_.size() * kChunkEntries * sizeof(PageEntry) +
+         object_chunks_.size() * kChunkEntries * sizeof(ObjectNode);
 }
 
 }  // namespace tmem

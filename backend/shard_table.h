@@ -3,15 +3,29 @@
 // Holds, for the keys that hash to this shard: object nodes (pool, 24-byte
 // object id), page entries (index, how stored, where), a hash index from
 // (object, index) to entry, each object's page list (for invalidate-object),
-// and one LRU list per VM (for eviction and for forgetting a VM).
+// each pool's object list (so invalidate-pool and destroy-pool walk only that
+// pool's objects, never other VMs'), and one LRU list per VM (for eviction
+// and for forgetting a VM).
 //
-// Memory: a page entry is 40 bytes and the hash index holds only a 32-bit
-// entry number per slot (hashing and equality look through to the entry), so
-// a stored page costs about 40 + 5/load-factor bytes of metadata (load kept
-// between 3/8 and 3/4). Every container grows only through PrepareInsert,
-// which charges the MemoryBudget first (entries in chunks of 256, indexes by
-// doubling), so metadata never takes the budget over its cap. absl's own
-// growth never triggers: it needs a load above 25/32, and we reserve at 3/4.
+// Memory: a page entry is 40 bytes, an object node 48, and the hash indexes
+// hold only a 32-bit number per slot (hashing and equality look through to
+// the entry or node). Entries and object nodes live in chunks of 256; each
+// index doubles when it passes 3/4 full, so while it grows it stays between
+// 3/8 and 3/4 full and a slot costs at most 8/3 of its size per item. So a
+// page costs at most kPageEntryCharge, an object kObjectCharge and a pool's
+// presence in a shard kPoolInShardCharge (page_charge.h), plus per shard one
+// partly used chunk of each kind. Each of those shared costs is paid by exactly
+// one page (its `charges` bits): the object's by one of its pages, the pool's
+// by one page of that pool in this shard; when the payer goes, an heir among
+// the remaining pages takes the bit (RemovedPage). The store charges VMs by
+// these bits, so what a VM is charged follows what its pages cost. Removals
+// that leave a shard non-empty do not shrink its indexes: that slack is the
+// shard's peak, not any VM's current pages.
+//
+// Every container grows only through PrepareInsert, which charges the
+// MemoryBudget first, so metadata never takes the budget over its cap.
+// absl's own growth never triggers: it needs a load above 25/32, and we
+// reserve at 3/4.
 //
 // Not thread-safe: the owning shard's mutex covers every call.
 #ifndef TMEMD_BACKEND_SHARD_TABLE_H_
@@ -19,11 +33,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "backend/charged_capacity.h"
 #include "backend/memory_budget.h"
+#include "backend/page_charge.h"
 #include "backend/types.h"
 
 namespace tmem {
@@ -40,15 +57,28 @@ struct PageEntry {
   uint32_t obj_next;
   uint16_t vm_slot;  // owner: the VM whose put stored the page
   StorageKind kind;
-  uint8_t reserved;
+  uint8_t charges;  // ChargeBit: shared costs this page pays for
 };
-static_assert(sizeof(PageEntry) == 40, "page metadata budget");
 
 struct ObjectNode {
   uint64_t pool_key = 0;  // the pool's global key (0: node is free)
   ObjectId oid;
-  uint32_t first_page = kNoEntry;
+  uint32_t first_page = kNoEntry;  // (free node: the next free node)
   uint32_t pages = 0;
+  uint32_t pool_prev = kNoEntry;  // the pool's object list in this shard
+  uint32_t pool_next = kNoEntry;
+};
+
+static_assert(sizeof(PageEntry) == kPageEntryBytes);
+static_assert(sizeof(ObjectNode) == kObjectNodeBytes);
+static_assert(sizeof(std::pair<uint64_t, uint32_t>) == 16);
+
+// What RemovePage did: the removed entry, and the page (if any) that took
+// over charge bits the removed one paid.
+struct RemovedPage {
+  PageEntry entry;
+  uint32_t heir = kNoEntry;
+  uint8_t heir_gained = 0;  // ChargeBit bits the heir took over
 };
 
 class ShardTable {
@@ -65,27 +95,34 @@ class ShardTable {
   uint32_t FindObject(uint64_t pool_key, const ObjectId& oid) const;
 
   // Adds a page that must not exist yet, at the MRU end of its VM's list.
-  // Returns kNoEntry if the metadata it needs does not fit in the budget;
-  // then nothing changed. Removing a page of this shard always makes room.
+  // Its `charges` say which shared costs it pays (a new object, a pool new
+  // to this shard). Returns kNoEntry if the metadata it needs does not fit in
+  // the budget; then nothing changed. Removing a page of this shard always
+  // makes room.
   uint32_t InsertPage(uint64_t pool_key, const ObjectId& oid, PageIndex index,
                       uint16_t vm_slot, StorageKind kind, uint64_t payload);
-  // Unlinks and frees an entry; returns a copy for the caller's bookkeeping.
-  PageEntry RemovePage(uint32_t entry);
+  // Unlinks and frees an entry; returns a copy for the caller's bookkeeping
+  // and the heir of its charge bits.
+  RemovedPage RemovePage(uint32_t entry);
   // Moves an entry to the MRU end of its VM's list.
   void Touch(uint32_t entry);
 
   const PageEntry& entry(uint32_t id) const { return Slot(id); }
-  const ObjectNode& object(uint32_t id) const { return objects_[id]; }
+  const ObjectNode& object(uint32_t id) const { return Obj(id); }
   // Least recently used entry of a VM in this shard, or kNoEntry.
   uint32_t LruTail(uint16_t vm_slot) const;
 
-  // Entries of every object of `pool_key` (for invalidate-pool). O(objects).
+  // Entries of every object of `pool_key` (for invalidate-pool): O(that
+  // pool's objects and pages in this shard), whatever else the shard holds.
   std::vector<uint32_t> PagesOfPool(uint64_t pool_key) const;
   // Entries of one object.
   std::vector<uint32_t> PagesOfObject(uint32_t object) const;
 
   uint64_t pages() const { return pages_; }
   uint64_t metadata_bytes() const;
+  // Object nodes PagesOfPool has looked at since construction: the work a
+  // pool-wide operation did, which must follow that pool's own objects.
+  uint64_t objects_visited() const { return objects_visited_; }
 
  private:
   static constexpr uint32_t kChunkShift = 8;
@@ -142,11 +179,17 @@ class ShardTable {
   const PageEntry& Slot(uint32_t id) const {
     return chunks_[id >> kChunkShift][id & (kChunkEntries - 1)];
   }
+  ObjectNode& Obj(uint32_t id) {
+    return object_chunks_[id >> kChunkShift][id & (kChunkEntries - 1)];
+  }
+  const ObjectNode& Obj(uint32_t id) const {
+    return object_chunks_[id >> kChunkShift][id & (kChunkEntries - 1)];
+  }
   uint32_t AllocEntry();
   uint32_t AllocObject(uint64_t pool_key, const ObjectId& oid);
   void LruUnlink(PageEntry& e, uint32_t id);
   void LruPushHead(PageEntry& e, uint32_t id);
-  bool PrepareInsert(uint16_t vm_slot, bool new_object);
+  bool PrepareInsert(uint64_t pool_key, uint16_t vm_slot, bool new_object);
   template <typename Set>
   static bool ReserveIndex(Set& set, ChargedCapacity& charge, size_t needed);
   void ReleaseWhileEmpty();
@@ -154,16 +197,21 @@ class ShardTable {
   MemoryBudget* const budget_;
   std::vector<std::unique_ptr<PageEntry[]>> chunks_;
   uint32_t free_entry_ = kNoEntry;
-  std::vector<ObjectNode> objects_;
-  std::vector<uint32_t> free_objects_;
+  std::vector<std::unique_ptr<ObjectNode[]>> object_chunks_;
+  uint32_t free_object_ = kNoEntry;
   std::vector<LruList> lru_;  // indexed by VM slot
   absl::flat_hash_set<uint32_t, PageHash, PageEq> page_index_;
   absl::flat_hash_set<uint32_t, ObjectHash, ObjectEq> object_index_;
+  // Pool key -> first object of that pool's list in this shard. Only pools
+  // with objects here have an entry.
+  absl::flat_hash_map<uint64_t, uint32_t> pool_heads_;
   uint64_t pages_ = 0;
+  mutable uint64_t objects_visited_ = 0;
   ChargedCapacity chunk_list_charge_;  // chunks_ pointer array
   ChargedCapacity page_index_charge_;
   ChargedCapacity object_index_charge_;
-  ChargedCapacity objects_charge_;  // objects_ + free_objects_
+  ChargedCapacity pool_heads_charge_;
+  ChargedCapacity object_chunk_list_charge_;  // object_chunks_ pointer array
   ChargedCapacity lru_charge_;
 };
 

@@ -36,12 +36,13 @@ uint64_t SlotBytesOf(const EncodedPage& p) {
   return p.bytes.empty() ? 0 : BlobSlotBytes(p.bytes.size());
 }
 
+// What a page costs, all-in (page_charge.h).
 uint64_t ChargeOf(const PageEntry& e) {
   if (e.kind == StorageKind::kZero || e.kind == StorageKind::kSameFilled) {
-    return kPageMetadataCharge;
+    return MetadataCharge(e.charges);
   }
-  return BlobSlotBytes(BlobRef::Unpack(e.payload).bytes()) +
-         kPageMetadataCharge;
+  return BlobCharge(BlobSlotBytes(BlobRef::Unpack(e.payload).bytes())) +
+         MetadataCharge(e.charges);
 }
 
 uint64_t StoredBytesOf(const PageEntry& e) {
@@ -397,7 +398,8 @@ class TmemStore::Impl {
     // NOLINTNEXTLINE(performance-no-int-to-ptr): pool keys are Pool addresses.
     Pool& pool = *reinterpret_cast<Pool*>(
         shard.table.object(shard.table.entry(e).object).pool_key);
-    const PageEntry removed = shard.table.RemovePage(e);
+    const RemovedPage gone = shard.table.RemovePage(e);
+    const PageEntry& removed = gone.entry;
     if (!keep_blob && (removed.kind == StorageKind::kLz4 ||
                        removed.kind == StorageKind::kRaw)) {
       arena_.Free(BlobRef::Unpack(removed.payload));
@@ -413,6 +415,17 @@ class TmemStore::Impl {
     pool.counters.Add(Counter::kPagesHeld, -1);
     pool.counters.Add(Counter::kChargedBytes, -charge);
     pool.counters.Add(Counter::kStoredBytes, -stored);
+    if (gone.heir != kNoEntry) {
+      // A page of the same pool now pays the object or pool slot this one
+      // paid; its owner (possibly another VM sharing the pool) is charged.
+      const auto moved = static_cast<int64_t>(SharedCharge(gone.heir_gained));
+      Vm* heir_owner = slots_[shard.table.entry(gone.heir).vm_slot].load(
+          std::memory_order_acquire);
+      if (heir_owner != nullptr) {
+        heir_owner->counters.Add(Counter::kChargedBytes, moved);
+      }
+      pool.counters.Add(Counter::kChargedBytes, moved);
+    }
     return pool;
   }
 
@@ -428,10 +441,14 @@ class TmemStore::Impl {
     int64_t removed = 0;
     for (auto& shard : shards_) {
       MutexLock lock(&shard->mu);
+      const uint64_t visited_before = shard->table.objects_visited();
       for (uint32_t e : shard->table.PagesOfPool(pool.key())) {
         RemoveEntryLocked(*shard, e);
         ++removed;
       }
+      pool_scan_objects_visited_.fetch_add(
+          shard->table.objects_visited() - visited_before,
+          std::memory_order_relaxed);
     }
     return removed;
   }
@@ -499,7 +516,11 @@ class TmemStore::Impl {
         options_.poor_compression_action == PoorCompressionAction::kRefuse) {
       return refuse(RefuseReason::kPoorCompression);
     }
-    const uint64_t charge = SlotBytesOf(enc) + kPageMetadataCharge;
+    // Reserved at the most a page can cost (it may create an object and
+    // bring its pool into the shard); the unused part is given back once
+    // the table says what the page pays.
+    const uint64_t charge =
+        BlobCharge(SlotBytesOf(enc)) + kMaxPageMetadataCharge;
     if (charge > vm.quota.load(std::memory_order_relaxed)) {
       return refuse(RefuseReason::kQuota);
     }
@@ -534,9 +555,11 @@ class TmemStore::Impl {
         // The table may need metadata memory (an entry chunk, an index
         // doubling). Pages removed from this same shard give their entries
         // back here, so evict locally before giving up.
+        uint32_t entry = kNoEntry;
         for (;;) {
-          stored = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
-                                          enc.kind, payload) != kNoEntry;
+          entry = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
+                                         enc.kind, payload);
+          stored = entry != kNoEntry;
           if (stored ||
               result.evicted >=
                   static_cast<uint32_t>(options_.max_evictions_per_put) ||
@@ -549,6 +572,9 @@ class TmemStore::Impl {
           // Gauges move under the shard lock so that a concurrent removal
           // of this page never sees them before the insert.
           const auto stored_bytes = static_cast<int64_t>(SlotBytesOf(enc));
+          const uint64_t actual = ChargeOf(shard.table.entry(entry));
+          vm.counters.Add(Counter::kChargedBytes,
+                          -static_cast<int64_t>(charge - actual));
           vm.counters.Inc(PutCounterFor(enc.kind));
           vm.counters.Inc(Counter::kPagesHeld);
           vm.counters.Add(Counter::kStoredBytes, stored_bytes);
@@ -556,7 +582,7 @@ class TmemStore::Impl {
           pool.counters.Inc(Counter::kPagesHeld);
           pool.counters.Add(Counter::kStoredBytes, stored_bytes);
           pool.counters.Add(Counter::kChargedBytes,
-                            static_cast<int64_t>(charge));
+                            static_cast<int64_t>(actual));
         }
       }
       if (stored) break;
@@ -851,6 +877,8 @@ class TmemStore::Impl {
         s.memory_used_bytes - std::min(s.memory_used_bytes, s.slab_bytes);
     s.blob_slot_bytes = arena_.slot_bytes_in_use();
     s.uptime_nanos = clock_->NowNanos() - start_nanos_;
+    s.pool_scan_objects_visited =
+        pool_scan_objects_visited_.load(std::memory_order_relaxed);
     MutexLock lock(&registry_mu_);
     s.counters = retired_counters_;
     for (const auto& [name, vm] : by_name_)
@@ -900,6 +928,7 @@ class TmemStore::Impl {
 
   std::array<std::atomic<Vm*>, kMaxVms> slots_;
   std::atomic<int> max_slot_{-1};
+  std::atomic<uint64_t> pool_scan_objects_visited_{0};
 
   mutable Mutex registry_mu_;
   std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(registry_mu_){};

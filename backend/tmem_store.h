@@ -28,10 +28,17 @@
 // entry chunks and tables beyond the first chunk, and up to 8 empty slabs are
 // kept (charged) for reuse.
 //
-// Quotas: a VM is charged, per page, its blob slot bytes plus
-// kPageMetadataCharge. A put that would take the VM over its quota first
-// evicts the VM's own least recently used pages; a page that cannot fit even
-// in an empty quota is refused (quota).
+// Quotas: a VM is charged what its pages really cost, all-in
+// (page_charge.h): per page its blob's slot and slab-tail share plus
+// kPageEntryCharge, plus kObjectCharge for each object and
+// kPoolInShardCharge for each (pool, shard) its pages brought in. A put
+// reserves the most a page can cost (blob + kMaxPageMetadataCharge) and keeps
+// what it used. A put that would take the VM over its quota first evicts the
+// VM's own least recently used pages; a page that cannot fit even in an empty
+// quota is refused (quota). In a shared pool, when the page paying for its
+// object or pool slot goes, another page of that pool (possibly another
+// VM's) takes the charge over: that VM may then be over its quota by that
+// charge (at most kObjectCharge + kPoolInShardCharge) until its next put.
 //
 // Eviction when the host is full: from the VM with the largest
 // charged/weight (furthest over its weighted fair share), least recently used
@@ -56,15 +63,13 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/clock.h"
+#include "backend/page_charge.h"
 #include "backend/page_codec.h"
 #include "backend/stats.h"
 #include "backend/types.h"
 
 namespace tmem {
 
-// Charged to a VM per stored page on top of its blob: the 40-byte entry plus
-// its share of hash index and object table.
-inline constexpr uint64_t kPageMetadataCharge = 48;
 inline constexpr uint64_t kUnlimitedQuota = UINT64_MAX;
 inline constexpr int kMaxVms = 4096;
 inline constexpr int kMaxPoolsPerVm = 1024;
@@ -139,6 +144,9 @@ struct HostStats {
   uint64_t blob_slot_bytes = 0;    // slot bytes of live blobs (<= slab_bytes;
                                    // the gap is slab fragmentation)
   uint64_t vms = 0;
+  // Object nodes looked at by pool-wide removals (invalidate pool, destroy
+  // pool): grows with the pools' own objects only, never with other VMs'.
+  uint64_t pool_scan_objects_visited = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };

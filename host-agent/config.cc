@@ -6,6 +6,7 @@
 #include <bit>
 #include <cctype>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -14,6 +15,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "host-agent/setting_ranges.h"
 
 namespace tmem {
 
@@ -76,32 +78,45 @@ class TableReader {
     return absl::OkStatus();
   }
 
-  absl::Status Size(std::string_view key, uint64_t* out) const {
+  // Values are read by their exact TOML type: toml++'s value<T>() would
+  // turn `true` into 1 and 8.0 into 8, giving a wrong-typed value a meaning.
+  absl::Status Size(std::string_view key, uint64_t* out,
+                    const IntRange& range) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    if (auto i = n->value<int64_t>()) {
+    uint64_t bytes = 0;
+    if (auto i = n->value_exact<int64_t>()) {
       if (*i < 0) return Bad(key, *n, "must not be negative");
-      *out = static_cast<uint64_t>(*i);
-      return absl::OkStatus();
-    }
-    if (auto s = n->value<std::string>()) {
+      bytes = static_cast<uint64_t>(*i);
+    } else if (auto s = n->value_exact<std::string>()) {
       absl::StatusOr<uint64_t> v = ParseSize(*s);
       if (!v.ok()) return Bad(key, *n, std::string(v.status().message()));
-      *out = *v;
-      return absl::OkStatus();
+      bytes = *v;
+    } else {
+      return Bad(key, *n,
+                 absl::StrCat("must be a size (an integer number of bytes or "
+                              "a string like \"64MiB\"), not ",
+                              TypeName(*n)));
     }
-    return Bad(key, *n, "must be a size (bytes or a string like \"64MiB\")");
+    if (absl::Status s = CheckRange(range, bytes, Source(key, *n)); !s.ok()) {
+      return s;
+    }
+    *out = bytes;
+    return absl::OkStatus();
   }
 
   template <typename Int>
-  absl::Status Integer(std::string_view key, Int* out, int64_t lo,
-                       int64_t hi) const {
+  absl::Status Integer(std::string_view key, Int* out,
+                       const IntRange& range) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    auto i = n->value<int64_t>();
-    if (!i) return Bad(key, *n, "must be an integer");
-    if (*i < lo || *i > hi) {
-      return Bad(key, *n, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+    auto i = n->value_exact<int64_t>();
+    if (!i) {
+      return Bad(key, *n,
+                 absl::StrCat("must be an integer, not ", TypeName(*n)));
+    }
+    if (absl::Status s = CheckRange(range, *i, Source(key, *n)); !s.ok()) {
+      return s;
     }
     *out = static_cast<Int>(*i);
     return absl::OkStatus();
@@ -110,20 +125,31 @@ class TableReader {
   absl::Status Bool(std::string_view key, bool* out) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    auto b = n->value<bool>();
-    if (!b) return Bad(key, *n, "must be true or false");
+    auto b = n->value_exact<bool>();
+    if (!b) {
+      return Bad(key, *n,
+                 absl::StrCat("must be true or false, not ", TypeName(*n)));
+    }
     *out = *b;
     return absl::OkStatus();
   }
 
-  absl::Status Double(std::string_view key, double* out, double lo,
-                      double hi) const {
+  absl::Status Double(std::string_view key, double* out,
+                      const DoubleRange& range) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    std::optional<double> d = n->value<double>();  // integers convert too
-    if (!d) return Bad(key, *n, "must be a number");
-    if (!(*d >= lo && *d <= hi)) {
-      return Bad(key, *n, absl::StrCat("must be in [", lo, ", ", hi, "]"));
+    // An integer is a number too (25 for 25.0); a bool or string is not.
+    std::optional<double> d;
+    if (auto f = n->value_exact<double>()) {
+      d = *f;
+    } else if (auto i = n->value_exact<int64_t>()) {
+      d = static_cast<double>(*i);
+    }
+    if (!d) {
+      return Bad(key, *n, absl::StrCat("must be a number, not ", TypeName(*n)));
+    }
+    if (absl::Status s = CheckRange(range, *d, Source(key, *n)); !s.ok()) {
+      return s;
     }
     *out = *d;
     return absl::OkStatus();
@@ -133,7 +159,7 @@ class TableReader {
                     bool allow_default) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    auto text = n->value<std::string>();
+    auto text = n->value_exact<std::string>();
     ValveMode m;
     if (!text || !ParseValveMode(*text, &m) ||
         (!allow_default && m == ValveMode::kDefault)) {
@@ -153,7 +179,7 @@ class TableReader {
     if (a == nullptr) return Bad(key, *n, "must be an array of strings");
     out->clear();
     for (const toml::node& e : *a) {
-      auto s = e.value<std::string>();
+      auto s = e.value_exact<std::string>();
       if (!s) return Bad(key, *n, "must be an array of strings");
       out->push_back(*s);
     }
@@ -164,22 +190,46 @@ class TableReader {
                       std::optional<std::string>* out) const {
     const toml::node* n = table_.get(key);
     if (n == nullptr) return absl::OkStatus();
-    auto s = n->value<std::string>();
-    if (!s) return Bad(key, *n, "must be a string");
+    auto s = n->value_exact<std::string>();
+    if (!s)
+      return Bad(key, *n, absl::StrCat("must be a string, not ", TypeName(*n)));
     *out = *s;
     return absl::OkStatus();
   }
 
  private:
+  // " (FILE:LINE)" of a node.
   static std::string Where(const toml::node& n) {
     const auto& src = n.source();
     if (!src.begin) return "";
-    return absl::StrCat(" (line ", src.begin.line, ")");
+    return absl::StrCat(" (", src.path ? *src.path : std::string("config"), ":",
+                        src.begin.line, ")");
+  }
+  static std::string TypeName(const toml::node& n) {
+    switch (n.type()) {
+      case toml::node_type::boolean:
+        return "a boolean";
+      case toml::node_type::floating_point:
+        return "a float";
+      case toml::node_type::integer:
+        return "an integer";
+      case toml::node_type::string:
+        return "a string";
+      case toml::node_type::array:
+        return "an array";
+      case toml::node_type::table:
+        return "a table";
+      default:
+        return "a date or time";
+    }
+  }
+  std::string Source(std::string_view key, const toml::node& n) const {
+    return absl::StrCat("'", path_, std::string(key), "'", Where(n));
   }
   absl::Status Bad(std::string_view key, const toml::node& n,
                    std::string_view why) const {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", path_, std::string(key), "'", Where(n), ": ", std::string(why)));
+    return absl::InvalidArgumentError(
+        absl::StrCat(Source(key, n), ": ", std::string(why)));
   }
 
   const toml::table& table_;
@@ -194,15 +244,20 @@ absl::Status ApplyStore(const toml::table& t, StoreOptions& store) {
       !s.ok()) {
     return s;
   }
-  if (auto s = r.Size("memory_cap", &store.memory_cap_bytes); !s.ok()) return s;
-  if (auto s = r.Integer("shards", &store.num_shards, 1, 4096); !s.ok())
+  if (auto s =
+          r.Size("memory_cap", &store.memory_cap_bytes, ranges::kMemoryCap);
+      !s.ok())
+    return s;
+  if (auto s = r.Integer("shards", &store.num_shards, ranges::kShards); !s.ok())
     return s;
   uint64_t threshold = store.poor_compression_threshold_bytes;
-  if (auto s = r.Size("poor_compression_threshold", &threshold); !s.ok())
+  if (auto s = r.Size("poor_compression_threshold", &threshold,
+                      ranges::kPoorCompressionThreshold);
+      !s.ok())
     return s;
   store.poor_compression_threshold_bytes = threshold;
   if (auto s = r.Integer("max_evictions_per_put", &store.max_evictions_per_put,
-                         1, 1 << 20);
+                         ranges::kMaxEvictionsPerPut);
       !s.ok()) {
     return s;
   }
@@ -232,10 +287,14 @@ absl::Status ApplyChannels(const toml::table& t, TmemdConfig& c) {
   std::optional<std::string> dir, mode, group;
   if (auto s = r.String("socket_dir", &dir); !s.ok()) return s;
   if (dir) c.socket_dir = *dir;
-  if (auto s = r.Size("region_size", &c.region_bytes); !s.ok()) return s;
-  if (auto s = r.Integer("ring_entries", &c.ring_entries, 8, 4096); !s.ok())
+  if (auto s = r.Size("region_size", &c.region_bytes, ranges::kRegionSize);
+      !s.ok())
     return s;
-  if (auto s = r.Integer("vectors", &c.vectors, 1, 16); !s.ok()) return s;
+  if (auto s = r.Integer("ring_entries", &c.ring_entries, ranges::kRingEntries);
+      !s.ok())
+    return s;
+  if (auto s = r.Integer("vectors", &c.vectors, ranges::kVectors); !s.ok())
+    return s;
   if (auto s = r.String("socket_mode", &mode); !s.ok()) return s;
   if (mode) {
     char* end = nullptr;
@@ -265,34 +324,50 @@ absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
   }
   absl::Status s;
   if (s = r.Mode("mode", &v.default_mode, false); !s.ok()) return s;
-  if (s = r.Double("cpu_budget_percent", &v.cpu_budget_percent, 0, 100);
+  if (s = r.Double("cpu_budget_percent", &v.cpu_budget_percent,
+                   ranges::kCpuBudgetPercent);
       !s.ok())
     return s;
-  if (s = r.Double("cpu_floor_percent", &v.cpu_floor_percent, 0, 100); !s.ok())
-    return s;
-  if (s = r.Double("spare_cpu_fraction", &v.spare_cpu_fraction, 0, 1); !s.ok())
-    return s;
-  if (s = r.Double("cpu_pressure_start", &v.cpu_pressure_start, 0, 100);
+  if (s = r.Double("cpu_floor_percent", &v.cpu_floor_percent,
+                   ranges::kCpuFloorPercent);
       !s.ok())
     return s;
-  if (s = r.Double("cpu_pressure_full", &v.cpu_pressure_full, 0, 100); !s.ok())
-    return s;
-  if (s = r.Integer("sample_period_ms", &v.sample_period_ms, 10, 10000);
+  if (s = r.Double("spare_cpu_fraction", &v.spare_cpu_fraction,
+                   ranges::kSpareCpuFraction);
       !s.ok())
     return s;
-  if (s = r.Double("smoothing", &v.smoothing, 0.01, 1); !s.ok()) return s;
-  if (s = r.Double("throttle_below", &v.throttle_below, 0, 1); !s.ok())
-    return s;
-  if (s = r.Double("restore_above", &v.restore_above, 0, 1); !s.ok()) return s;
-  if (s = r.Integer("min_samples", &v.min_samples, 0, 100000000); !s.ok())
-    return s;
-  if (s = r.Integer("min_dwell_periods", &v.min_dwell_periods, 0, 100000);
+  if (s = r.Double("cpu_pressure_start", &v.cpu_pressure_start,
+                   ranges::kCpuPressureStart);
       !s.ok())
     return s;
-  if (s = r.Integer("min_admission", &v.min_admission, 1, 65536); !s.ok())
+  if (s = r.Double("cpu_pressure_full", &v.cpu_pressure_full,
+                   ranges::kCpuPressureFull);
+      !s.ok())
     return s;
-  if (s = r.Double("memory_headroom_fraction", &v.memory_headroom_fraction, 0,
-                   0.99);
+  if (s = r.Integer("sample_period_ms", &v.sample_period_ms,
+                    ranges::kSamplePeriodMs);
+      !s.ok())
+    return s;
+  if (s = r.Double("smoothing", &v.smoothing, ranges::kSmoothing); !s.ok())
+    return s;
+  if (s = r.Double("throttle_below", &v.throttle_below, ranges::kThrottleBelow);
+      !s.ok())
+    return s;
+  if (s = r.Double("restore_above", &v.restore_above, ranges::kRestoreAbove);
+      !s.ok())
+    return s;
+  if (s = r.Integer("min_samples", &v.min_samples, ranges::kMinSamples);
+      !s.ok())
+    return s;
+  if (s = r.Integer("min_dwell_periods", &v.min_dwell_periods,
+                    ranges::kMinDwellPeriods);
+      !s.ok())
+    return s;
+  if (s = r.Integer("min_admission", &v.min_admission, ranges::kMinAdmission);
+      !s.ok())
+    return s;
+  if (s = r.Double("memory_headroom_fraction", &v.memory_headroom_fraction,
+                   ranges::kMemoryHeadroomFraction);
       !s.ok())
     return s;
   return Valve::ValidateOptions(v);
@@ -304,10 +379,14 @@ absl::Status ApplyWorker(const toml::table& t, TmemdConfig& c) {
   if (auto s = r.CheckKeys({"workers", "poll_us", "batch", "idle_check_ms"});
       !s.ok())
     return s;
-  if (auto s = r.Integer("workers", &c.workers, 0, 64); !s.ok()) return s;
-  if (auto s = r.Integer("poll_us", &w.poll_us, 0, 1000000); !s.ok()) return s;
-  if (auto s = r.Integer("batch", &w.batch, 1, 4096); !s.ok()) return s;
-  if (auto s = r.Integer("idle_check_ms", &w.idle_check_ms, 1, 10000); !s.ok())
+  if (auto s = r.Integer("workers", &c.workers, ranges::kWorkers); !s.ok())
+    return s;
+  if (auto s = r.Integer("poll_us", &w.poll_us, ranges::kPollUs); !s.ok())
+    return s;
+  if (auto s = r.Integer("batch", &w.batch, ranges::kBatch); !s.ok()) return s;
+  if (auto s =
+          r.Integer("idle_check_ms", &w.idle_check_ms, ranges::kIdleCheckMs);
+      !s.ok())
     return s;
   return absl::OkStatus();
 }
@@ -335,8 +414,8 @@ absl::Status ApplyLog(const toml::table& t, TmemdConfig& c) {
           absl::StrCat("'log.format' is '", *format, "': use text or json"));
     }
   }
-  if (auto s = r.Integer("stats_interval_seconds", &c.stats_interval_seconds, 0,
-                         86400);
+  if (auto s = r.Integer("stats_interval_seconds", &c.stats_interval_seconds,
+                         ranges::kStatsIntervalSeconds);
       !s.ok()) {
     return s;
   }
@@ -364,7 +443,8 @@ absl::Status ApplyControl(const toml::table& t, ControlConfig& c) {
     if (v) *field = *v;
   }
   if (auto s = r.Strings("admin", &c.admin); !s.ok()) return s;
-  if (auto s = r.Integer("metrics_port", &c.metrics_port, -1, 65535); !s.ok())
+  if (auto s = r.Integer("metrics_port", &c.metrics_port, ranges::kMetricsPort);
+      !s.ok())
     return s;
   return absl::OkStatus();
 }
@@ -382,8 +462,8 @@ absl::Status ApplyLibvirt(const toml::table& t, LibvirtConfig& c) {
     c.enabled = true;  // naming a URI asks for libvirt
   }
   if (auto s = r.Bool("enabled", &c.enabled); !s.ok()) return s;
-  if (auto s = r.Integer("detach_timeout_seconds", &c.detach_timeout_seconds, 1,
-                         3600);
+  if (auto s = r.Integer("detach_timeout_seconds", &c.detach_timeout_seconds,
+                         ranges::kDetachTimeoutSeconds);
       !s.ok()) {
     return s;
   }
@@ -403,8 +483,10 @@ absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
         absl::StrCat("'vm[", index, "]' has no name"));
   }
   vm.name = *name;
-  if (auto s = r.Size("quota", &vm.policy.quota_bytes); !s.ok()) return s;
-  if (auto s = r.Integer("weight", &vm.policy.weight, 1, 1000000); !s.ok())
+  uint64_t quota = 0;  // 0: unlimited (setting_ranges.h)
+  if (auto s = r.Size("quota", &quota, ranges::kQuota); !s.ok()) return s;
+  vm.policy.quota_bytes = QuotaFromSetting(quota);
+  if (auto s = r.Integer("weight", &vm.policy.weight, ranges::kWeight); !s.ok())
     return s;
   if (auto s = r.Bool("enabled", &vm.policy.enabled); !s.ok()) return s;
   if (auto s = r.Mode("mode", &vm.policy.mode, true); !s.ok()) return s;
@@ -478,6 +560,14 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
 
 absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
                                            TmemdConfig base) {
+  // A directory opens as a stream that reads nothing: it would start tmemd
+  // on its defaults.
+  std::error_code ec;
+  if (std::filesystem::exists(path, ec) &&
+      !std::filesystem::is_regular_file(path, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config file '", path, "' is not a regular file"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(
@@ -492,11 +582,12 @@ absl::Status ValidateVmName(std::string_view name) {
   if (name.empty() || name.size() > 64 ||
       name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR"
                              "STUVWXYZ0123456789._-") != std::string::npos ||
-      name[0] == '.') {
+      !std::isalnum(static_cast<unsigned char>(name[0]))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "VM name '", std::string(name),
         "' must be 1-64 characters of letters, digits, '.', '_' or '-' "
-        "(it names the socket file) and not start with '.'"));
+        "(it names the socket file) and start with a letter or digit (not "
+        "'.', nor '-' which reads as a flag)"));
   }
   return absl::OkStatus();
 }

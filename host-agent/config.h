@@ -4,6 +4,10 @@
 // overrides the defaults and flags override the file. Unknown keys in the
 // file are errors (a typo must not silently fall back to a default). Sizes
 // accept plain bytes or a suffix: 4096, "512KiB", "4MiB", "2GiB".
+// Values are read by their exact TOML type (`true` is not 1, 8.0 is not 8)
+// and checked against the one table of ranges (setting_ranges.h) that flags,
+// the state file and RPCs use too; errors name the key and FILE:LINE. A
+// quota of 0 means unlimited.
 //
 // Example (host-agent/tmemd.example.toml has every key):
 //   [store]

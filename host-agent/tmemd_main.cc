@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
+#include "host-agent/channel/socket_file.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
 #include "host-agent/control/grpc_service.h"
@@ -28,6 +29,7 @@
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
+#include "host-agent/setting_ranges.h"
 
 namespace tmem {
 namespace {
@@ -122,9 +124,9 @@ int Run(int argc, char** argv) {
   std::vector<std::string> vm_names;
   std::string socket_dir, memory_cap, log_level, log_format, mode;
   std::string libvirt_uri;
-  int stats_interval = -1;
-  int workers = -1;
-  double cpu_budget = -1;
+  int64_t stats_interval = 0;
+  int64_t workers = 0;
+  double cpu_budget = 0;
   app.add_option("-c,--config", config_path, "TOML config file");
   app.add_option("--vm", vm_names,
                  "create a channel for VM NAME (repeatable; adds to the "
@@ -149,7 +151,7 @@ int Run(int argc, char** argv) {
   std::string control_ro_socket, control_tcp, tls_cert, tls_key, tls_ca,
       state_file;
   std::vector<std::string> control_admins;
-  int metrics_port = -2;
+  int64_t metrics_port = -1;
   app.add_option("--control-socket", control_socket,
                  "admin gRPC socket, mode 0600 (SOCKET_DIR/control.sock; "
                  "'' for none)");
@@ -173,6 +175,50 @@ int Run(int argc, char** argv) {
     return app.exit(e);
   }
 
+  // A flag given is range-checked by the same table as the config file
+  // (setting_ranges.h); out of range or NaN is refused with the flag named.
+  auto given = [&](const char* flag) { return app.count(flag) > 0; };
+  auto refuse = [](const char* flag, const absl::Status& s) {
+    Log(LogLevel::kError, "config_error",
+        {{"flag", flag}, {"error", s.message()}});
+    return 2;
+  };
+  if (given("--stats-interval")) {
+    if (absl::Status s = CheckRange(ranges::kStatsIntervalSeconds,
+                                    stats_interval, "--stats-interval");
+        !s.ok()) {
+      return refuse("--stats-interval", s);
+    }
+  }
+  if (given("--workers")) {
+    if (absl::Status s = CheckRange(ranges::kWorkers, workers, "--workers");
+        !s.ok()) {
+      return refuse("--workers", s);
+    }
+  }
+  if (given("--cpu-budget")) {
+    if (absl::Status s =
+            CheckRange(ranges::kCpuBudgetPercent, cpu_budget, "--cpu-budget");
+        !s.ok()) {
+      return refuse("--cpu-budget", s);
+    }
+  }
+  if (given("--metrics-port")) {
+    if (absl::Status s =
+            CheckRange(ranges::kMetricsPort, metrics_port, "--metrics-port");
+        !s.ok()) {
+      return refuse("--metrics-port", s);
+    }
+  }
+  for (const std::string& name : vm_names) {
+    if (absl::Status s = ValidateVmName(name); !s.ok()) {
+      return refuse("--vm", s);
+    }
+  }
+  if (given("--config") && config_path.empty()) {
+    return refuse("--config", absl::InvalidArgumentError("empty path"));
+  }
+
   TmemdConfig config;
   if (!config_path.empty()) {
     absl::StatusOr<TmemdConfig> loaded = LoadConfigFile(config_path, config);
@@ -187,10 +233,10 @@ int Run(int argc, char** argv) {
   if (!socket_dir.empty()) config.socket_dir = socket_dir;
   if (!memory_cap.empty()) {
     absl::StatusOr<uint64_t> cap = ParseSize(memory_cap);
-    if (!cap.ok()) {
-      Log(LogLevel::kError, "config_error",
-          {{"flag", "--memory-cap"}, {"error", cap.status().message()}});
-      return 2;
+    if (!cap.ok()) return refuse("--memory-cap", cap.status());
+    if (absl::Status s = CheckRange(ranges::kMemoryCap, *cap, "--memory-cap");
+        !s.ok()) {
+      return refuse("--memory-cap", s);
     }
     config.store.memory_cap_bytes = *cap;
   }
@@ -210,9 +256,11 @@ int Run(int argc, char** argv) {
     config.libvirt.enabled = true;
     config.libvirt.uri = libvirt_uri;
   }
-  if (stats_interval >= 0) config.stats_interval_seconds = stats_interval;
-  if (workers >= 0) config.workers = workers;
-  if (cpu_budget >= 0) config.valve.cpu_budget_percent = cpu_budget;
+  if (given("--stats-interval")) {
+    config.stats_interval_seconds = static_cast<int>(stats_interval);
+  }
+  if (given("--workers")) config.workers = static_cast<int>(workers);
+  if (given("--cpu-budget")) config.valve.cpu_budget_percent = cpu_budget;
   if (!mode.empty() && (!ParseValveMode(mode, &config.valve.default_mode) ||
                         config.valve.default_mode == ValveMode::kDefault)) {
     Log(LogLevel::kError, "config_error",
@@ -228,7 +276,9 @@ int Run(int argc, char** argv) {
   if (!tls_ca.empty()) config.control.tls_ca = tls_ca;
   if (!control_admins.empty()) config.control.admin = control_admins;
   if (!state_file.empty()) config.control.state_file = state_file;
-  if (metrics_port >= -1) config.control.metrics_port = metrics_port;
+  if (given("--metrics-port")) {
+    config.control.metrics_port = static_cast<int>(metrics_port);
+  }
   SetLogLevel(config.log_level);
   SetLogFormat(config.log_format);
   if (absl::Status s = ValidateConfig(config); !s.ok()) {
@@ -255,6 +305,13 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kError, "socket_dir_error",
         {{"dir", config.socket_dir},
          {"error", std::generic_category().message(errno)}});
+    return 1;
+  }
+  // Every socket is created in this directory: refuse one that someone else
+  // could write to (they could swap sockets for symlinks).
+  if (absl::Status s = CheckSocketDirectory(config.socket_dir); !s.ok()) {
+    Log(LogLevel::kError, "socket_dir_error",
+        {{"dir", config.socket_dir}, {"error", s.message()}});
     return 1;
   }
 

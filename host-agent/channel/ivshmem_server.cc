@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "host-agent/channel/channel_metrics.h"
+#include "host-agent/channel/socket_file.h"
 
 namespace tmem {
 namespace {
@@ -71,91 +72,6 @@ class UnlinkOnExit {
  private:
   std::string path_;
 };
-
-// "regular file", "directory", ...: for messages about what is in the way.
-const char* FileTypeName(mode_t mode) {
-  switch (mode & S_IFMT) {
-    case S_IFREG:
-      return "a regular file";
-    case S_IFDIR:
-      return "a directory";
-    case S_IFLNK:
-      return "a symbolic link";
-    case S_IFIFO:
-      return "a FIFO";
-    case S_IFCHR:
-    case S_IFBLK:
-      return "a device node";
-    default:
-      return "not a socket";
-  }
-}
-
-// Permission bits as the octal a person would type ("0660").
-std::string OctalMode(mode_t mode) {
-  std::string digits;
-  mode &= 07777;
-  do {
-    digits.insert(digits.begin(), static_cast<char>('0' + (mode & 7)));
-    mode >>= 3;
-  } while (mode != 0);
-  return "0" + digits;
-}
-
-sockaddr_un UnixAddress(const std::string& path) {
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  // The caller checked that path (plus its NUL) fits sun_path.
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  return addr;
-}
-
-// Makes `path` free for bind(): nothing there, or a socket nobody listens on
-// (left by a tmemd that crashed), which is removed. A live socket belongs to
-// another server (another tmemd serving this VM?) and is never stolen; any
-// other kind of file is never deleted.
-absl::Status ClearSocketPath(const std::string& path) {
-  struct stat st {};
-  if (lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return absl::OkStatus();
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("cannot inspect ivshmem socket path ", path,
-                            " (is its directory searchable by tmemd?)"));
-  }
-  if (!S_ISSOCK(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ivshmem socket path ", path, " exists and is ",
-        FileTypeName(st.st_mode),
-        ", not a socket; refusing to replace it: remove it or configure "
-        "another path"));
-  }
-  OwnedFd probe(socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (probe.get() < 0) {
-    return absl::ErrnoToStatus(
-        errno, "socket(AF_UNIX) for probing an existing socket failed");
-  }
-  const sockaddr_un addr = UnixAddress(path);
-  const int err = connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr),
-                          sizeof(addr)) == 0
-                      ? 0
-                      : errno;
-  if (err == 0 || err == EAGAIN) {  // EAGAIN: its backlog is full: alive
-    return absl::AlreadyExistsError(absl::StrCat(
-        "ivshmem socket path ", path,
-        " is a live socket another process listens on (another tmemd "
-        "serving this VM?); stop it or configure another path"));
-  }
-  if (err != ECONNREFUSED) {
-    return absl::ErrnoToStatus(
-        err, absl::StrCat("cannot tell whether existing socket ", path,
-                          " is stale (connect probe failed)"));
-  }
-  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("cannot remove stale ivshmem socket ", path));
-  }
-  return absl::OkStatus();
-}
 
 // Sends one protocol message: `value` as a little-endian int64 and, when
 // fd >= 0, that fd as SCM_RIGHTS. Never blocks (MSG_DONTWAIT) and never
@@ -258,41 +174,16 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Listen(
   if (sock.get() < 0) {
     return absl::ErrnoToStatus(errno, "socket(AF_UNIX, SOCK_STREAM) failed");
   }
-  if (absl::Status s = ClearSocketPath(path); !s.ok()) return s;
-  const sockaddr_un addr = UnixAddress(path);
-  if (bind(sock.get(), reinterpret_cast<const sockaddr*>(&addr),
-           sizeof(addr)) != 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("bind to ivshmem socket ", path,
-                            " failed (does the directory exist and is it "
-                            "writable by tmemd?)"));
+  // Bound in a private directory, mode and owner set there, then renamed
+  // into place: no step follows a link someone planted at `path`, and the
+  // socket is never there with another mode (socket_file.h).
+  if (absl::Status s = BindUnixSocket(
+          sock.get(), path,
+          {options.socket_mode, options.socket_owner, options.socket_group});
+      !s.ok()) {
+    return s;
   }
   UnlinkOnExit unlink_on_error(path);
-  // Permissions are set before listen(): until then no client can connect,
-  // so nobody slips in under the umask-derived mode bind() created.
-  if (chmod(path.c_str(), options.socket_mode) != 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("chmod ", OctalMode(options.socket_mode), " of ",
-                            path, " failed"));
-  }
-  if (options.socket_owner.has_value() || options.socket_group.has_value()) {
-    const uid_t owner = options.socket_owner.value_or(static_cast<uid_t>(-1));
-    const gid_t group = options.socket_group.value_or(static_cast<gid_t>(-1));
-    if (chown(path.c_str(), owner, group) != 0) {
-      return absl::ErrnoToStatus(
-          errno,
-          absl::StrCat("chown of ivshmem socket ", path, " to uid ",
-                       options.socket_owner.has_value()
-                           ? absl::StrCat(*options.socket_owner)
-                           : "(unchanged)",
-                       " gid ",
-                       options.socket_group.has_value()
-                           ? absl::StrCat(*options.socket_group)
-                           : "(unchanged)",
-                       " failed (tmemd needs CAP_CHOWN, or must be in the "
-                       "group, to hand the socket to QEMU's user)"));
-    }
-  }
   if (listen(sock.get(), kListenBacklog) != 0) {
     return absl::ErrnoToStatus(
         errno, absl::StrCat("listen on ivshmem socket ", path, " failed"));

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "host-agent/config.h"
+#include "host-agent/setting_ranges.h"
 
 #ifndef TMEMD_VERSION
 #define TMEMD_VERSION "unknown"
@@ -351,6 +352,11 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
   VmPolicy p = CurrentPolicy(*current);
   if (r.has_quota_bytes()) {
     const uint64_t cap = agent_->store().GetHostStats().memory_cap_bytes;
+    if (absl::Status s = CheckRange(ranges::kQuota, r.quota_bytes(),
+                                    absl::StrCat("VM '", r.vm(), "'"));
+        !s.ok()) {
+      return s;
+    }
     if (r.quota_bytes() == 0) {
       p.quota_bytes = kUnlimitedQuota;
     } else if (r.quota_bytes() > cap) {
@@ -364,11 +370,11 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
     }
   }
   if (r.has_weight()) {
-    if (r.weight() < 1 || r.weight() > kMaxWeight) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("weight ", r.weight(), " for VM '", r.vm(),
-                       "' is out of range: use 1..", kMaxWeight,
-                       " (100 is the default share)"));
+    if (absl::Status s = CheckRange(
+            ranges::kWeight, static_cast<int64_t>(r.weight()),
+            absl::StrCat("VM '", r.vm(), "' (100 is the default share)"));
+        !s.ok()) {
+      return s;
     }
     p.weight = static_cast<uint32_t>(r.weight());
   }
@@ -410,18 +416,19 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
   StoredHostPolicy stored = policies_->Host();
   ValveOptions opts = agent_->GetValveOptions();
   bool valve_changed = false;
-  if (r.has_memory_cap_bytes() && r.memory_cap_bytes() < (uint64_t{1} << 20)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory cap ", r.memory_cap_bytes(),
-                     " bytes is too small: use at least 1MiB"));
+  if (r.has_memory_cap_bytes()) {
+    if (absl::Status s =
+            CheckRange(ranges::kMemoryCap, r.memory_cap_bytes(), "host");
+        !s.ok()) {
+      return s;
+    }
   }
   if (r.has_cpu_budget_percent()) {
     const double b = r.cpu_budget_percent();
-    if (!(b > 0 && b <= 100)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("CPU budget ", b,
-                       "% is out of range: use a percentage of the whole "
-                       "host in (0, 100]"));
+    if (absl::Status s = CheckRange(ranges::kCpuBudgetPercent, b,
+                                    "host (a percentage of the whole host)");
+        !s.ok()) {
+      return s;
     }
     opts.cpu_budget_percent = b;
     stored.cpu_budget_percent = b;

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "host-agent/channel/socket_file.h"
 
 namespace tmem {
 namespace {
@@ -238,22 +239,30 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
     self->servers_.push_back(std::move(server));
     return absl::OkStatus();
   };
-  // gRPC creates the socket with the process umask (connect needs write
-  // permission, so with the usual 022 only the owner can connect until
-  // the chmod below sets the intended mode).
+  // gRPC binds the socket in a private directory tmemd made; its mode is
+  // set there and it is renamed into place, so no chmod follows a link
+  // planted at `path` and the socket never sits there with the umask's mode
+  // (host-agent/channel/socket_file.h).
   auto unix_listener = [&](const std::string& path, mode_t mode,
                            ControlAccess access) -> absl::Status {
     if (path.empty()) return absl::OkStatus();
+    absl::StatusOr<PrivateSocketDir> priv = PrivateSocketDir::Create(path);
+    if (!priv.ok()) {
+      return absl::Status(
+          priv.status().code(),
+          absl::StrCat("control socket: ", priv.status().message()));
+    }
     int port = -1;
     if (absl::Status s =
-            start(absl::StrCat("unix:", path),
+            start(absl::StrCat("unix:", priv->bind_path()),
                   grpc::InsecureServerCredentials(), access, &port);
         !s.ok()) {
       return s;
     }
-    if (chmod(path.c_str(), mode) != 0) {
-      return absl::InternalError(
-          absl::StrCat("cannot chmod control socket '", path, "'"));
+    if (absl::Status s = priv->Publish({mode, std::nullopt, std::nullopt});
+        !s.ok()) {
+      return absl::Status(s.code(),
+                          absl::StrCat("control socket: ", s.message()));
     }
     return absl::OkStatus();
   };

@@ -12,6 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "host-agent/setting_ranges.h"
 
 namespace tmem {
 namespace {
@@ -65,10 +66,22 @@ absl::Status PolicyStore::LoadLocked(const std::string& text) {
       const json& h = j.at("host");
       host_.generation = h.value("generation", uint64_t{0});
       if (h.contains("memory_cap_bytes")) {
-        host_.memory_cap_bytes = h.at("memory_cap_bytes").get<uint64_t>();
+        const uint64_t cap = h.at("memory_cap_bytes").get<uint64_t>();
+        if (absl::Status s =
+                CheckRange(ranges::kMemoryCap, cap, "host.memory_cap_bytes");
+            !s.ok()) {
+          return s;
+        }
+        host_.memory_cap_bytes = cap;
       }
       if (h.contains("cpu_budget_percent")) {
-        host_.cpu_budget_percent = h.at("cpu_budget_percent").get<double>();
+        const double budget = h.at("cpu_budget_percent").get<double>();
+        if (absl::Status s = CheckRange(ranges::kCpuBudgetPercent, budget,
+                                        "host.cpu_budget_percent");
+            !s.ok()) {
+          return s;
+        }
+        host_.cpu_budget_percent = budget;
       }
       if (h.contains("default_mode")) {
         ValveMode m;
@@ -82,8 +95,25 @@ absl::Status PolicyStore::LoadLocked(const std::string& text) {
       for (const auto& [name, v] : j.at("vms").items()) {
         StoredVmPolicy p;
         p.generation = v.at("generation").get<uint64_t>();
-        p.policy.quota_bytes = v.at("quota_bytes").get<uint64_t>();
-        p.policy.weight = v.at("weight").get<uint32_t>();
+        // Read wide and range-checked: get<uint32_t>() would wrap
+        // 5000000000 to 705032704.
+        const std::string where = absl::StrCat("vms.", name);
+        const uint64_t quota = v.at("quota_bytes").get<uint64_t>();
+        if (quota != kUnlimitedQuota) {  // older files wrote UINT64_MAX
+          if (absl::Status s =
+                  CheckRange(ranges::kQuota, quota, where + ".quota_bytes");
+              !s.ok()) {
+            return s;
+          }
+        }
+        p.policy.quota_bytes = QuotaFromSetting(quota);
+        const uint64_t weight = v.at("weight").get<uint64_t>();
+        if (absl::Status s =
+                CheckRange(ranges::kWeight, weight, where + ".weight");
+            !s.ok()) {
+          return s;
+        }
+        p.policy.weight = static_cast<uint32_t>(weight);
         p.policy.enabled = v.at("enabled").get<bool>();
         p.policy.frozen = v.at("frozen").get<bool>();
         if (!ParseValveMode(v.at("mode").get<std::string>(), &p.policy.mode)) {
@@ -122,7 +152,10 @@ std::string PolicyStore::SerializeLocked() const {
   json vms = json::object();
   for (const auto& [name, p] : vms_) {
     vms[name] = {{"generation", p.generation},
-                 {"quota_bytes", p.policy.quota_bytes},
+                 // 0: unlimited, as everywhere (setting_ranges.h).
+                 {"quota_bytes", p.policy.quota_bytes == kUnlimitedQuota
+                                     ? uint64_t{0}
+                                     : p.policy.quota_bytes},
                  {"weight", p.policy.weight},
                  {"enabled", p.policy.enabled},
                  {"frozen", p.policy.frozen},
@@ -146,9 +179,15 @@ absl::Status PolicyStore::SaveLocked() const {
   if (path_.empty()) return absl::OkStatus();
   const std::string text = SerializeLocked();
   const std::string tmp = absl::StrCat(path_, ".tmp.", getpid());
-  const int fd =
-      open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoStatus("cannot write state file", tmp);
+  // A temporary left by a crashed tmemd of the same pid goes first (unlink
+  // removes a link itself, never its target); then the file is created new,
+  // never opened through a link someone planted (O_EXCL | O_NOFOLLOW).
+  if (unlink(tmp.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoStatus("cannot remove stale state file temporary", tmp);
+  }
+  const int fd = open(
+      tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoStatus("cannot create state file temporary", tmp);
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = write(fd, text.data() + done, text.size() - done);

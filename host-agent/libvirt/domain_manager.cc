@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "host-agent/channel/socket_file.h"
 #include "host-agent/config.h"
 #include "host-agent/log.h"
 
@@ -244,6 +245,18 @@ absl::StatusOr<TmemMetadata> DomainManager::ReadMetadataLocked(
 absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
                                                 const std::string& path) {
   if (st.channel) return absl::OkStatus();
+  // Whoever can define a domain names this path: tmemd binds, chmods,
+  // chowns and unlinks there, so it must be a file directly in tmemd's own
+  // socket directory.
+  if (!path.empty()) {
+    if (absl::Status s =
+            SocketPathInDirectory(path, agent_->options().socket_dir);
+        !s.ok()) {
+      Log(LogLevel::kError, "libvirt_socket_path_refused",
+          {{"domain", st.name}, {"socket", path}, {"error", s.message()}});
+      return {s.code(), absl::StrCat("domain '", st.name, "': ", s.message())};
+    }
+  }
   st.vm = VmNameFor(st.name, st.uuid);
   st.socket_path = path.empty() ? DefaultSocketPath(st.uuid) : path;
   absl::StatusOr<VmInfo> added =

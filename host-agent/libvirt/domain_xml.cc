@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "host-agent/config.h"
+#include "host-agent/setting_ranges.h"
 
 namespace tmem {
 namespace {
@@ -287,18 +288,20 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
         if (!q.ok()) {
           s = absl::InvalidArgumentError(
               absl::StrCat("tmem metadata <quota>: ", q.status().message()));
-        } else {
-          m.policy.quota_bytes = *q;
+        } else if (s = CheckRange(ranges::kQuota, *q, "tmem metadata <quota>");
+                   s.ok()) {
+          m.policy.quota_bytes = QuotaFromSetting(*q);  // 0: unlimited
         }
       }
     } else if (name == "weight") {
-      uint32_t w = 0;
-      if (!absl::SimpleAtoi(text, &w) || w < 1 || w > 1000000) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("tmem metadata <weight>'", text,
-                         "': use an integer in [1, 1000000]"));
-      } else {
-        m.policy.weight = w;
+      int64_t w = 0;
+      if (!absl::SimpleAtoi(text, &w)) {
+        s = absl::InvalidArgumentError(absl::StrCat(
+            "tmem metadata <weight>'", text, "': use an integer in [",
+            ranges::kWeight.lo, ", ", ranges::kWeight.hi, "]"));
+      } else if (s = CheckRange(ranges::kWeight, w, "tmem metadata <weight>");
+                 s.ok()) {
+        m.policy.weight = static_cast<uint32_t>(w);
       }
     } else if (name == "mode") {
       if (!ParseValveMode(text, &m.policy.mode)) {

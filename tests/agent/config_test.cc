@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <string>
+
+#include "host-agent/setting_ranges.h"
+
 namespace tmem {
 namespace {
 
@@ -193,6 +198,125 @@ TEST(ParseConfigTest, LibvirtIsOffUnlessAskedAndAUriAsks) {
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(c.status().message().find("libvirt.url"), absl::string_view::npos)
       << c.status();
+}
+
+}  // namespace
+}  // namespace tmem
+
+namespace tmem {
+namespace {
+
+// Issue 15: toml++ converted across types, so `memory_cap = true` gave a
+// 1-byte cap and `ring_entries = 8.0` was taken as 8. A wrong type is an
+// error naming the key and FILE:LINE.
+TEST(ParseConfigTest, WrongTypesAreErrorsWithFileAndLine) {
+  struct Case {
+    const char* toml;
+    const char* key;
+    const char* type;
+  };
+  const Case cases[] = {
+      {"[store]\n\nmemory_cap = true\n", "store.memory_cap", "a boolean"},
+      {"[store]\nmemory_cap = 1.5e9\n", "store.memory_cap", "a float"},
+      {"[channels]\nring_entries = 8.0\n", "channels.ring_entries", "a float"},
+      {"[channels]\nvectors = \"2\"\n", "channels.vectors", "a string"},
+      {"[[vm]]\nname = \"a\"\nquota = false\n", "vm[0].quota", "a boolean"},
+      {"[[vm]]\nname = \"a\"\nweight = 2.0\n", "vm[0].weight", "a float"},
+      {"[[vm]]\nname = \"a\"\nenabled = 1\n", "vm[0].enabled", "an integer"},
+      {"[valve]\ncpu_budget_percent = true\n", "valve.cpu_budget_percent",
+       "a boolean"},
+      {"[worker]\nworkers = 2.0\n", "worker.workers", "a float"},
+      {"[log]\nlevel = 3\n", "log.level", "an integer"},
+      {"[channels]\nsocket_dir = 7\n", "channels.socket_dir", "an integer"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(c.toml, "t.toml", TmemdConfig{});
+    ASSERT_FALSE(r.ok()) << c.toml;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(c.key), std::string::npos) << msg;
+    EXPECT_NE(msg.find(c.type), std::string::npos) << msg;
+    EXPECT_NE(msg.find("t.toml:"), std::string::npos) << msg;
+  }
+  absl::StatusOr<TmemdConfig> r =
+      ParseConfig("[store]\n\nmemory_cap = true\n", "t.toml", TmemdConfig{});
+  EXPECT_NE(r.status().message().find("t.toml:3"), absl::string_view::npos)
+      << r.status();
+  // An integer is still a number for a float setting.
+  r = ParseConfig("[valve]\ncpu_budget_percent = 30\n", "t.toml",
+                  TmemdConfig{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->valve.cpu_budget_percent, 30.0);
+}
+
+TEST(ParseConfigTest, RangesComeFromTheOneTableAndNameTheSource) {
+  struct Case {
+    const char* toml;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"[worker]\nworkers = 100000\n", "worker.workers"},
+      {"[log]\nstats_interval_seconds = -7\n", "log.stats_interval_seconds"},
+      {"[store]\nmemory_cap = 1\n", "store.memory_cap"},
+      {"[[vm]]\nname = \"a\"\nweight = 5000000000\n", "vm[0].weight"},
+      {"[[vm]]\nname = \"a\"\nquota = \"2048TiB\"\n", "vm[0].quota"},
+      {"[valve]\ncpu_budget_percent = nan\n", "valve.cpu_budget_percent"},
+      {"[valve]\ncpu_budget_percent = inf\n", "valve.cpu_budget_percent"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(c.toml, "t.toml", TmemdConfig{});
+    ASSERT_FALSE(r.ok()) << c.toml;
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << msg;
+    EXPECT_NE(msg.find("must be in ["), std::string::npos) << msg;
+  }
+}
+
+// Issue 15: `quota = 0` refused every put while tmemctl showed "unlimited".
+// 0 means unlimited everywhere (setting_ranges.h).
+TEST(ParseConfigTest, QuotaZeroMeansUnlimited) {
+  absl::StatusOr<TmemdConfig> r = ParseConfig(
+      "[[vm]]\nname = \"a\"\nquota = 0\n[[vm]]\nname = \"b\"\nquota = "
+      "\"64MiB\"\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->vms[0].policy.quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(r->vms[1].policy.quota_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(QuotaFromSetting(0), kUnlimitedQuota);
+}
+
+TEST(ValidateVmNameTest, NamesThatReadAsFlagsOrHiddenFilesAreRefused) {
+  for (const char* bad : {"--", "-x", "--help", ".a", "", "a/b", "a b"}) {
+    EXPECT_EQ(ValidateVmName(bad).code(), absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  for (const char* good : {"a", "web-1", "9.x_y"}) {
+    EXPECT_TRUE(ValidateVmName(good).ok()) << good;
+  }
+}
+
+TEST(LoadConfigFileTest, ADirectoryIsNotAConfigFile) {
+  absl::StatusOr<TmemdConfig> r = LoadConfigFile("/tmp", TmemdConfig{});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("not a regular file"),
+            absl::string_view::npos)
+      << r.status();
+}
+
+TEST(CheckRangeTest, RefusesNanInfinityAndWrapAround) {
+  EXPECT_FALSE(CheckRange(ranges::kCpuBudgetPercent, std::nan(""), "x").ok());
+  EXPECT_FALSE(CheckRange(ranges::kCpuBudgetPercent, HUGE_VAL, "x").ok());
+  EXPECT_TRUE(CheckRange(ranges::kCpuBudgetPercent, 25.0, "x").ok());
+  EXPECT_FALSE(CheckRange(ranges::kWeight, uint64_t{5000000000}, "x").ok());
+  EXPECT_FALSE(CheckRange(ranges::kWeight, UINT64_MAX, "x").ok());
+  const absl::Status s =
+      CheckRange(ranges::kWorkers, int64_t{100000}, "--workers");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      s.message(),
+      "--workers: workers (0: one per CPU) must be in [0, 64], got 100000");
 }
 
 }  // namespace

@@ -491,7 +491,8 @@ TEST(ConcurrencyTest, MixedOperationsNeverReturnWrongBytes) {
             stats->counters[static_cast<int>(Counter::kChargedBytes)];
         // A put in flight may have been admitted under the previous quota.
         if (quotas[w] != kUnlimitedQuota &&
-            charged > quotas[w] + kPageSize + kPageMetadataCharge) {
+            charged >
+                quotas[w] + BlobCharge(kPageSize) + kMaxPageMetadataCharge) {
           failures.Add("worker " + std::to_string(w) + " charged " +
                        std::to_string(charged) + " over quota " +
                        std::to_string(quotas[w]));

@@ -18,7 +18,8 @@ namespace {
 using Page = std::array<uint8_t, kPageSize>;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 // Every page below is stored raw, so every page costs the same.
-constexpr uint64_t kPageCharge = kPageSize + kPageMetadataCharge;
+// A raw page in an object that already exists.
+constexpr uint64_t kPageCharge = BlobCharge(kPageSize) + kPageEntryCharge;
 
 // A page that is neither zero nor same-filled and names its (vm, n). Stored
 // with PutMode::kRaw, so its content does not change its cost.

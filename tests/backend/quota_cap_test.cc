@@ -25,7 +25,15 @@ using test::RandomPage;
 using test::TextPage;
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
-constexpr uint64_t kRawPageCharge = kPageSize + kPageMetadataCharge;
+// A raw page in an object that already exists.
+constexpr uint64_t kRawPageCharge = BlobCharge(kPageSize) + kPageEntryCharge;
+// A quota of exactly `pages` raw pages of one object in one shard: the first
+// page also pays the object and the pool's slot, and a put reserves the most
+// a page can cost before the table says what it used.
+constexpr uint64_t QuotaForRawPagesOfOneObject(uint64_t pages) {
+  return pages * kRawPageCharge + kObjectCharge + kPoolInShardCharge +
+         (kMaxPageMetadataCharge - kPageEntryCharge);
+}
 
 // tmem_store.h: table growth may take the total over the cap only while the
 // put that grew it runs ("one table growth per concurrently putting thread");
@@ -192,7 +200,7 @@ TEST_F(QuotaCapTest, VmQuotaHoldsAfterEveryPut) {
 
 TEST_F(QuotaCapTest, QuotaEvictsTheVmsLeastRecentlyUsedPages) {
   Open(64 * kMiB, 1);  // one shard: LRU order is exact
-  const VmId vm = AddVm("alpha", 10 * kRawPageCharge);
+  const VmId vm = AddVm("alpha", QuotaForRawPagesOfOneObject(10));
   const VmId bystander = AddVm("beta");
   const PoolId pool = store_->NewPool(vm, nullptr).value();
   const PoolId other = store_->NewPool(bystander, nullptr).value();
@@ -218,7 +226,7 @@ TEST_F(QuotaCapTest, SharedPoolGetCountsAsUse) {
   PoolUuid uuid;
   uuid.bytes.fill(0x42);
   store_->AuthorizeSharedPool(uuid, "alpha");
-  const VmId vm = AddVm("alpha", 10 * kRawPageCharge);
+  const VmId vm = AddVm("alpha", QuotaForRawPagesOfOneObject(10));
   const PoolId pool = store_->NewPool(vm, &uuid).value();
   for (PageIndex i = 0; i < 10; ++i) {
     ASSERT_TRUE(Put(vm, pool, 1, i, RandomPage(i), PutMode::kRaw).stored);

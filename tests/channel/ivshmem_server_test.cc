@@ -18,16 +18,19 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -635,8 +638,11 @@ TEST_F(IvshmemServerTest, ChownFailureIsAnErrorAndLeavesNoFile) {
   ASSERT_GE(pid, 0) << ErrnoText();
   if (pid == 0) {
     if (geteuid() == 0) {
-      if (chmod(dir_.c_str(), 0777) != 0 || setgroups(0, nullptr) != 0 ||
-          setgid(65534) != 0 || setuid(65534) != 0) {
+      // The socket directory must be the (unprivileged) daemon's own: a
+      // world-writable one is refused (socket_file.h).
+      if (chown(dir_.c_str(), 65534, 65534) != 0 ||
+          setgroups(0, nullptr) != 0 || setgid(65534) != 0 ||
+          setuid(65534) != 0) {
         _exit(10);
       }
     }
@@ -661,6 +667,46 @@ TEST_F(IvshmemServerTest, ChownFailureIsAnErrorAndLeavesNoFile) {
   EXPECT_EQ(WEXITSTATUS(status), 0)
       << "10: cannot drop privileges, 11: Listen succeeded, 12: wrong code, "
          "13: message does not name chown, 14: socket file left behind";
+}
+
+// Issue 15: the socket was chmod()ed by path after bind(), so whoever could
+// swap the fresh socket for a symlink in between changed the mode of a file
+// of their choosing. Here a thread keeps replacing the socket path with a
+// symlink to a 0600 file while Listen runs again and again: the file's mode
+// must never change, whatever each Listen returns.
+TEST_F(IvshmemServerTest, SymlinkSwapNeverRedirectsTheChmod) {
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "secret"; }
+  ASSERT_EQ(chmod(victim.c_str(), 0600), 0);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> swaps{0};
+  std::thread attacker([&] {
+    while (!stop.load(std::memory_order_relaxed)) {
+      unlink(path_.c_str());
+      if (symlink(victim.c_str(), path_.c_str()) == 0) {
+        swaps.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+  });
+  int listened = 0;
+  for (int i = 0; i < 2000; ++i) {
+    IvshmemServerOptions o = Options();
+    o.socket_mode = 0666;
+    absl::StatusOr<std::unique_ptr<IvshmemServer>> server =
+        IvshmemServer::Listen(o, region_->fd(), &metrics_);
+    listened += server.ok();
+    server = absl::UnknownError("closed");  // destroy before the next round
+    struct stat st {};
+    ASSERT_EQ(stat(victim.c_str(), &st), 0);
+    ASSERT_EQ(st.st_mode & 07777, 0600u)
+        << "round " << i << ": a symlink redirected the socket's chmod";
+  }
+  stop = true;
+  attacker.join();
+  EXPECT_GT(swaps.load(), 0u);
+  std::printf("[ race ] %d of 2000 Listen calls succeeded, %llu swaps\n",
+              listened, static_cast<unsigned long long>(swaps.load()));
+  unlink(victim.c_str());
 }
 
 TEST_F(IvshmemServerTest, DestructorRemovesSocketPath) {

@@ -2,10 +2,13 @@
 #include "host-agent/control/policy_store.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "tests/control/test_util.h"
 
@@ -116,9 +119,69 @@ TEST_F(PolicyStoreTest, WriteFailureIsReported) {
   ASSERT_TRUE(store.ok());
   const absl::Status s = (*store)->CommitVm("a", {VmPolicy{}, 1});
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("cannot write state file"), std::string::npos);
+  EXPECT_NE(s.message().find("state file"), std::string::npos) << s;
   // The in-memory state still moved on (the policy is live).
   EXPECT_EQ((*store)->Vm("a")->generation, 1u);
+}
+
+// Issue 15: the temporary was opened through whatever sat at its name. A
+// symlink planted there must neither be followed nor its target changed.
+TEST_F(PolicyStoreTest, TemporaryNeverFollowsAPlantedSymlink) {
+  const std::string victim = dir_ + "/victim";
+  { std::ofstream(victim) << "precious"; }
+  ASSERT_EQ(chmod(victim.c_str(), 0644), 0);
+  const std::string tmp = path_ + ".tmp." + std::to_string(getpid());
+  ASSERT_EQ(symlink(victim.c_str(), tmp.c_str()), 0);
+  auto store = PolicyStore::Open(path_);
+  ASSERT_TRUE(store.ok());
+  ASSERT_TRUE((*store)->CommitVm("a", {VmPolicy{}, 1}).ok());
+  std::ifstream in(victim);
+  std::string text((std::istreambuf_iterator<char>(in)),
+                   std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "precious") << "the state was written through the link";
+  struct stat st {};
+  ASSERT_EQ(stat(victim.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 07777, 0644u);
+  ASSERT_EQ(lstat(path_.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode)) << "the state file is a file of its own";
+  EXPECT_EQ(st.st_mode & 07777, 0600u);
+  auto reopened = PolicyStore::Open(path_);
+  ASSERT_TRUE(reopened.ok());
+  EXPECT_EQ((*reopened)->Vm("a")->generation, 1u);
+}
+
+// Issue 15: state-file values were not range-checked (weight 5000000000
+// wrapped to 705032704). They use the same table as flags, config and RPCs.
+TEST_F(PolicyStoreTest, StateFileValuesAreRangeChecked) {
+  auto write = [&](const std::string& vm_json) {
+    std::ofstream(path_) << R"({"version": 1, "vms": {"a": )" << vm_json
+                         << "}}";
+  };
+  const std::string ok_rest =
+      R"("enabled": true, "frozen": false, "mode": "default"})";
+  write(R"({"generation": 1, "quota_bytes": 0, "weight": 5000000000, )" +
+        ok_rest);
+  auto store = PolicyStore::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("vms.a.weight"), std::string::npos)
+      << store.status();
+  write(R"({"generation": 1, "quota_bytes": 0, "weight": 0, )" + ok_rest);
+  EXPECT_FALSE(PolicyStore::Open(path_).ok());
+  std::ofstream(path_)
+      << R"({"version": 1, "host": {"cpu_budget_percent": 500}})";
+  store = PolicyStore::Open(path_);
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("cpu_budget_percent"),
+            std::string::npos)
+      << store.status();
+  // quota 0 (and the UINT64_MAX older files wrote) is unlimited.
+  for (const char* quota : {"0", "18446744073709551615"}) {
+    write(std::string(R"({"generation": 1, "quota_bytes": )") + quota +
+          R"(, "weight": 100, )" + ok_rest);
+    store = PolicyStore::Open(path_);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->Vm("a")->policy.quota_bytes, kUnlimitedQuota) << quota;
+  }
 }
 
 }  // namespace

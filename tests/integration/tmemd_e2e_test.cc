@@ -180,6 +180,51 @@ class TmemdE2eTest : public ::testing::Test {
   int runs_ = 0;
 };
 
+// Issue 15: out-of-range flags were ignored or clamped (`--cpu-budget nan`,
+// `--stats-interval -7`, `--workers 100000`), `--config DIR` started on
+// defaults and a VM named `--` was accepted. Each is refused, naming the
+// flag, before tmemd creates anything; a socket directory others can write
+// to is refused with the fix.
+TEST_F(TmemdE2eTest, BadFlagsAreRefusedNamingTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* flag;
+  };
+  const std::vector<Case> cases = {
+      {{"--cpu-budget", "nan"}, "--cpu-budget"},
+      {{"--cpu-budget", "101"}, "--cpu-budget"},
+      {{"--stats-interval", "-7"}, "--stats-interval"},
+      {{"--workers", "100000"}, "--workers"},
+      {{"--memory-cap", "1"}, "--memory-cap"},
+      {{"--metrics-port", "70000"}, "--metrics-port"},
+      {{"--vm=--"}, "--vm"},
+      {{"--config", dir_}, "not a regular file"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> argv = {TMEMD_BIN, "--socket-dir", dir_ + "/sock"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    Process p(argv, dir_ + "/flags.log");
+    int code = -1;
+    ASSERT_TRUE(p.WaitFor(10000, &code)) << c.flag;
+    EXPECT_EQ(code, 2) << c.flag << "\n" << p.Log();
+    EXPECT_NE(p.Log().find(c.flag), std::string::npos) << p.Log();
+  }
+  EXPECT_FALSE(PathExists(dir_ + "/sock"))
+      << "refused before creating anything";
+
+  const std::string open_dir = dir_ + "/open";
+  ASSERT_EQ(mkdir(open_dir.c_str(), 0700), 0);
+  ASSERT_EQ(chmod(open_dir.c_str(), 0777), 0);
+  Process p({TMEMD_BIN, "--socket-dir", open_dir, "--vm", "a"},
+            dir_ + "/open.log");
+  int code = -1;
+  ASSERT_TRUE(p.WaitFor(10000, &code));
+  EXPECT_EQ(code, 1) << p.Log();
+  EXPECT_NE(p.Log().find("chmod go-w " + open_dir), std::string::npos)
+      << p.Log();
+  EXPECT_FALSE(PathExists(open_dir + "/a.sock"));
+}
+
 TEST_F(TmemdE2eTest, ServesSeveralGuestsCoherentlyAndShutsDownCleanly) {
   // Mode `always`: every put that reaches tmemd is stored, whatever the
   // host's CPU load, so hits do not depend on the valve's CPU samples.

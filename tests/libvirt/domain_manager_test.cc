@@ -106,6 +106,26 @@ TEST_F(DomainManagerTest, StartupCreatesChannelsForDomainsWithTheDevice) {
   EXPECT_TRUE(agent_->HasVm("web2"));
 }
 
+// Issue 15: a domain's <server path> was used as is, so whoever could define
+// a domain made tmemd bind, chmod, chown and unlink anywhere.
+TEST_F(DomainManagerTest, SocketPathOutsideTheSocketDirectoryIsRefused) {
+  tmem::testing::TempDir elsewhere{"tmemd-dm-elsewhere"};
+  const std::string outside = elsewhere.path() + "/evil.sock";
+  FakeHypervisor::Domain evil;
+  evil.config_devices.push_back(TmemShmemXml(outside, 1));
+  hv_.Define("evil", evil);
+  FakeHypervisor::Domain dotdot;
+  dotdot.config_devices.push_back(
+      TmemShmemXml(dir_ + "/../" + "dotdot.sock", 1));
+  hv_.Define("dotdot", dotdot);
+  hv_.Define("good", WithDevice("good.sock"));
+  ASSERT_TRUE(manager_->Start().ok());
+  EXPECT_FALSE(agent_->HasVm("evil"));
+  EXPECT_FALSE(agent_->HasVm("dotdot"));
+  EXPECT_FALSE(Exists(outside)) << "nothing created outside the directory";
+  EXPECT_TRUE(agent_->HasVm("good"));
+}
+
 TEST_F(DomainManagerTest, RunningDeviceFromAnEarlierTmemdIsReported) {
   hv_.Define("old", WithDevice("old.sock"));
   hv_.Start("old");  // QEMU connected to a tmemd that is gone
