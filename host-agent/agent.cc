@@ -110,8 +110,8 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
   opts.server.vectors = options_.vectors;
   opts.server.socket_mode = options_.socket_mode;
   opts.server.socket_group = options_.socket_gid;
-  absl::StatusOr<std::unique_ptr<Channel>> ch =
-      Channel::Create(opts, store_.get(), host_generation_, valve_.get());
+  absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Create(
+      opts, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
     return absl::Status(
         ch.status().code(),
