@@ -28,6 +28,8 @@ std::string_view ValveCounterName(ValveCounter c) {
       return "dropped_memory";
     case ValveCounter::kDroppedOff:
       return "dropped_off";
+    case ValveCounter::kDroppedAside:
+      return "dropped_aside";
     case ValveCounter::kGhostHits:
       return "ghost_hits";
     case ValveCounter::kThrottleEvents:
@@ -65,6 +67,7 @@ struct Valve::VmState {
   std::atomic<uint8_t> mode{static_cast<uint8_t>(ValveMode::kDefault)};
   std::atomic<uint32_t> weight{100};
   std::atomic<uint32_t> admission{kAdmitAll};
+  std::atomic<bool> standing_aside{false};
   std::atomic<int64_t> tokens{0};
   std::atomic<int64_t> share{0};
   std::atomic<uint64_t> cpu_used{0};
@@ -234,6 +237,10 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
   }
   if (mode == ValveMode::kOff) {
     s->Count(ValveCounter::kDroppedOff);
+    return PutMode::kDrop;
+  }
+  if (s->standing_aside.load(std::memory_order_relaxed)) {
+    s->Count(ValveCounter::kDroppedAside);
     return PutMode::kDrop;
   }
   if (mode == ValveMode::kAlways) {
@@ -497,8 +504,14 @@ uint32_t Valve::AdmissionHint(VmId vm) const {
         static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
   }
   if (mode == ValveMode::kOff) return 0;
+  if (s->standing_aside.load(std::memory_order_relaxed)) return 0;
   if (mode == ValveMode::kAlways) return kAdmitAll;
   return s->admission.load(std::memory_order_relaxed);
+}
+
+void Valve::OnGuestStandingAside(uint32_t vm, bool aside) {
+  VmState* s = Find(vm);
+  if (s != nullptr) s->standing_aside.store(aside, std::memory_order_relaxed);
 }
 
 ValveVmStatus Valve::VmStatus(VmId vm) const {
@@ -512,6 +525,7 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
   out.weight = s->weight.load(std::memory_order_relaxed);
   out.admission = AdmissionHint(vm);
   out.throttled = s->throttled;
+  out.standing_aside = s->standing_aside.load(std::memory_order_relaxed);
   out.reuse_ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
   out.cpu_tokens_ns = s->tokens.load(std::memory_order_relaxed);
   out.cpu_share_ns = s->share.load(std::memory_order_relaxed);

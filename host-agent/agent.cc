@@ -184,6 +184,7 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   for (int i = 0; i < kNumChannelCounters; ++i) {
     info.channel[i] = e.channel->metrics().Get(static_cast<ChannelCounter>(i));
   }
+  if (info.connected) info.guest = e.channel->guest_report();
   return info;
 }
 

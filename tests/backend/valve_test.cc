@@ -117,6 +117,34 @@ TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
   EXPECT_EQ(v.AdmissionHint(3), 0u);
 }
 
+TEST(ValveTest, AGuestStandingAsideIsAdmittedNothingInAnyMode) {
+  Valve v(TestOptions(), nullptr);
+  v.AddVm(1, Policy(100, ValveMode::kAdaptive));
+  v.AddVm(2, Policy(100, ValveMode::kAlways));
+  v.AddVm(3, Policy(100, ValveMode::kAdaptive));
+  for (VmId vm : {1u, 2u}) v.OnGuestStandingAside(vm, true);
+  for (VmId vm : {1u, 2u}) {
+    SCOPED_TRACE(vm);
+    EXPECT_TRUE(v.VmStatus(vm).standing_aside);
+    EXPECT_EQ(v.AdmissionHint(vm), 0u);
+    EXPECT_EQ(v.VmStatus(vm).admission, 0u);
+    // Even a guest that sends anyway (or ignores the hint) gets drops.
+    EXPECT_EQ(v.Decide(vm, 7, true), PutMode::kDrop);
+    EXPECT_EQ(v.Decide(vm, 8, false), PutMode::kDrop);
+    EXPECT_EQ(Count(v, vm, ValveCounter::kDroppedAside), 2u);
+  }
+  // Other VMs are not affected.
+  EXPECT_EQ(v.AdmissionHint(3), kAll);
+  EXPECT_EQ(v.Decide(3, 7, true), PutMode::kCompress);
+  // Back in: admission as before.
+  v.OnGuestStandingAside(1, false);
+  EXPECT_FALSE(v.VmStatus(1).standing_aside);
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+  EXPECT_EQ(v.Decide(1, 9, true), PutMode::kCompress);
+  // Unknown VMs are ignored.
+  v.OnGuestStandingAside(99, true);
+}
+
 TEST(ValveTest, AdaptiveCompressesWithTokensThenRawThenDrops) {
   Valve v(TestOptions(), nullptr);
   FakeHost host;
