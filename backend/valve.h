@@ -17,8 +17,14 @@
 //    out of tokens drops instead of storing raw (raw pages would only evict
 //    compressed ones).
 //  * Reuse: per VM, the share of admitted puts that came back (gets that hit,
-//    plus gets for "ghost" keys the valve dropped or the store evicted
-//    recently, which show admitting would have paid). A VM below
+//    plus gets for "ghost" keys the valve dropped or the store evicted,
+//    which show admitting would have paid -- but only when the key comes
+//    back within the VM's reach: at most as many of the guest's evictions
+//    after it was let go as the VM's share of the cap holds pages, or what
+//    it holds now if more. A key asked for again only after the guest
+//    evicted many times that much could not have survived in the VM's
+//    memory: a guest re-reading a data set far larger than the cap is a
+//    streaming guest, and its far ghost hits count apart). A VM below
 //    throttle_below (with enough samples) is throttled to min_admission,
 //    a sampling rate that lets it recover once its pages return; above
 //    restore_above it gets full admission again. The gap between the two and
@@ -91,8 +97,11 @@ enum class ValveCounter : int {
   kDroppedReuse,    // dropped: throttled for no reuse (host-side sampling)
   kDroppedMemory,   // dropped: out of tokens and no memory headroom
   kDroppedOff,      // dropped: mode off
-  kDroppedAside,  // dropped: the guest stands aside (TMEM_GUEST_STANDING_ASIDE)
-  kGhostHits,     // a get missed on a key the valve/store had let go
+  kDroppedAside,    // dropped: the guest stands aside (guest_flags)
+  kGhostHits,       // a get missed on a key the valve/store had let go,
+                    // within the VM's reach: admitting would have paid
+  kGhostHitsFar,    // the same, but beyond what the VM's share of the cap
+                    // holds: no admitted page survives that long
   kThrottleEvents,  // transitions to the throttled state
   kRestoreEvents,   // transitions back to full admission
   kNumCounters,
@@ -109,10 +118,14 @@ struct ValveVmStatus {
   uint32_t admission = 65536;   // of 65536
   bool throttled = false;       // reuse throttle engaged
   bool standing_aside = false;  // the guest said tmem does not pay for it
-  double reuse_ratio = 0;       // smoothed (hits + ghost hits) / admitted puts
-  int64_t cpu_tokens_ns = 0;    // may be negative (debt)
-  int64_t cpu_share_ns = 0;     // refill per period
-  uint64_t cpu_used_ns = 0;     // total charged
+  // Pages the VM's share of the cap holds (or what it holds, if more): the
+  // reuse distance within which a ghost hit counts. UINT64_MAX without a
+  // store.
+  uint64_t reach_pages = UINT64_MAX;
+  double reuse_ratio = 0;     // smoothed (hits + ghost hits) / admitted puts
+  int64_t cpu_tokens_ns = 0;  // may be negative (debt)
+  int64_t cpu_share_ns = 0;   // refill per period
+  uint64_t cpu_used_ns = 0;   // total charged
   ValveCounterValues counters{};
 };
 

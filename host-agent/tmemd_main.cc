@@ -82,6 +82,8 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"valve_dropped_off", vc(ValveCounter::kDroppedOff)},
          {"valve_dropped_aside", vc(ValveCounter::kDroppedAside)},
          {"valve_ghost_hits", vc(ValveCounter::kGhostHits)},
+         {"valve_ghost_hits_far", vc(ValveCounter::kGhostHitsFar)},
+         {"valve_reach_pages", vm.valve.reach_pages},
          {"valve_throttle_events", vc(ValveCounter::kThrottleEvents)},
          {"valve_restore_events", vc(ValveCounter::kRestoreEvents)},
          {"valve_cpu_ns", vm.valve.cpu_used_ns},
