@@ -21,6 +21,10 @@ class PutAdvisor {
   virtual void OnGet(uint32_t /*vm*/, uint64_t /*key_hash*/, bool /*hit*/) {}
   // CPU the host spent on this VM's ring entries (measured per batch).
   virtual void ChargeCpu(uint32_t /*vm*/, int64_t /*nanos*/) {}
+  // The guest says (TMEM_GUEST_STANDING_ASIDE) it sends nothing because
+  // tmem costs it more than it saves. Untrusted: it only ever makes the VM
+  // admit less. Called when the flag changes.
+  virtual void OnGuestStandingAside(uint32_t /*vm*/, bool /*aside*/) {}
   // The admission rate to publish in the VM's shared header, out of 65536
   // (TMEM_ADMIT_ALL).
   virtual uint32_t AdmissionHint(uint32_t /*vm*/) const { return 65536; }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -662,6 +663,72 @@ class TmemStore::Impl {
     return hit;
   }
 
+  absl::StatusOr<uint64_t> GetRun(VmId id, PoolId pid, const ObjectId& oid,
+                                  PageIndex first, size_t n,
+                                  std::span<uint8_t> out) {
+    if (n == 0 || n > TmemStore::kMaxGetRun || first + (n - 1) < first ||
+        out.size() / kPageSize < n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a get run takes 1 to ", TmemStore::kMaxGetRun,
+          " pages whose indices do not wrap, into room for as many; asked "
+          "for ",
+          n, " from ", first, " into ", out.size(), " bytes"));
+    }
+    absl::StatusOr<Vm*> found = LookupVm(id);
+    if (!found.ok()) return found.status();
+    Vm& vm = **found;
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (vm.gone) return UnknownVm(id);
+    absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
+    if (!found_pool.ok()) return found_pool.status();
+    Pool& pool = **found_pool;
+    if (pool.shared) {
+      return absl::InvalidArgumentError(
+          "a get run is exclusive: private pools only");
+    }
+    // Every page of one object lives in one shard.
+    Shard& shard = ShardFor(pool, oid);
+    std::array<PageEntry, TmemStore::kMaxGetRun>
+        taken;  // NOLINT(*-member-init)
+    uint64_t hits = 0;
+    {
+      MutexLock lock(&shard.mu);
+      for (size_t k = 0; k < n; ++k) {
+        const uint32_t e = shard.table.FindPage(pool.key(), oid, first + k);
+        if (e == kNoEntry) continue;
+        // Exclusive, as Get: the entry goes now, its blob is decoded after
+        // the lock drops.
+        taken[k] = shard.table.entry(e);
+        RemoveEntryLocked(shard, e, /*keep_blob=*/true);
+        hits |= uint64_t{1} << k;
+      }
+    }
+    bool corrupt = false;
+    for (size_t k = 0; k < n; ++k) {
+      if (((hits >> k) & 1) == 0) continue;
+      if (!DecodeEntry(taken[k],
+                       MutablePage(out.data() + k * kPageSize, kPageSize))) {
+        corrupt = true;
+        hits &= ~(uint64_t{1} << k);
+      }
+      if (taken[k].kind == StorageKind::kLz4 ||
+          taken[k].kind == StorageKind::kRaw) {
+        arena_.Free(BlobRef::Unpack(taken[k].payload));
+      }
+    }
+    const auto hit_count = static_cast<int64_t>(std::popcount(hits));
+    const auto miss_count = static_cast<int64_t>(n) - hit_count;
+    vm.counters.Add(Counter::kGetsHit, hit_count);
+    vm.counters.Add(Counter::kGetsMiss, miss_count);
+    pool.counters.Add(Counter::kGetsHit, hit_count);
+    pool.counters.Add(Counter::kGetsMiss, miss_count);
+    if (corrupt) {
+      return absl::DataLossError(
+          "stored LZ4 block failed to decompress; page dropped");
+    }
+    return hits;
+  }
+
   // Fills `out` from an entry whose blob is live. False on a corrupt block
   // (which only memory corruption could produce).
   bool DecodeEntry(const PageEntry& entry, MutablePage out) const {
@@ -1024,6 +1091,12 @@ absl::StatusOr<PutResult> TmemStore::Put(VmId vm, PoolId pool,
 absl::StatusOr<bool> TmemStore::Get(VmId vm, PoolId pool, const ObjectId& oid,
                                     PageIndex index, MutablePage out) {
   return impl_->Get(vm, pool, oid, index, out);
+}
+absl::StatusOr<uint64_t> TmemStore::GetRun(VmId vm, PoolId pool,
+                                           const ObjectId& oid, PageIndex first,
+                                           size_t count,
+                                           std::span<uint8_t> out) {
+  return impl_->GetRun(vm, pool, oid, first, count, out);
 }
 absl::Status TmemStore::InvalidatePage(VmId vm, PoolId pool,
                                        const ObjectId& oid, PageIndex index) {

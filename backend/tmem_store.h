@@ -57,6 +57,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -194,6 +195,20 @@ class TmemStore {
   // true: hit, `out` holds the page. false: miss, `out` unspecified.
   absl::StatusOr<bool> Get(VmId vm, PoolId pool, const ObjectId& oid,
                            PageIndex index, MutablePage out);
+  // Gets pages first .. first + count - 1 of one object of a private pool
+  // in one call (the run of a readahead window): one VM and pool lookup and
+  // one shard lock for the whole run, each hit exclusive exactly as Get's
+  // and counted as one get. Page first + k goes to out[k * kPageSize, (k +
+  // 1) * kPageSize). Bit k of the result set: page first + k hit and its
+  // bytes are there; clear: miss (those bytes unspecified).
+  // INVALID_ARGUMENT for a shared pool (its gets are not exclusive), for
+  // 0 or more than kMaxGetRun pages, indices that wrap, or `out` smaller
+  // than count pages; NOT_FOUND for an unknown VM or pool. DATA_LOSS if a
+  // stored block was corrupt (the whole run's pages are then dropped).
+  static constexpr size_t kMaxGetRun = 64;
+  absl::StatusOr<uint64_t> GetRun(VmId vm, PoolId pool, const ObjectId& oid,
+                                  PageIndex first, size_t count,
+                                  std::span<uint8_t> out);
   absl::Status InvalidatePage(VmId vm, PoolId pool, const ObjectId& oid,
                               PageIndex index);
   absl::Status InvalidateObject(VmId vm, PoolId pool, const ObjectId& oid);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
@@ -9,6 +10,8 @@ namespace tmem {
 namespace {
 
 constexpr uint32_t kAdmitAll = 65536;  // TMEM_ADMIT_ALL
+// Below this many held pages, a VM's cost per page is taken as a raw page's.
+constexpr uint64_t kMinPagesForCost = 64;
 
 int SlotOf(VmId vm) { return static_cast<int>(vm & 0xffff); }
 
@@ -28,8 +31,12 @@ std::string_view ValveCounterName(ValveCounter c) {
       return "dropped_memory";
     case ValveCounter::kDroppedOff:
       return "dropped_off";
+    case ValveCounter::kDroppedAside:
+      return "dropped_aside";
     case ValveCounter::kGhostHits:
       return "ghost_hits";
+    case ValveCounter::kGhostHitsFar:
+      return "ghost_hits_far";
     case ValveCounter::kThrottleEvents:
       return "throttle_events";
     case ValveCounter::kRestoreEvents:
@@ -50,14 +57,43 @@ struct Valve::VmState {
   void Count(ValveCounter c) {
     counters[static_cast<int>(c)].fetch_add(1, std::memory_order_relaxed);
   }
-  // Direct-mapped set of recently let-go key hashes (never 0 when set).
-  void GhostInsert(uint64_t h) {
-    ghost[h & ghost_mask].store(h | 1, std::memory_order_relaxed);
+  // Direct-mapped set of recently let-go keys: the slot is picked by the
+  // hash's low bits; it holds 24 more bits of the hash (bit 0 forced, so a
+  // used slot is never 0) and the guest-eviction clock when the key was let
+  // go (40 bits, in 1/kClockUnit puts: wraps after 2^32 puts, far beyond any
+  // reach that matters).
+  static constexpr int kStampBits = 40;
+  static constexpr uint64_t kStampMask = (uint64_t{1} << kStampBits) - 1;
+  static constexpr uint64_t kClockUnit = 256;
+  static uint64_t GhostTag(uint64_t h) {
+    return ((h >> kStampBits) | 1) << kStampBits;
   }
-  bool GhostTake(uint64_t h) {
+  void GhostInsert(uint64_t h) {
+    const uint64_t now = clock.load(std::memory_order_relaxed);
+    ghost[h & ghost_mask].store(GhostTag(h) | (now & kStampMask),
+                                std::memory_order_relaxed);
+  }
+  // If `h` is a ghost: forgets it and returns how many of the guest's
+  // evictions came since it was let go.
+  std::optional<uint64_t> GhostTake(uint64_t h) {
     std::atomic<uint64_t>& slot = ghost[h & ghost_mask];
-    uint64_t want = h | 1;
-    return slot.compare_exchange_strong(want, 0, std::memory_order_relaxed);
+    uint64_t seen = slot.load(std::memory_order_relaxed);
+    if ((seen & ~kStampMask) != GhostTag(h) ||
+        !slot.compare_exchange_strong(seen, 0, std::memory_order_relaxed)) {
+      return std::nullopt;
+    }
+    const uint64_t now = clock.load(std::memory_order_relaxed);
+    return ((now - seen) & kStampMask) / kClockUnit;
+  }
+  // Advances the guest-eviction clock by one arriving put, which stands for
+  // kAdmitAll / admission of the guest's evictions when the guest samples
+  // its puts by the hint.
+  void CountPut(uint32_t admission, bool guest_applies_hint) {
+    const uint64_t step =
+        guest_applies_hint && admission > 0 && admission < kAdmitAll
+            ? kClockUnit * kAdmitAll / admission
+            : kClockUnit;
+    clock.fetch_add(step, std::memory_order_relaxed);
   }
 
   const VmId id;
@@ -65,6 +101,9 @@ struct Valve::VmState {
   std::atomic<uint8_t> mode{static_cast<uint8_t>(ValveMode::kDefault)};
   std::atomic<uint32_t> weight{100};
   std::atomic<uint32_t> admission{kAdmitAll};
+  std::atomic<bool> standing_aside{false};
+  std::atomic<uint64_t> clock{0};  // guest evictions seen, x kClockUnit
+  std::atomic<uint64_t> reach_pages{UINT64_MAX};  // set by Tick
   std::atomic<int64_t> tokens{0};
   std::atomic<int64_t> share{0};
   std::atomic<uint64_t> cpu_used{0};
@@ -236,12 +275,18 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
     s->Count(ValveCounter::kDroppedOff);
     return PutMode::kDrop;
   }
+  if (s->standing_aside.load(std::memory_order_relaxed)) {
+    s->Count(ValveCounter::kDroppedAside);
+    return PutMode::kDrop;
+  }
   if (mode == ValveMode::kAlways) {
+    s->CountPut(kAdmitAll, guest_applies_hint);
     s->admitted_puts.fetch_add(1, std::memory_order_relaxed);
     s->Count(ValveCounter::kCompressed);
     return PutMode::kCompress;
   }
   const uint32_t admission = s->admission.load(std::memory_order_relaxed);
+  s->CountPut(admission, guest_applies_hint);
   if (admission < kAdmitAll && !guest_applies_hint) {
     // The guest ignores the hint: sample here, evenly (Bresenham), so the
     // VM sees the same rate a cooperating guest would apply.
@@ -286,9 +331,15 @@ void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {
   if (s == nullptr) return;
   if (hit) {
     s->useful_gets.fetch_add(1, std::memory_order_relaxed);
-  } else if (s->GhostTake(key_hash)) {
+    return;
+  }
+  const std::optional<uint64_t> distance = s->GhostTake(key_hash);
+  if (!distance) return;
+  if (*distance <= s->reach_pages.load(std::memory_order_relaxed)) {
     s->useful_gets.fetch_add(1, std::memory_order_relaxed);
     s->Count(ValveCounter::kGhostHits);
+  } else {
+    s->Count(ValveCounter::kGhostHitsFar);
   }
 }
 
@@ -372,6 +423,35 @@ void Valve::Tick(const CpuSample& sample) {
                         static_cast<double>(hs.memory_cap_bytes);
     memory_tight_.store(free_fraction < o.memory_headroom_fraction,
                         std::memory_order_relaxed);
+  }
+
+  // Reach per VM: the pages its weighted share of the cap holds at what its
+  // pages cost it now (raw pages until it holds enough to tell), or what
+  // it holds, if more (others leave their share unused).
+  if (store_ != nullptr) {
+    const uint64_t cap = store_->GetHostStats().memory_cap_bytes;
+    double weights = 0;
+    for (const auto& owned : owned_) {
+      weights += owned->weight.load(std::memory_order_relaxed);
+    }
+    for (const auto& owned : owned_) {
+      VmState* s = owned.get();
+      double page_bytes = static_cast<double>(kPageSize + kPageMetadataCharge);
+      uint64_t held = 0;
+      if (absl::StatusOr<VmStats> vs = store_->GetVmStats(s->id); vs.ok()) {
+        held = vs->counters[static_cast<int>(Counter::kPagesHeld)];
+        const uint64_t charged =
+            vs->counters[static_cast<int>(Counter::kChargedBytes)];
+        if (held >= kMinPagesForCost) {
+          page_bytes = static_cast<double>(charged) / static_cast<double>(held);
+        }
+      }
+      const double share = static_cast<double>(cap) *
+                           s->weight.load(std::memory_order_relaxed) /
+                           std::max(weights, 1.0);
+      const auto reach = static_cast<uint64_t>(share / page_bytes);
+      s->reach_pages.store(std::max(reach, held), std::memory_order_relaxed);
+    }
   }
 
   // Demand per adaptive VM: what it used, or "everything" if it ran out of
@@ -497,8 +577,14 @@ uint32_t Valve::AdmissionHint(VmId vm) const {
         static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
   }
   if (mode == ValveMode::kOff) return 0;
+  if (s->standing_aside.load(std::memory_order_relaxed)) return 0;
   if (mode == ValveMode::kAlways) return kAdmitAll;
   return s->admission.load(std::memory_order_relaxed);
+}
+
+void Valve::OnGuestStandingAside(uint32_t vm, bool aside) {
+  VmState* s = Find(vm);
+  if (s != nullptr) s->standing_aside.store(aside, std::memory_order_relaxed);
 }
 
 ValveVmStatus Valve::VmStatus(VmId vm) const {
@@ -512,6 +598,8 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
   out.weight = s->weight.load(std::memory_order_relaxed);
   out.admission = AdmissionHint(vm);
   out.throttled = s->throttled;
+  out.standing_aside = s->standing_aside.load(std::memory_order_relaxed);
+  out.reach_pages = s->reach_pages.load(std::memory_order_relaxed);
   out.reuse_ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
   out.cpu_tokens_ns = s->tokens.load(std::memory_order_relaxed);
   out.cpu_share_ns = s->share.load(std::memory_order_relaxed);

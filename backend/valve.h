@@ -17,12 +17,20 @@
 //    out of tokens drops instead of storing raw (raw pages would only evict
 //    compressed ones).
 //  * Reuse: per VM, the share of admitted puts that came back (gets that hit,
-//    plus gets for "ghost" keys the valve dropped or the store evicted
-//    recently, which show admitting would have paid). A VM below
+//    plus gets for "ghost" keys the valve dropped or the store evicted,
+//    which show admitting would have paid -- but only when the key comes
+//    back within the VM's reach: at most as many of the guest's evictions
+//    after it was let go as the VM's share of the cap holds pages, or what
+//    it holds now if more. A key asked for again only after the guest
+//    evicted many times that much could not have survived in the VM's
+//    memory: a guest re-reading a data set far larger than the cap is a
+//    streaming guest, and its far ghost hits count apart). A VM below
 //    throttle_below (with enough samples) is throttled to min_admission,
 //    a sampling rate that lets it recover once its pages return; above
 //    restore_above it gets full admission again. The gap between the two and
 //    min_dwell_periods keep it from flapping.
+//  * Guest stand-aside (ABI v2): a guest that measured tmem costing it more
+//    than it saves says so; it is admitted nothing while it does.
 //  * Modes (per VM, or the host default): off drops every put and tells the
 //    guest to send nothing; always compresses every put regardless of CPU
 //    (the zcache-like behaviour of the 2011 report); adaptive is all of the
@@ -89,7 +97,11 @@ enum class ValveCounter : int {
   kDroppedReuse,    // dropped: throttled for no reuse (host-side sampling)
   kDroppedMemory,   // dropped: out of tokens and no memory headroom
   kDroppedOff,      // dropped: mode off
-  kGhostHits,       // a get missed on a key the valve/store had let go
+  kDroppedAside,    // dropped: the guest stands aside (guest_flags)
+  kGhostHits,       // a get missed on a key the valve/store had let go,
+                    // within the VM's reach: admitting would have paid
+  kGhostHitsFar,    // the same, but beyond what the VM's share of the cap
+                    // holds: no admitted page survives that long
   kThrottleEvents,  // transitions to the throttled state
   kRestoreEvents,   // transitions back to full admission
   kNumCounters,
@@ -103,12 +115,17 @@ struct ValveVmStatus {
   ValveMode mode = ValveMode::kDefault;  // as set on the VM
   ValveMode effective_mode = ValveMode::kAdaptive;
   uint32_t weight = 100;
-  uint32_t admission = 65536;  // of 65536
-  bool throttled = false;      // reuse throttle engaged
-  double reuse_ratio = 0;      // smoothed (hits + ghost hits) / admitted puts
-  int64_t cpu_tokens_ns = 0;   // may be negative (debt)
-  int64_t cpu_share_ns = 0;    // refill per period
-  uint64_t cpu_used_ns = 0;    // total charged
+  uint32_t admission = 65536;   // of 65536
+  bool throttled = false;       // reuse throttle engaged
+  bool standing_aside = false;  // the guest said tmem does not pay for it
+  // Pages the VM's share of the cap holds (or what it holds, if more): the
+  // reuse distance within which a ghost hit counts. UINT64_MAX without a
+  // store.
+  uint64_t reach_pages = UINT64_MAX;
+  double reuse_ratio = 0;     // smoothed (hits + ghost hits) / admitted puts
+  int64_t cpu_tokens_ns = 0;  // may be negative (debt)
+  int64_t cpu_share_ns = 0;   // refill per period
+  uint64_t cpu_used_ns = 0;   // total charged
   ValveCounterValues counters{};
 };
 
@@ -161,6 +178,9 @@ class Valve final : public PutAdvisor, public EvictionListener {
   void OnEvicted(VmId vm, uint64_t key_hash) override {
     RecordEviction(vm, key_hash);
   }
+  // A VM whose guest stands aside is admitted nothing (hint 0, every put
+  // that still arrives dropped) until it says otherwise.
+  void OnGuestStandingAside(uint32_t vm, bool aside) override;
 
   // Periodic (every sample_period_ms): CPU budget from the sample, token
   // refill by weight with lending, reuse evaluation, admission rates.

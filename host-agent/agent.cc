@@ -110,8 +110,8 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
   opts.server.vectors = options_.vectors;
   opts.server.socket_mode = options_.socket_mode;
   opts.server.socket_group = options_.socket_gid;
-  absl::StatusOr<std::unique_ptr<Channel>> ch =
-      Channel::Create(opts, store_.get(), host_generation_, valve_.get());
+  absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Create(
+      opts, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
     return absl::Status(
         ch.status().code(),
@@ -184,6 +184,7 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   for (int i = 0; i < kNumChannelCounters; ++i) {
     info.channel[i] = e.channel->metrics().Get(static_cast<ChannelCounter>(i));
   }
+  if (info.connected) info.guest = e.channel->guest_report();
   return info;
 }
 

@@ -69,6 +69,8 @@ struct VmInfo {
   VmStats stats;  // store counters, per-pool stats
   std::array<uint64_t, kNumChannelCounters> channel{};  // data-plane counters
   ValveVmStatus valve;
+  // What the guest says about itself (untrusted; shown, never relied on).
+  GuestReport guest;
 };
 
 struct AgentStatus {

@@ -82,7 +82,10 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"valve_dropped_reuse", vc(ValveCounter::kDroppedReuse)},
          {"valve_dropped_memory", vc(ValveCounter::kDroppedMemory)},
          {"valve_dropped_off", vc(ValveCounter::kDroppedOff)},
+         {"valve_dropped_aside", vc(ValveCounter::kDroppedAside)},
          {"valve_ghost_hits", vc(ValveCounter::kGhostHits)},
+         {"valve_ghost_hits_far", vc(ValveCounter::kGhostHitsFar)},
+         {"valve_reach_pages", vm.valve.reach_pages},
          {"valve_throttle_events", vc(ValveCounter::kThrottleEvents)},
          {"valve_restore_events", vc(ValveCounter::kRestoreEvents)},
          {"valve_cpu_ns", vm.valve.cpu_used_ns},
@@ -97,7 +100,19 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"resets", ch(ChannelCounter::kChannelResets)},
          {"corrupt_rings", ch(ChannelCounter::kRingCorruptIndex)},
          {"guest_restarts", ch(ChannelCounter::kGuestRestarts)},
-         {"handshake_failures", ch(ChannelCounter::kHandshakeFailures)}});
+         {"handshake_failures", ch(ChannelCounter::kHandshakeFailures)},
+         {"get_batches", ch(ChannelCounter::kGetBatches)},
+         {"get_batch_pages", ch(ChannelCounter::kGetBatchPages)},
+         {"get_batch_hits", ch(ChannelCounter::kGetBatchHits)},
+         {"get_batch_refused", ch(ChannelCounter::kGetBatchBadCount) +
+                                   ch(ChannelCounter::kGetBatchBadSlots) +
+                                   ch(ChannelCounter::kGetBatchSharedPool)},
+         // The guest's own report (untrusted, shown as it wrote it).
+         {"guest_standing_aside", vm.guest.standing_aside},
+         {"guest_get_ns", vm.guest.get_ns},
+         {"guest_miss_ns", vm.guest.miss_ns},
+         {"guest_prefetch_used", vm.guest.prefetch_used},
+         {"guest_prefetch_unused", vm.guest.prefetch_unused}});
   }
 }
 

@@ -46,6 +46,14 @@ Channel::~Channel() {
 
 void Channel::OnGuestDetached() {
   consumer_->DropPools();
+  // The guest's self-report leaves with it (a reset with the guest still
+  // attached keeps it: that guest rewrites it).
+  tmem_shm_header* h = region_->header();
+  __atomic_store_n(&h->guest_flags, tmem_u32{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->guest_get_ns, tmem_u64{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->guest_miss_ns, tmem_u64{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->guest_prefetch_used, tmem_u64{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->guest_prefetch_unused, tmem_u64{0}, __ATOMIC_RELAXED);
   region_->Reset();
   // A fresh consumer starts from the reset region's zero indices.
   consumer_ = std::make_unique<RingConsumer>(region_.get(), store_, vm_,
@@ -55,6 +63,15 @@ void Channel::OnGuestDetached() {
 
 void Channel::PublishAdmissionHint() {
   if (advisor_ == nullptr) return;
+  // One relaxed load per worker round: the flag only ever lowers what this
+  // VM is admitted, so a guest that flips it at will hurts only itself.
+  const bool aside =
+      (__atomic_load_n(&region_->header()->guest_flags, __ATOMIC_RELAXED) &
+       TMEM_GUEST_STANDING_ASIDE) != 0;
+  if (aside != guest_standing_aside_) {
+    guest_standing_aside_ = aside;
+    advisor_->OnGuestStandingAside(vm_, aside);
+  }
   const uint32_t hint = advisor_->AdmissionHint(vm_);
   uint32_t* field = &region_->header()->admission_hint;
   if (__atomic_load_n(field, __ATOMIC_RELAXED) != hint) {

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "backend/tmem_store.h"
 #include "host-agent/channel/channel_metrics.h"
+#include "host-agent/channel/guest_report.h"
 #include "host-agent/channel/ivshmem_server.h"
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
@@ -55,9 +56,15 @@ class Channel {
   // so drop its pools and reset the region for the next client.
   void OnGuestDetached();
 
-  // Copies the advisor's admission rate for this VM into the shared header
-  // (host-written field) if it changed. Worker thread only.
+  // Tells the advisor when the guest's TMEM_GUEST_STANDING_ASIDE flag
+  // changed, then copies its admission rate for this VM into the shared
+  // header (host-written field) if it changed. Worker thread only.
   void PublishAdmissionHint();
+
+  // The guest's self-report, read once from the header. Any thread.
+  GuestReport guest_report() const {
+    return ReadGuestReport(region_->header());
+  }
 
  private:
   Channel(ChannelOptions options, TmemStore* store, VmId vm);
@@ -65,6 +72,7 @@ class Channel {
   ChannelOptions options_;
   TmemStore* store_;
   PutAdvisor* advisor_ = nullptr;
+  bool guest_standing_aside_ = false;  // as last told to the advisor
   VmId vm_;
   ChannelMetrics metrics_;
   std::unique_ptr<SharedRegion> region_;

@@ -30,12 +30,26 @@ std::string_view ChannelCounterName(ChannelCounter c) {
       return "cqe_written";
     case ChannelCounter::kPutsDroppedByHost:
       return "puts_dropped_by_host";
+    case ChannelCounter::kGetBatches:
+      return "get_batches";
+    case ChannelCounter::kGetBatchPages:
+      return "get_batch_pages";
+    case ChannelCounter::kGetBatchHits:
+      return "get_batch_hits";
+    case ChannelCounter::kGetBatchBadCount:
+      return "get_batch_bad_count";
+    case ChannelCounter::kGetBatchBadSlots:
+      return "get_batch_bad_slots";
+    case ChannelCounter::kGetBatchSharedPool:
+      return "get_batch_shared_pool";
     case ChannelCounter::kRingCorruptIndex:
       return "ring_corrupt_index";
     case ChannelCounter::kChannelResets:
       return "channel_resets";
     case ChannelCounter::kGuestRestarts:
       return "guest_restarts";
+    case ChannelCounter::kRegionForeign:
+      return "region_foreign";
     case ChannelCounter::kFlushBarriers:
       return "flush_barriers";
     case ChannelCounter::kDoorbells:

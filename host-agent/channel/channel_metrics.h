@@ -27,10 +27,19 @@ enum class ChannelCounter : int {
   kSqeStoreErrors,  // the store returned an error status
   kCqeWritten,
   kPutsDroppedByHost,  // completed with TMEM_ERR_DROPPED
+  // GET_BATCH (ABI v2): work done, and one counter per refusal.
+  kGetBatches,          // GET_BATCH entries executed
+  kGetBatchPages,       // pages they asked for
+  kGetBatchHits,        // of which hits
+  kGetBatchBadCount,    // count 0 or > TMEM_GET_BATCH_MAX, or indices wrap
+  kGetBatchBadSlots,    // slot + count > slot_count
+  kGetBatchSharedPool,  // on a shared pool (hits there are not exclusive)
   // Ring consumer: whole-ring faults.
   kRingCorruptIndex,  // tail - head > entries, or head moved backwards
   kChannelResets,     // host reset the channel (any reason)
   kGuestRestarts,     // guest_generation changed
+  kRegionForeign,     // header's host_generation not the one tmemd wrote
+                      // (a region migrated in from another host): reset
   kFlushBarriers,     // flush_request applied
   // Doorbells and interrupts.
   kDoorbells,  // eventfd wakeups from the guest

@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <bitset>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <span>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -22,6 +25,9 @@ static_assert(sizeof(ObjectId) == sizeof(tmem_sqe::oid),
 static_assert(sizeof(PoolUuid) <= sizeof(tmem_sqe::oid),
               "NEW_POOL carries the uuid in the first bytes of oid");
 static_assert(TMEM_MAX_POOLS <= 64, "flush_request is a 64-bit pool bitmap");
+static_assert(TMEM_GET_BATCH_MAX <= TmemStore::kMaxGetRun &&
+                  TMEM_GET_BATCH_MAX <= 32,
+              "a GET_BATCH is one store run; its hit bitmap is cqe.result");
 
 // ---------------------------------------------------------------------------
 // Raw shared-memory access. Everything that touches the guest's memory goes
@@ -109,7 +115,9 @@ class EntryExecutor {
  public:
   EntryExecutor(const RegionLayout& layout, uint8_t* base, TmemStore* store,
                 VmId vm, ChannelMetrics* metrics, PutAdvisor* advisor,
-                std::bitset<TMEM_MAX_POOLS>* pools, bool guest_applies_hint)
+                std::bitset<TMEM_MAX_POOLS>* pools,
+                std::bitset<TMEM_MAX_POOLS>* shared_pools,
+                std::span<uint8_t> batch_pages, bool guest_applies_hint)
       : layout_(layout),
         base_(base),
         store_(store),
@@ -117,6 +125,8 @@ class EntryExecutor {
         metrics_(metrics),
         advisor_(advisor),
         pools_(pools),
+        shared_pools_(shared_pools),
+        batch_pages_(batch_pages),
         guest_applies_hint_(guest_applies_hint) {}
 
   // `sqe` is tmemd's own copy: every field is read from it, never from the
@@ -130,7 +140,9 @@ class EntryExecutor {
     // them a meaning without old hosts silently misreading new guests.
     const unsigned allowed =
         TMEM_SQE_F_IRQ | (op == TMEM_OP_NEW_POOL ? TMEM_SQE_F_SHARED : 0u);
-    if ((sqe.flags & ~allowed) != 0 || sqe.count != 0 ||
+    // `count` means something only to GET_BATCH (checked there).
+    if ((sqe.flags & ~allowed) != 0 ||
+        (op != TMEM_OP_GET_BATCH && sqe.count != 0) ||
         !AllZero(sqe.reserved, sizeof(sqe.reserved))) {
       return Fail(ChannelCounter::kSqeBadFlags, TMEM_ERR_INVAL);
     }
@@ -161,7 +173,8 @@ class EntryExecutor {
         return Done(store_->InvalidateObject(vm_, sqe.pool, ObjectIdOf(sqe)));
       case TMEM_OP_INVAL_POOL:
         return Done(store_->InvalidatePool(vm_, sqe.pool));
-      case TMEM_OP_GET_BATCH:  // not offered yet (no TMEM_FEAT_GET_BATCH)
+      case TMEM_OP_GET_BATCH:
+        return GetBatch(sqe);
       case TMEM_OP_MAX:
         break;
     }
@@ -207,6 +220,7 @@ class EntryExecutor {
       return Fail(ChannelCounter::kSqeBadPool, TMEM_ERR_NOSPC);
     }
     pools_->set(static_cast<size_t>(*id));
+    shared_pools_->set(static_cast<size_t>(*id), shared);
     return {TMEM_OK, static_cast<uint32_t>(*id)};
   }
 
@@ -214,6 +228,7 @@ class EntryExecutor {
     // Forgotten whatever the store says: if it no longer knows the pool,
     // neither should we.
     pools_->reset(sqe.pool);
+    shared_pools_->reset(sqe.pool);
     return Done(store_->DestroyPool(vm_, sqe.pool));
   }
 
@@ -255,6 +270,51 @@ class EntryExecutor {
     return {TMEM_OK, 1};
   }
 
+  // TMEM_OP_GET_BATCH: pages index .. index + count - 1 of one object into
+  // slots slot .. slot + count - 1; the result is the hit bitmap.
+  Completion GetBatch(const tmem_sqe& sqe) {
+    const uint32_t count = sqe.count;
+    if (count == 0 || count > TMEM_GET_BATCH_MAX ||
+        sqe.index + (count - 1) < sqe.index) {
+      return Fail(ChannelCounter::kGetBatchBadCount, TMEM_ERR_INVAL);
+    }
+    // Our own record of how the pool was created, never a guest claim:
+    // a shared pool's hits are not exclusive, so its pages cannot be
+    // handed over to a guest-side prefetch slot.
+    if (shared_pools_->test(sqe.pool)) {
+      return Fail(ChannelCounter::kGetBatchSharedPool, TMEM_ERR_INVAL);
+    }
+    // Against tmemd's layout (guest-writable header never read); 64-bit, so
+    // a slot near UINT32_MAX cannot wrap past the check.
+    if (uint64_t{sqe.slot} + count > layout_.slot_count) {
+      return Fail(ChannelCounter::kGetBatchBadSlots, TMEM_ERR_INVAL);
+    }
+    // Decoded into tmemd's memory, then copied once per hit (as Get).
+    const ObjectId oid = ObjectIdOf(sqe);
+    absl::StatusOr<uint64_t> hits =
+        store_->GetRun(vm_, sqe.pool, oid, sqe.index, count, batch_pages_);
+    if (!hits.ok()) return Done(hits.status());
+    metrics_->Inc(ChannelCounter::kGetBatches);
+    metrics_->Inc(ChannelCounter::kGetBatchPages, count);
+    metrics_->Inc(ChannelCounter::kGetBatchHits,
+                  static_cast<uint64_t>(std::popcount(*hits)));
+    for (uint32_t k = 0; k < count; ++k) {
+      const bool hit = ((*hits >> k) & 1) != 0;
+      // The first page is what the guest asked for; the rest are its
+      // prefetch. A prefetched miss says nothing about reuse (the guest may
+      // never read that page), so only the asked page's miss is a get the
+      // valve hears of; every hit is a page that came back.
+      if (advisor_ != nullptr && (hit || k == 0)) {
+        advisor_->OnGet(vm_, KeyHash(oid, sqe.index + k), hit);
+      }
+      if (hit) {
+        CopyToGuest(Slot(sqe.slot + k),
+                    batch_pages_.data() + size_t{k} * kPageSize, kPageSize);
+      }
+    }
+    return {TMEM_OK, static_cast<uint32_t>(*hits)};
+  }
+
   const RegionLayout& layout_;
   uint8_t* const base_;
   TmemStore* const store_;
@@ -262,6 +322,8 @@ class EntryExecutor {
   ChannelMetrics* const metrics_;
   PutAdvisor* const advisor_;
   std::bitset<TMEM_MAX_POOLS>* const pools_;
+  std::bitset<TMEM_MAX_POOLS>* const shared_pools_;
+  const std::span<uint8_t> batch_pages_;  // TMEM_GET_BATCH_MAX pages
   const bool guest_applies_hint_;
 };
 
@@ -274,7 +336,8 @@ RingConsumer::RingConsumer(SharedRegion* region, TmemStore* store, VmId vm,
       vm_(vm),
       metrics_(metrics),
       advisor_(advisor),
-      region_generation_(region->host_generation()) {}
+      region_generation_(region->host_generation()),
+      batch_pages_(std::make_unique<BatchPages>()) {}
 
 RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
   DrainResult out;
@@ -304,7 +367,8 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
   const bool guest_applies_hint =
       (LoadRelaxed(&h->features_guest) & TMEM_FEAT_ADMISSION_HINT) != 0;
   EntryExecutor executor(layout, region_->base(), store_, vm_, metrics_,
-                         advisor_, &pools_, guest_applies_hint);
+                         advisor_, &pools_, &shared_pools_, *batch_pages_,
+                         guest_applies_hint);
 
   // Rounds: each reads the guest's indices once, then works from those
   // snapshots; a later round picks up what the guest posted meanwhile.
@@ -324,6 +388,7 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
     // Host-owned: read back only to catch a guest that wrote them.
     const uint32_t seen_sq_head = LoadRelaxed(&h->sq_head.value);
     const uint32_t seen_cq_tail = LoadRelaxed(&h->cq_tail.value);
+    const uint64_t seen_host_generation = LoadRelaxed(&h->host_generation);
 
     if (guest_generation != guest_generation_) {
       // Any change from a recorded generation (to 0 too: detached) means
@@ -340,11 +405,16 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
     // and any claim of more than a ring's worth is impossible.
     const uint32_t available = sq_tail - sq_head_;
     const uint32_t cq_used = cq_tail_ - cq_head;
-    if (seen_sq_head != sq_head_ || seen_cq_tail != cq_tail_ ||
+    // A header holding a generation tmemd did not write came from
+    // elsewhere (live migration copies another host's region into ours),
+    // or the guest scribbled on it: either way its rings are not ours.
+    const bool foreign = seen_host_generation != region_generation_;
+    if (foreign || seen_sq_head != sq_head_ || seen_cq_tail != cq_tail_ ||
         available > layout.sq_entries || cq_used > layout.cq_entries) {
       // We cannot tell which entries the guest meant, so an invalidate may
       // be lost: drop everything (nothing stale survives) and start over.
-      metrics_->Inc(ChannelCounter::kRingCorruptIndex);
+      metrics_->Inc(foreign ? ChannelCounter::kRegionForeign
+                            : ChannelCounter::kRingCorruptIndex);
       metrics_->Inc(ChannelCounter::kChannelResets);
       DropPools();
       region_->Reset();
@@ -440,6 +510,7 @@ void RingConsumer::DropPools() {
     }
   }
   pools_.reset();
+  shared_pools_.reset();
 }
 
 uint32_t RingConsumer::Pending() const {

@@ -12,11 +12,12 @@
 // (see proto/tmem_abi.h for the ordering contract). It consumes an SQE only
 // if the CQ has room, so it never waits on the guest. Bad entries get an
 // error CQE and their own counter. A ring whose indices are impossible
-// (tail - head > entries, or sq_head/cq_tail not what tmemd last wrote)
-// resets the channel: the VM's pools and pages are dropped (nothing stale
-// can survive a lost invalidate) and the region is re-initialized with a
-// new host generation. A changed guest_generation (guest restart) drops the
-// VM's pools and pages likewise.
+// (tail - head > entries, or sq_head/cq_tail not what tmemd last wrote), or
+// a header whose host_generation is not the one tmemd wrote (a region that
+// came with a live-migrated VM from another host), resets the channel: the VM's
+// pools and pages are dropped (nothing stale can survive a lost invalidate) and
+// the region is re-initialized with a new host generation. A changed
+// guest_generation (guest restart) drops the VM's pools and pages likewise.
 //
 // Flush barrier: when flush_request_seq is ahead of flush_done_seq and
 // sq_head has reached flush_request_seq, every pool in flush_request is
@@ -26,12 +27,20 @@
 // ids >= TMEM_MAX_POOLS are refused. The consumer remembers which pools it
 // created so a reset or restart can destroy exactly those.
 //
+// GET_BATCH (ABI v2): count 1..TMEM_GET_BATCH_MAX, slots slot..slot+count-1
+// inside tmemd's layout, private pools only (as tmemd recorded them at
+// NEW_POOL); each hit is exclusive like a single GET; the CQE's result is
+// the hit bitmap. One store call per batch (TmemStore::GetRun). Each
+// refusal has its own counter.
+//
 // Not thread-safe: one worker thread owns a consumer.
 #ifndef TMEMD_HOST_AGENT_CHANNEL_RING_CONSUMER_H_
 #define TMEMD_HOST_AGENT_CHANNEL_RING_CONSUMER_H_
 
+#include <array>
 #include <bitset>
 #include <cstdint>
+#include <memory>
 
 #include "backend/put_advisor.h"
 #include "backend/tmem_store.h"
@@ -73,12 +82,17 @@ class RingConsumer {
   uint32_t cq_tail_ = 0;
   uint64_t guest_generation_ = 0;
   std::bitset<TMEM_MAX_POOLS> pools_;
+  std::bitset<TMEM_MAX_POOLS> shared_pools_;  // of pools_, the shared ones
   // What tmemd last published as flush_done_seq (the header copy is
   // guest-writable, so it is never read back).
   uint64_t flush_done_seq_ = 0;
   // region_->host_generation() the indices above belong to: a Reset() by
   // the region's owner is noticed here and re-syncs them.
   uint64_t region_generation_ = 0;
+  // Where a GET_BATCH decodes its pages before copying them to the guest
+  // (128 KiB: on the heap, not the worker's stack).
+  using BatchPages = std::array<uint8_t, TMEM_GET_BATCH_MAX * TMEM_PAGE_SIZE>;
+  std::unique_ptr<BatchPages> batch_pages_;
 };
 
 }  // namespace tmem

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <bit>
 #include <cerrno>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,6 +70,25 @@ absl::Status ValidateLayout(const RegionLayout& l) {
 }
 
 }  // namespace
+
+uint64_t SharedRegion::NewHostGeneration(uint64_t previous) {
+  // 64 random bits from the kernel: unique per init with overwhelming
+  // probability, across hosts too, so a region that arrives with a VM from
+  // another host (live migration copies the shared memory) never carries a
+  // generation this tmemd wrote. Never 0 (a guest's "none") nor `previous`
+  // (a reset must be visible).
+  for (;;) {
+    uint64_t g = 0;
+    if (getrandom(&g, sizeof(g), 0) != static_cast<ssize_t>(sizeof(g))) {
+      // getrandom on 8 bytes does not fail once the pool is initialized;
+      // should it, the clock still differs per init on one host.
+      g = static_cast<uint64_t>(
+              std::chrono::steady_clock::now().time_since_epoch().count()) *
+          0x9e3779b97f4a7c15ull;
+    }
+    if (g != 0 && g != previous) return g;
+  }
+}
 
 absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
     const std::string& name, const RegionLayout& layout,
@@ -143,9 +164,9 @@ void SharedRegion::WriteHeader() {
   // guest can overwrite any of these, and Reset rewrites them all.
   StoreRelaxed(&h->magic, TMEM_ABI_MAGIC);
   StoreRelaxed(&h->version, TMEM_ABI_VERSION);
-  StoreRelaxed(&h->features_host, TMEM_FEAT_SHARED_POOLS |
-                                      TMEM_FEAT_ADMISSION_HINT |
-                                      TMEM_FEAT_FLUSH_BARRIER);
+  StoreRelaxed(&h->features_host,
+               TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT |
+                   TMEM_FEAT_FLUSH_BARRIER | TMEM_FEAT_GET_BATCH);
   StoreRelaxed(&h->header_size, static_cast<tmem_u32>(sizeof(tmem_shm_header)));
   StoreRelaxed(&h->region_size, tmem_u64{layout_.region_bytes});
   StoreRelaxed(&h->sq_offset, layout_.sq_offset);
@@ -155,6 +176,9 @@ void SharedRegion::WriteHeader() {
   StoreRelaxed(&h->slots_offset, layout_.slots_offset);
   StoreRelaxed(&h->slot_count, layout_.slot_count);
   StoreRelaxed(&h->host_generation, tmem_u64{host_generation_});
+  // tmemd is always peer 0 of its ivshmem server (the VM is peer 1).
+  StoreRelaxed(&h->host_peer_id, tmem_u32{0});
+  StoreRelaxed(&h->pad0, tmem_u32{0});
   // Until a worker polls, tmemd sleeps on the doorbell; and until the valve
   // says otherwise every put is welcome.
   StoreRelaxed(&h->host_flags, TMEM_HOST_NEEDS_DOORBELL);
@@ -188,7 +212,7 @@ void SharedRegion::Reset() {
   const tmem_u32 admission_hint =
       __atomic_load_n(&h->admission_hint, __ATOMIC_RELAXED);
 
-  ++host_generation_;
+  host_generation_ = NewHostGeneration(host_generation_);
   WriteHeader();  // ring indices and flush fields back to zero
   StoreRelaxed(&h->host_flags, host_flags);
   StoreRelaxed(&h->admission_hint, admission_hint <= TMEM_ADMIT_ALL

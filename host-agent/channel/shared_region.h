@@ -22,7 +22,8 @@ namespace tmem {
 class SharedRegion {
  public:
   // `name` labels the memfd (visible in /proc/PID/fd). `host_generation`
-  // should differ across tmemd restarts (e.g. derived from the clock).
+  // is the first init's; tmemd passes NewHostGeneration() (tests pick
+  // their own).
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(
       const std::string& name, const RegionLayout& layout,
       uint64_t host_generation);
@@ -38,7 +39,12 @@ class SharedRegion {
   }
   uint64_t host_generation() const { return host_generation_; }
 
-  // Re-initializes the header and rings with host_generation + 1 and
+  // A random 64-bit generation, nonzero and != previous: unique per init,
+  // so a region from another host (live migration) is recognisably
+  // foreign.
+  static uint64_t NewHostGeneration(uint64_t previous = 0);
+
+  // Re-initializes the header and rings with a NewHostGeneration() and
   // host_state READY (resets counter bumped in the header). Page slots are
   // left as they are.
   void Reset();

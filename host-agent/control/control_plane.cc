@@ -111,6 +111,7 @@ std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve) {
     default:
       break;
   }
+  if (valve.standing_aside) return "aside";
   if (valve.throttled) return "throttled";
   if (valve.cpu_tokens_ns >= 0) return "compress";
   if (valve.cpu_tokens_ns >= -valve.cpu_share_ns) return "raw";
@@ -294,11 +295,20 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   v->set_cpu_tokens_ns(info.valve.cpu_tokens_ns);
   v->set_cpu_used_ns(info.valve.cpu_used_ns);
   v->set_decision(s->decision());
+  v->set_standing_aside(info.valve.standing_aside);
   for (int i = 0; i < kNumValveCounters; ++i) {
     v1::Counter* m = v->add_counters();
     m->set_name(std::string(ValveCounterName(static_cast<ValveCounter>(i))));
     m->set_value(info.valve.counters[i]);
   }
+  v1::GuestReport* g = d.mutable_guest();
+  g->set_standing_aside(info.guest.standing_aside);
+  g->set_flags(info.guest.flags);
+  g->set_features(info.guest.features);
+  g->set_get_ns(info.guest.get_ns);
+  g->set_miss_ns(info.guest.miss_ns);
+  g->set_prefetch_used(info.guest.prefetch_used);
+  g->set_prefetch_unused(info.guest.prefetch_unused);
   for (const PoolStats& p : info.stats.pools) {
     v1::PoolStats* m = d.add_pools();
     m->set_id(p.id);

@@ -79,6 +79,32 @@ std::string RenderPrometheus(const Agent& agent) {
     Series(out, "vm_admission", true, absl::StrCat("{vm=\"", vm.name, "\"}"),
            vm.valve.admission, typed);
   }
+  // The guest's own report (ABI v2; untrusted, shown as written).
+  struct GuestSeries {
+    const char* name;
+    bool gauge;
+    uint64_t (*value)(const GuestReport&);
+  };
+  static constexpr GuestSeries kGuestSeries[] = {
+      {"guest_standing_aside", true,
+       [](const GuestReport& g) -> uint64_t { return g.standing_aside; }},
+      {"guest_get_ns", true,
+       [](const GuestReport& g) -> uint64_t { return g.get_ns; }},
+      {"guest_miss_ns", true,
+       [](const GuestReport& g) -> uint64_t { return g.miss_ns; }},
+      {"guest_prefetch_used", false,
+       [](const GuestReport& g) -> uint64_t { return g.prefetch_used; }},
+      {"guest_prefetch_unused", false,
+       [](const GuestReport& g) -> uint64_t { return g.prefetch_unused; }},
+  };
+  for (const GuestSeries& series : kGuestSeries) {
+    bool guest_typed = false;
+    for (const VmInfo& vm : vms) {
+      Series(out, series.name, series.gauge,
+             absl::StrCat("{vm=\"", vm.name, "\"}"), series.value(vm.guest),
+             guest_typed);
+    }
+  }
   return out;
 }
 

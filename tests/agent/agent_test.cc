@@ -198,5 +198,51 @@ TEST_F(AgentTest, AdmissionHintReachesTheGuestAndItStopsSending) {
   EXPECT_GT(info.valve.cpu_used_ns, 0u) << "the worker charges CPU per batch";
 }
 
+// ABI v2: the guest's self-report is shown per VM as the guest wrote it,
+// and a guest standing aside is admitted nothing until it stops.
+TEST_F(AgentTest, GuestReportIsShownAndStandingAsideAdmitsNothing) {
+  absl::StatusOr<VmInfo> vm = agent_->AddVm("aside", VmPolicy{});
+  ASSERT_TRUE(vm.ok());
+  absl::StatusOr<std::unique_ptr<IvshmemClient>> client =
+      IvshmemClient::Connect(vm->socket_path, IvshmemClientOptions{});
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(Eventually([&] { return agent_->GetVm("aside")->connected; }));
+  auto* header = reinterpret_cast<tmem_shm_header*>((*client)->shm_base());
+  const auto hint = [&] {
+    return __atomic_load_n(&header->admission_hint, __ATOMIC_RELAXED);
+  };
+  ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
+  EXPECT_FALSE(agent_->GetVm("aside")->guest.standing_aside);
+
+  __atomic_store_n(&header->guest_get_ns, uint64_t{31000}, __ATOMIC_RELAXED);
+  __atomic_store_n(&header->guest_miss_ns, uint64_t{18000}, __ATOMIC_RELAXED);
+  __atomic_store_n(&header->guest_prefetch_used, uint64_t{7}, __ATOMIC_RELAXED);
+  __atomic_store_n(&header->guest_prefetch_unused, ~uint64_t{0},
+                   __ATOMIC_RELAXED);  // untrusted: shown, never used
+  __atomic_store_n(&header->guest_flags, TMEM_GUEST_STANDING_ASIDE | (1u << 31),
+                   __ATOMIC_RELAXED);
+  // The worker polls the header every round (the idle timer at the latest).
+  ASSERT_TRUE(Eventually([&] { return hint() == 0; })) << hint();
+  const VmInfo info = *agent_->GetVm("aside");
+  EXPECT_TRUE(info.guest.standing_aside);
+  EXPECT_EQ(info.guest.flags, TMEM_GUEST_STANDING_ASIDE | (1u << 31));
+  EXPECT_EQ(info.guest.get_ns, 31000u);
+  EXPECT_EQ(info.guest.miss_ns, 18000u);
+  EXPECT_EQ(info.guest.prefetch_used, 7u);
+  EXPECT_EQ(info.guest.prefetch_unused, ~uint64_t{0});
+  EXPECT_TRUE(info.valve.standing_aside);
+  EXPECT_EQ(info.valve.admission, 0u);
+  // A put that arrives anyway is dropped, and counted as such.
+  Valve& valve = agent_->valve();
+  EXPECT_EQ(valve.Decide(info.stats.id, 1, true), PutMode::kDrop);
+  EXPECT_EQ(valve.VmStatus(info.stats.id)
+                .counters[static_cast<int>(ValveCounter::kDroppedAside)],
+            1u);
+
+  __atomic_store_n(&header->guest_flags, 0u, __ATOMIC_RELAXED);
+  ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
+  EXPECT_FALSE(agent_->GetVm("aside")->valve.standing_aside);
+}
+
 }  // namespace
 }  // namespace tmem

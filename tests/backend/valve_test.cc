@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <list>
+#include <memory>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/tmem_store.h"
@@ -115,6 +118,34 @@ TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
   ASSERT_TRUE(v.SetOptions(o).ok());
   EXPECT_EQ(v.Decide(3, 7, true), PutMode::kDrop);
   EXPECT_EQ(v.AdmissionHint(3), 0u);
+}
+
+TEST(ValveTest, AGuestStandingAsideIsAdmittedNothingInAnyMode) {
+  Valve v(TestOptions(), nullptr);
+  v.AddVm(1, Policy(100, ValveMode::kAdaptive));
+  v.AddVm(2, Policy(100, ValveMode::kAlways));
+  v.AddVm(3, Policy(100, ValveMode::kAdaptive));
+  for (VmId vm : {1u, 2u}) v.OnGuestStandingAside(vm, true);
+  for (VmId vm : {1u, 2u}) {
+    SCOPED_TRACE(vm);
+    EXPECT_TRUE(v.VmStatus(vm).standing_aside);
+    EXPECT_EQ(v.AdmissionHint(vm), 0u);
+    EXPECT_EQ(v.VmStatus(vm).admission, 0u);
+    // Even a guest that sends anyway (or ignores the hint) gets drops.
+    EXPECT_EQ(v.Decide(vm, 7, true), PutMode::kDrop);
+    EXPECT_EQ(v.Decide(vm, 8, false), PutMode::kDrop);
+    EXPECT_EQ(Count(v, vm, ValveCounter::kDroppedAside), 2u);
+  }
+  // Other VMs are not affected.
+  EXPECT_EQ(v.AdmissionHint(3), kAll);
+  EXPECT_EQ(v.Decide(3, 7, true), PutMode::kCompress);
+  // Back in: admission as before.
+  v.OnGuestStandingAside(1, false);
+  EXPECT_FALSE(v.VmStatus(1).standing_aside);
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+  EXPECT_EQ(v.Decide(1, 9, true), PutMode::kCompress);
+  // Unknown VMs are ignored.
+  v.OnGuestStandingAside(99, true);
 }
 
 TEST(ValveTest, AdaptiveCompressesWithTokensThenRawThenDrops) {
@@ -269,6 +300,110 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
   EXPECT_FALSE(st.throttled);
   EXPECT_EQ(st.admission, kAll);
   EXPECT_EQ(Count(v, 1, ValveCounter::kRestoreEvents), 1u);
+}
+
+// A guest that re-reads a data set cyclically (the real-guest streaming
+// case of issue 13: files read again and again, never fitting): every
+// page-cache miss asks for the page (a get), every eviction offers it (a put
+// the guest sends at the admission rate it is told), and the host keeps the
+// last `capacity` admitted pages (LRU), evicting the oldest. Returns the
+// VM's status after `periods` periods of `misses` page-cache misses each.
+struct CyclicResult {
+  ValveVmStatus status;
+  uint64_t hits = 0;
+  uint64_t puts_sent = 0;
+};
+CyclicResult CyclicReread(Valve& v, FakeHost& host, VmId vm, uint64_t keys,
+                          size_t capacity, int periods, int misses = 500) {
+  CyclicResult out;
+  std::list<uint64_t> lru;  // front: newest
+  std::unordered_map<uint64_t, std::list<uint64_t>::iterator> held;
+  uint64_t credit = 0;
+  uint64_t next = 0;
+  const ObjectId oid = ObjectId::FromInode(77);
+  for (int period = 0; period < periods; ++period) {
+    for (int i = 0; i < misses; ++i) {
+      const uint64_t k = next++ % keys;
+      const uint64_t hash = KeyHash(oid, k);
+      auto it = held.find(k);
+      const bool hit = it != held.end();
+      if (hit) {  // exclusive get: the page leaves the host
+        lru.erase(it->second);
+        held.erase(it);
+        ++out.hits;
+      }
+      v.RecordGet(vm, hash, hit);
+      // The guest evicts some page later; model it as this one, sent at
+      // the admission rate (evenly, as the guest library samples).
+      const uint32_t admission = v.AdmissionHint(vm);
+      credit += admission;
+      if (credit < 65536) continue;
+      credit -= 65536;
+      ++out.puts_sent;
+      if (v.Decide(vm, hash, true) == PutMode::kDrop) continue;
+      lru.push_front(k);
+      held[k] = lru.begin();
+      if (lru.size() > capacity) {
+        const uint64_t victim = lru.back();
+        lru.pop_back();
+        held.erase(victim);
+        v.RecordEviction(vm, KeyHash(oid, victim));
+      }
+    }
+    v.Tick(host.Advance(0, 0));
+  }
+  out.status = v.VmStatus(vm);
+  return out;
+}
+
+// What a VM's share of the cap holds here: 1 MiB of raw pages.
+constexpr size_t kReachPages = (1 << 20) / (kPageSize + kPageMetadataCharge);
+
+std::unique_ptr<TmemStore> OneMiBStore() {
+  StoreOptions so;
+  so.memory_cap_bytes = 1 << 20;
+  so.address_space_bytes = 64 << 20;
+  so.num_shards = 1;
+  absl::StatusOr<std::unique_ptr<TmemStore>> store = TmemStore::Create(so);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return std::move(*store);
+}
+
+TEST(ValveTest, CyclicRereadFarBeyondTheCapIsThrottled) {
+  // Gets of pages the host evicted long ago are not evidence that admitting
+  // pays: at a reuse distance of 40 times what the VM's share of the cap
+  // holds, no admitted page could have survived until its get.
+  std::unique_ptr<TmemStore> store = OneMiBStore();
+  const ValveOptions o = TestOptions();
+  Valve v(o, store.get());
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  absl::StatusOr<VmId> vm = store->AddVm("streamer", Policy());
+  ASSERT_TRUE(vm.ok());
+  v.AddVm(*vm, Policy());
+  const CyclicResult r =
+      CyclicReread(v, host, *vm, 40 * kReachPages, kReachPages, 80);
+  EXPECT_TRUE(r.status.throttled) << "reuse ratio " << r.status.reuse_ratio;
+  EXPECT_EQ(r.status.admission, o.min_admission);
+  EXPECT_GT(Count(v, *vm, ValveCounter::kGhostHitsFar), 0u);
+}
+
+TEST(ValveTest, CyclicRereadJustBeyondTheCapStaysAdmitted) {
+  // A working set of 1.5x what the share holds: LRU misses every page, but
+  // each comes back within the share's reach of its eviction, so more
+  // memory (or a better-placed share) would hit: keep admitting.
+  std::unique_ptr<TmemStore> store = OneMiBStore();
+  Valve v(TestOptions(), store.get());
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  absl::StatusOr<VmId> vm = store->AddVm("rereader", Policy());
+  ASSERT_TRUE(vm.ok());
+  v.AddVm(*vm, Policy());
+  const CyclicResult r =
+      CyclicReread(v, host, *vm, kReachPages * 3 / 2, kReachPages, 80);
+  EXPECT_FALSE(r.status.throttled) << "reuse ratio " << r.status.reuse_ratio;
+  EXPECT_EQ(r.status.admission, kAll);
+  EXPECT_GT(Count(v, *vm, ValveCounter::kGhostHits), 1000u);
 }
 
 TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {

@@ -16,6 +16,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <string_view>
 #include <thread>
@@ -401,6 +402,176 @@ TEST_F(RingConsumerTest, MissReturnsZeroAndLeavesSlotAlone) {
   EXPECT_TRUE(ch_->guest->SlotPage(4) == FilledWith(0x5A5A5A5A5A5A5A5Aull));
 }
 
+// ------------------------------------------------------------ GET_BATCH
+
+tmem_sqe BatchSqe(uint32_t pool, uint64_t ino, uint64_t index, uint32_t slot,
+                  uint32_t count, uint64_t tag) {
+  tmem_sqe s = PageSqe(TMEM_OP_GET_BATCH, pool, ino, index, slot, tag);
+  s.count = static_cast<uint16_t>(count);
+  return s;
+}
+
+TEST_F(RingConsumerTest, HostOffersGetBatch) {
+  const tmem_shm_header* h = ch_->region->header();
+  EXPECT_NE(h->features_host & TMEM_FEAT_GET_BATCH, 0u);
+  EXPECT_EQ(h->version, 2u);
+  EXPECT_EQ(h->host_peer_id, 0u);
+}
+
+TEST_F(RingConsumerTest, GetBatchReturnsHitBitmapExactBytesAndIsExclusive) {
+  const uint32_t pool = ch_->NewPool();
+  // Pages 0, 1, 3, 5 of object 7 (of every storage kind); page 2 belongs to
+  // another object and must not be confused with object 7's.
+  const std::vector<uint64_t> present = {0, 1, 3, 5};
+  for (uint64_t i : present) {
+    ASSERT_EQ(ch_->Put(pool, 7, i, VersionPage(i)), TMEM_OK);
+  }
+  ASSERT_EQ(ch_->Put(pool, 8, 2, VersionPage(99)), TMEM_OK);
+  for (uint32_t k = 0; k < 6; ++k) {
+    std::memset(ch_->guest->slot(10 + k), 0xA5, kPageSize);
+  }
+  const tmem_cqe c = ch_->Call(BatchSqe(pool, 7, 0, 10, 6, 55));
+  ASSERT_EQ(c.status, TMEM_OK);
+  EXPECT_EQ(c.result, 0b101011u);
+  for (uint64_t i : present) {
+    EXPECT_TRUE(ch_->guest->SlotPage(10 + static_cast<uint32_t>(i)) ==
+                VersionPage(i))
+        << "index " << i;
+  }
+  // Exclusive: object 7's pages are gone, object 8's page stays.
+  EXPECT_EQ(PagesHeld(ch_->vm), 1u);
+  EXPECT_EQ(ch_->Call(BatchSqe(pool, 7, 0, 10, 6, 56)).result, 0u);
+  EXPECT_FALSE(ch_->Get(pool, 7, 3).has_value());
+  EXPECT_TRUE(ch_->Get(pool, 8, 2).has_value());
+  EXPECT_EQ(ch_->Count(ChannelCounter::kGetBatches), 2u);
+  EXPECT_EQ(ch_->Count(ChannelCounter::kGetBatchPages), 12u);
+  EXPECT_EQ(ch_->Count(ChannelCounter::kGetBatchHits), 4u);
+  // The store counts every page of a batch as one get.
+  absl::StatusOr<VmStats> s = store_->GetVmStats(ch_->vm);
+  ASSERT_TRUE(s.ok());
+  EXPECT_EQ(s->counters[static_cast<int>(Counter::kGetsHit)], 4u + 1u);
+  EXPECT_EQ(s->counters[static_cast<int>(Counter::kGetsMiss)], 8u + 1u);
+}
+
+TEST_F(RingConsumerTest, GetBatchOfTheMaximumIntoTheLastSlots) {
+  const uint32_t pool = ch_->NewPool();
+  const uint32_t slots = ch_->region->layout().slot_count;
+  ASSERT_GE(slots, TMEM_GET_BATCH_MAX);
+  const uint64_t base = (uint64_t{1} << 40) - 3;  // runs over 2^40: no wrap
+  for (uint32_t k = 0; k < TMEM_GET_BATCH_MAX; k += 2) {
+    ASSERT_EQ(ch_->Put(pool, 3, base + k, TextPage(k)), TMEM_OK);
+  }
+  const uint32_t first_slot = slots - TMEM_GET_BATCH_MAX;
+  const tmem_cqe c =
+      ch_->Call(BatchSqe(pool, 3, base, first_slot, TMEM_GET_BATCH_MAX, 9));
+  ASSERT_EQ(c.status, TMEM_OK);
+  EXPECT_EQ(c.result, 0x55555555u);
+  for (uint32_t k = 0; k < TMEM_GET_BATCH_MAX; k += 2) {
+    EXPECT_TRUE(ch_->guest->SlotPage(first_slot + k) == TextPage(k)) << k;
+  }
+  EXPECT_EQ(PagesHeld(ch_->vm), 0u);
+}
+
+TEST_F(RingConsumerTest, GetBatchHonoursEarlierInvalidatesAndPuts) {
+  const uint32_t pool = ch_->NewPool();
+  for (uint64_t i = 0; i < 4; ++i) {
+    ASSERT_EQ(ch_->Put(pool, 1, i, VersionPage(i)), TMEM_OK);
+  }
+  // In one drain, in ring order: drop page 1, replace page 2, then batch.
+  ch_->guest->PutIntoSlot(0, VersionPage(100));
+  ch_->guest->Post(PageSqe(TMEM_OP_INVAL_PAGE, pool, 1, 1, 0, 1));
+  ch_->guest->Post(PageSqe(TMEM_OP_PUT, pool, 1, 2, 0, 2));
+  ch_->guest->Post(BatchSqe(pool, 1, 0, 20, 4, 3));
+  ch_->guest->Post(PageSqe(TMEM_OP_INVAL_OBJECT, pool, 1, 0, 0, 4));
+  ch_->guest->Post(BatchSqe(pool, 1, 0, 24, 4, 5));
+  EXPECT_EQ(ch_->consumer->Drain(64).consumed, 5u);
+  const std::vector<tmem_cqe> cqes = ch_->guest->Reap();
+  ASSERT_EQ(cqes.size(), 5u);
+  EXPECT_EQ(cqes[2].status, TMEM_OK);
+  EXPECT_EQ(cqes[2].result, 0b1101u);
+  EXPECT_TRUE(ch_->guest->SlotPage(20) == VersionPage(0));
+  EXPECT_TRUE(ch_->guest->SlotPage(22) == VersionPage(100));
+  EXPECT_TRUE(ch_->guest->SlotPage(23) == VersionPage(3));
+  EXPECT_EQ(cqes[4].result, 0u);
+}
+
+TEST_F(RingConsumerTest, GetBatchRefusesSharedPools) {
+  PoolUuid uuid;
+  uuid.bytes[0] = 0x42;
+  store_->AuthorizeSharedPool(uuid, "vm1");
+  const tmem_cqe p = ch_->Call(SharedPoolSqe(1, uuid));
+  ASSERT_EQ(p.status, TMEM_OK);
+  ASSERT_EQ(ch_->Put(p.result, 5, 0, TextPage(5)), TMEM_OK);
+  const tmem_cqe c = ch_->Call(BatchSqe(p.result, 5, 0, 0, 2, 2));
+  EXPECT_EQ(c.status, TMEM_ERR_INVAL);
+  EXPECT_EQ(c.result, 0u);
+  EXPECT_EQ(ch_->Count(ChannelCounter::kGetBatchSharedPool), 1u);
+  // The shared page is still there, for a single (non-exclusive) get.
+  EXPECT_TRUE(ch_->Get(p.result, 5, 0).has_value());
+  // A private pool that reuses the id after the shared one is destroyed
+  // batches again.
+  EXPECT_EQ(ch_->Op(TMEM_OP_DESTROY_POOL, p.result), TMEM_OK);
+  EXPECT_EQ(ch_->NewPool(), p.result);
+  EXPECT_EQ(ch_->Call(BatchSqe(p.result, 5, 0, 0, 2, 3)).status, TMEM_OK);
+}
+
+TEST_F(RingConsumerTest, GetBatchTellsTheAdvisorOnlyOfRealGets) {
+  class Recorder : public FixedAdvisor {
+   public:
+    void OnGet(uint32_t /*vm*/, uint64_t key_hash, bool hit) override {
+      seen.emplace_back(key_hash, hit);
+    }
+    std::vector<std::pair<uint64_t, bool>> seen;
+  } recorder;
+  Channel ch(store_.get(), "vm-advised", &recorder);
+  const uint32_t pool = ch.NewPool();
+  ASSERT_EQ(ch.Put(pool, 4, 2, TextPage(2)), TMEM_OK);
+  // Page 0 (asked) misses, 1 (prefetch) misses, 2 (prefetch) hits.
+  ASSERT_EQ(ch.Call(BatchSqe(pool, 4, 0, 0, 3, 1)).result, 0b100u);
+  const ObjectId oid = ObjectId::FromInode(4);
+  ASSERT_EQ(recorder.seen.size(), 2u);
+  EXPECT_EQ(recorder.seen[0], std::make_pair(KeyHash(oid, 0), false));
+  EXPECT_EQ(recorder.seen[1], std::make_pair(KeyHash(oid, 2), true));
+}
+
+// Live migration copies the source host's region (header, rings) into the
+// destination's memory: a generation this tmemd never wrote is foreign.
+TEST_F(RingConsumerTest, ForeignHostGenerationResetsTheChannel) {
+  const uint32_t pool = ch_->NewPool();
+  ASSERT_EQ(ch_->Put(pool, 1, 1, TextPage(1)), TMEM_OK);
+  tmem_shm_header* h = ch_->region->header();
+  const uint64_t ours = ch_->region->host_generation();
+  __atomic_store_n(&h->host_generation, ours ^ 0x5a5a, __ATOMIC_RELEASE);
+  ch_->guest->Post(Sqe(TMEM_OP_NOP, 1));
+  const RingConsumer::DrainResult r = ch_->consumer->Drain(64);
+  EXPECT_TRUE(r.reset);
+  EXPECT_EQ(r.consumed, 0u);
+  EXPECT_EQ(ch_->Count(ChannelCounter::kRegionForeign), 1u);
+  EXPECT_EQ(ch_->Count(ChannelCounter::kRingCorruptIndex), 0u);
+  EXPECT_EQ(PagesHeld(ch_->vm), 0u);
+  // A fresh generation of our own, neither the old one nor the foreign one.
+  EXPECT_NE(ch_->region->host_generation(), ours);
+  EXPECT_NE(ch_->region->host_generation(), ours ^ 0x5a5a);
+  EXPECT_EQ(h->host_generation, ch_->region->host_generation());
+  ch_->guest->Attach();
+  EXPECT_EQ(ch_->NewPool(), pool);
+  EXPECT_FALSE(ch_->Get(pool, 1, 1).has_value());
+}
+
+TEST(SharedRegionGeneration, RandomNonzeroAndNeverThePrevious) {
+  uint64_t previous = 0;
+  std::set<uint64_t> seen;
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t g = SharedRegion::NewHostGeneration(previous);
+    EXPECT_NE(g, 0u);
+    EXPECT_NE(g, previous);
+    seen.insert(g);
+    previous = g;
+  }
+  // 64 random bits: 1000 draws never collide (p ~ 2.7e-14).
+  EXPECT_EQ(seen.size(), 1000u);
+}
+
 TEST_F(RingConsumerTest, InvalidatePageObjectAndPool) {
   const uint32_t pool = ch_->NewPool();
   for (uint64_t ino = 1; ino <= 2; ++ino) {
@@ -583,6 +754,53 @@ TEST_F(RingConsumerTest, BadEntriesGetErrorsAndCountersAndProcessingGoesOn) {
   add("get slot 1<<20", PageSqe(TMEM_OP_GET, pool, 1, 1, 1u << 20, 0),
       TMEM_ERR_INVAL, ChannelCounter::kSqeBadSlot);
 
+  auto batch = [&](uint32_t pool_id, uint64_t index, uint32_t slot,
+                   uint32_t count) {
+    tmem_sqe s = PageSqe(TMEM_OP_GET_BATCH, pool_id, 1, index, slot, 0);
+    s.count = static_cast<uint16_t>(count);
+    return s;
+  };
+  add(
+      "count on a GET",
+      [&] {
+        tmem_sqe s = PageSqe(TMEM_OP_GET, pool, 1, 1, 0, 0);
+        s.count = 1;
+        return s;
+      }(),
+      TMEM_ERR_INVAL, ChannelCounter::kSqeBadFlags);
+  add(
+      "count on a PUT",
+      [&] {
+        tmem_sqe s = PageSqe(TMEM_OP_PUT, pool, 1, 1, 0, 0);
+        s.count = 1;
+        return s;
+      }(),
+      TMEM_ERR_INVAL, ChannelCounter::kSqeBadFlags);
+  add("batch count 0", batch(pool, 0, 0, 0), TMEM_ERR_INVAL,
+      ChannelCounter::kGetBatchBadCount);
+  add("batch count MAX + 1", batch(pool, 0, 0, TMEM_GET_BATCH_MAX + 1),
+      TMEM_ERR_INVAL, ChannelCounter::kGetBatchBadCount);
+  add("batch count 0xffff", batch(pool, 0, 0, 0xffff), TMEM_ERR_INVAL,
+      ChannelCounter::kGetBatchBadCount);
+  add("batch indices wrap", batch(pool, UINT64_MAX, 0, 2), TMEM_ERR_INVAL,
+      ChannelCounter::kGetBatchBadCount);
+  add("batch past the last slot", batch(pool, 0, last_slot, 2), TMEM_ERR_INVAL,
+      ChannelCounter::kGetBatchBadSlots);
+  add("batch slot == slot_count", batch(pool, 0, last_slot + 1, 1),
+      TMEM_ERR_INVAL, ChannelCounter::kGetBatchBadSlots);
+  add("batch slot 0xffffffff", batch(pool, 0, 0xffffffffu, 32), TMEM_ERR_INVAL,
+      ChannelCounter::kGetBatchBadSlots);
+  add("batch unknown pool", batch(7, 0, 0, 4), TMEM_ERR_NOENT,
+      ChannelCounter::kSqeBadPool);
+  add(
+      "batch with the SHARED flag",
+      [&] {
+        tmem_sqe s = batch(pool, 0, 0, 4);
+        s.flags = TMEM_SQE_F_SHARED;
+        return s;
+      }(),
+      TMEM_ERR_INVAL, ChannelCounter::kSqeBadFlags);
+
   const Page page = TextPage(77);
   for (const BadEntryCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -739,7 +957,7 @@ TEST_P(CorruptIndexTest, ResetsChannelAndDropsPools) {
   EXPECT_EQ(r.consumed, 0u);
   EXPECT_EQ(ch_->Count(ChannelCounter::kRingCorruptIndex), 1u);
   EXPECT_EQ(ch_->Count(ChannelCounter::kChannelResets), 1u);
-  EXPECT_GT(ch_->region->host_generation(), gen_before);
+  EXPECT_NE(ch_->region->host_generation(), gen_before);
   EXPECT_EQ(h->host_generation, ch_->region->host_generation());
   EXPECT_EQ(h->resets, resets_before + 1);
   EXPECT_EQ(h->sq_tail.value, 0u);
@@ -1004,6 +1222,8 @@ class CoherencyGuest {
     uint32_t slot = 0;
     std::optional<uint64_t> expect;  // GET: latest version at post time
     Key key;
+    // GET_BATCH: pages key.index + k, k < expects.size(), into slot + k.
+    std::vector<std::optional<uint64_t>> expects;
   };
 
   // Makes up to `max` random moves (most post an entry), bounded by ring
@@ -1033,8 +1253,11 @@ class CoherencyGuest {
     // 0 and 1 (NEW_POOL goes through the ring like everything else).
     const uint64_t tag = next_tag_++;
     if (pools_created_ < 2) {
-      in_flight_[tag] = {TMEM_OP_NEW_POOL, kNoSlot, std::nullopt,
-                         Key{static_cast<uint32_t>(pools_created_), 0, 0}};
+      in_flight_[tag] = {TMEM_OP_NEW_POOL,
+                         kNoSlot,
+                         std::nullopt,
+                         Key{static_cast<uint32_t>(pools_created_), 0, 0},
+                         {}};
       guest_->Post(NewPoolSqe(tag));
       ++pools_created_;
       return;
@@ -1046,9 +1269,32 @@ class CoherencyGuest {
       const uint64_t version = next_version_++;
       guest_->PutIntoSlot(slot, VersionPage(version));
       model_[key] = version;
-      in_flight_[tag] = {TMEM_OP_PUT, slot, std::nullopt, key};
+      in_flight_[tag] = {TMEM_OP_PUT, slot, std::nullopt, key, {}};
       guest_->Post(
           PageSqe(TMEM_OP_PUT, key.pool, key.ino, key.index, slot, tag));
+    } else if (dice < 55) {  // a batched get of a run of the object
+      if (FlushPending(key.pool) || batch_in_flight_ ||
+          guest_->slot_count() < kBatchSlot + kBatchMax) {
+        return;
+      }
+      const uint64_t count = 1 + rng_() % (kBatchMax - key.index);
+      InFlight f{TMEM_OP_GET_BATCH, kNoSlot, std::nullopt, key, {}};
+      for (uint64_t k = 0; k < count; ++k) {
+        std::optional<uint64_t> expect;
+        Key page = key;
+        page.index += k;
+        if (auto it = model_.find(page); it != model_.end()) {
+          expect = it->second;
+          model_.erase(it);  // exclusive, as a single get
+        }
+        f.expects.push_back(expect);
+      }
+      in_flight_[tag] = f;
+      batch_in_flight_ = true;
+      tmem_sqe sqe = PageSqe(TMEM_OP_GET_BATCH, key.pool, key.ino, key.index,
+                             kBatchSlot, tag);
+      sqe.count = static_cast<uint16_t>(count);
+      guest_->Post(sqe);
     } else if (dice < 85) {  // get
       if (FlushPending(key.pool)) {
         // The ABI's rule: while a flush of the pool is pending, a get is a
@@ -1062,24 +1308,24 @@ class CoherencyGuest {
         expect = it->second;
         model_.erase(it);  // private pool: a hit takes it, a miss means gone
       }
-      in_flight_[tag] = {TMEM_OP_GET, slot, expect, key};
+      in_flight_[tag] = {TMEM_OP_GET, slot, expect, key, {}};
       guest_->Post(
           PageSqe(TMEM_OP_GET, key.pool, key.ino, key.index, slot, tag));
     } else if (dice < 93) {
       model_.erase(key);
-      in_flight_[tag] = {TMEM_OP_INVAL_PAGE, kNoSlot, std::nullopt, key};
+      in_flight_[tag] = {TMEM_OP_INVAL_PAGE, kNoSlot, std::nullopt, key, {}};
       guest_->Post(
           PageSqe(TMEM_OP_INVAL_PAGE, key.pool, key.ino, key.index, 0, tag));
     } else if (dice < 97) {
       std::erase_if(model_, [&](const auto& kv) {
         return kv.first.pool == key.pool && kv.first.ino == key.ino;
       });
-      in_flight_[tag] = {TMEM_OP_INVAL_OBJECT, kNoSlot, std::nullopt, key};
+      in_flight_[tag] = {TMEM_OP_INVAL_OBJECT, kNoSlot, std::nullopt, key, {}};
       guest_->Post(PageSqe(TMEM_OP_INVAL_OBJECT, key.pool, key.ino, 0, 0, tag));
     } else if (dice < 99) {
       std::erase_if(model_,
                     [&](const auto& kv) { return kv.first.pool == key.pool; });
-      in_flight_[tag] = {TMEM_OP_INVAL_POOL, kNoSlot, std::nullopt, key};
+      in_flight_[tag] = {TMEM_OP_INVAL_POOL, kNoSlot, std::nullopt, key, {}};
       guest_->Post(PoolSqe(TMEM_OP_INVAL_POOL, key.pool, tag));
     } else {
       // The never-lost invalidate, without ring space: a flush barrier at
@@ -1133,6 +1379,11 @@ class CoherencyGuest {
                     << f.key.pool;
       ++failures_;
     }
+    if (f.opcode == TMEM_OP_GET_BATCH) {
+      batch_in_flight_ = false;
+      CheckBatch(f, c);
+      return;
+    }
     if (f.opcode != TMEM_OP_GET) return;
     ++gets_;
     if (c.result == 0) return;  // a miss is always allowed
@@ -1149,7 +1400,43 @@ class CoherencyGuest {
     }
   }
 
+  void CheckBatch(const InFlight& f, const tmem_cqe& c) {
+    const size_t count = f.expects.size();
+    if ((uint64_t{c.result} >> count) != 0) {
+      ADD_FAILURE() << "GET_BATCH of " << count << " pages set bits beyond "
+                    << "them: " << c.result;
+      ++failures_;
+    }
+    for (size_t k = 0; k < count; ++k) {
+      ++gets_;
+      ++batch_pages_;
+      if (((c.result >> k) & 1) == 0) continue;
+      ++hits_;
+      ++batch_hits_;
+      if (!f.expects[k].has_value()) {
+        ADD_FAILURE() << "stale batched hit: key (" << f.key.pool << ","
+                      << f.key.ino << "," << f.key.index + k << ")";
+        ++failures_;
+      } else if (!(guest_->SlotPage(kBatchSlot + static_cast<uint32_t>(k)) ==
+                   VersionPage(*f.expects[k]))) {
+        ADD_FAILURE() << "batched hit returned other bytes than version "
+                      << *f.expects[k];
+        ++failures_;
+      }
+    }
+  }
+
+ public:
+  uint64_t batch_pages() const { return batch_pages_; }
+  uint64_t batch_hits() const { return batch_hits_; }
+
+ private:
   static constexpr uint32_t kNoSlot = ~0u;
+  // Batches use their own slots, after the ones single ops take.
+  static constexpr uint32_t kBatchSlot = 32;
+  static constexpr uint64_t kBatchMax = 6;  // the random keys' index range
+  bool batch_in_flight_ = false;
+  uint64_t batch_pages_ = 0, batch_hits_ = 0;
   TestGuest* guest_;
   std::mt19937_64 rng_;
   std::vector<uint32_t> free_slots_;
@@ -1195,6 +1482,7 @@ TEST_F(RingConsumerTest, RandomizedCoherencyAgainstModel) {
     }
     EXPECT_EQ(g.failures(), 0u);
     EXPECT_GT(g.hits(), g.gets() / 10) << "the test should see real hits";
+    EXPECT_GT(g.batch_hits(), 0u) << "and batched ones";
   }
   EXPECT_EQ(ch_->Count(ChannelCounter::kRingCorruptIndex), 0u);
 }
@@ -1222,6 +1510,7 @@ TEST_F(RingConsumerTest, ThreadedCoherencyAgainstModel) {
   worker.join();
   EXPECT_EQ(g.failures(), 0u);
   EXPECT_GT(g.hits(), 0u);
+  EXPECT_GT(g.batch_pages(), 0u);
   EXPECT_EQ(ch_->Count(ChannelCounter::kRingCorruptIndex), 0u);
 }
 

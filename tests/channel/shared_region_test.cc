@@ -58,9 +58,10 @@ TEST(SharedRegionTest, CreatePublishesCompleteHeader) {
   const tmem_shm_header* h = region->header();
   EXPECT_EQ(h->magic, TMEM_ABI_MAGIC);
   EXPECT_EQ(h->version, TMEM_ABI_VERSION);
-  EXPECT_EQ(h->features_host, TMEM_FEAT_SHARED_POOLS |
-                                  TMEM_FEAT_ADMISSION_HINT |
-                                  TMEM_FEAT_FLUSH_BARRIER);
+  EXPECT_EQ(h->features_host,
+            TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT |
+                TMEM_FEAT_FLUSH_BARRIER | TMEM_FEAT_GET_BATCH);
+  EXPECT_EQ(h->host_peer_id, 0u);
   EXPECT_EQ(h->header_size, sizeof(tmem_shm_header));
   EXPECT_EQ(h->region_size, kRegion);
   EXPECT_EQ(h->sq_offset, layout.sq_offset);
@@ -165,8 +166,11 @@ TEST(SharedRegionTest, ResetBumpsGenerationAndReinitializesHeader) {
   std::memset(slot0, 0xab, TMEM_PAGE_SIZE);
 
   region->Reset();
-  EXPECT_EQ(region->host_generation(), 101u);
-  EXPECT_EQ(h->host_generation, 101u);
+  // A fresh random generation: neither the old one nor 0.
+  const uint64_t first_reset = region->host_generation();
+  EXPECT_NE(first_reset, 100u);
+  EXPECT_NE(first_reset, 0u);
+  EXPECT_EQ(h->host_generation, first_reset);
   EXPECT_EQ(h->resets, 1u);
   EXPECT_EQ(__atomic_load_n(&h->host_state, __ATOMIC_ACQUIRE),
             TMEM_HOST_STATE_READY);
@@ -189,8 +193,9 @@ TEST(SharedRegionTest, ResetBumpsGenerationAndReinitializesHeader) {
   for (uint32_t i = 0; i < TMEM_PAGE_SIZE; ++i) ASSERT_EQ(slot0[i], 0xab);
 
   region->Reset();
-  EXPECT_EQ(region->host_generation(), 102u);
-  EXPECT_EQ(h->host_generation, 102u);
+  EXPECT_NE(region->host_generation(), first_reset);
+  EXPECT_NE(region->host_generation(), 0u);
+  EXPECT_EQ(h->host_generation, region->host_generation());
   EXPECT_EQ(h->resets, 2u);
 }
 

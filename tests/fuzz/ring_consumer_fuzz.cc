@@ -20,6 +20,13 @@
 //   then        the header image (sizeof(tmem_shm_header) bytes), the SQ
 //               image, the CQ image, and slot bytes; missing bytes are 0.
 //
+// ABI v2 is covered through the same bytes: GET_BATCH entries (opcode 8,
+// `count` in the SQE), and the guest's flags and cost fields in the
+// header, which tmemd reads once per report (ReadGuestReport) and passes
+// to the advisor (stand-aside). Checked after the first drain: every
+// GET_BATCH completed OK has a hit bitmap within its count, and no OK
+// completion comes from an entry with an impossible count.
+//
 // The store and region are created once; every input starts from a reset
 // region and a fresh consumer, and drops its pools at the end, so inputs do
 // not depend on each other (crashes reproduce from one file).
@@ -33,6 +40,7 @@
 #include "backend/tmem_store.h"
 #include "backend/types.h"
 #include "host-agent/channel/channel_metrics.h"
+#include "host-agent/channel/guest_report.h"
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
 #include "host-agent/channel/shared_region.h"
@@ -50,9 +58,11 @@ class ModeAdvisor : public PutAdvisor {
  public:
   PutMode Advise(uint32_t /*vm*/, uint64_t /*key_hash*/,
                  bool /*guest_applies_hint*/) override {
-    return mode;
+    return aside ? PutMode::kDrop : mode;
   }
+  void OnGuestStandingAside(uint32_t /*vm*/, bool a) override { aside = a; }
   PutMode mode = PutMode::kCompress;
+  bool aside = false;
 };
 
 struct Env {
@@ -143,6 +153,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static constexpr PutMode kModes[] = {PutMode::kCompress, PutMode::kRaw,
                                        PutMode::kDrop, PutMode::kCompress};
   env.advisor.mode = kModes[control[1] & 3];
+  env.advisor.aside = false;
   const uint32_t repost = (control[1] >> 2) & 15;
 
   // A clean channel, then the guest's bytes over it.
@@ -169,6 +180,34 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (int i = 0; i < drains; ++i) {
     const RingConsumer::DrainResult r = consumer.Drain(kMaxDrain);
     if (r.consumed > kMaxDrain) Die("drained more than asked");
+    // The guest's self-report, read as tmemd reads it, handed to the
+    // advisor as the channel does.
+    const GuestReport report = ReadGuestReport(h);
+    if (report.standing_aside !=
+        ((report.flags & TMEM_GUEST_STANDING_ASIDE) != 0)) {
+      Die("standing_aside disagrees with guest_flags");
+    }
+    env.advisor.OnGuestStandingAside(env.vm, report.standing_aside);
+    if (i == 0 && !r.reset && r.consumed <= kEntries) {
+      // First drain from a reset region: SQE k completed as CQE k, and the
+      // harness has not touched either ring since.
+      const auto* sq =
+          reinterpret_cast<const tmem_sqe*>(region.base() + layout.sq_offset);
+      const auto* cq =
+          reinterpret_cast<const tmem_cqe*>(region.base() + layout.cq_offset);
+      for (uint32_t k = 0; k < r.consumed; ++k) {
+        const tmem_sqe& sqe = sq[k & (layout.sq_entries - 1)];
+        const tmem_cqe& cqe = cq[k & (layout.cq_entries - 1)];
+        if (sqe.opcode != TMEM_OP_GET_BATCH || cqe.status != TMEM_OK) continue;
+        if (sqe.count == 0 || sqe.count > TMEM_GET_BATCH_MAX ||
+            uint64_t{sqe.slot} + sqe.count > layout.slot_count) {
+          Die("GET_BATCH with an impossible count or slots completed OK");
+        }
+        if ((uint64_t{cqe.result} >> sqe.count) != 0) {
+          Die("GET_BATCH hit bitmap beyond its count");
+        }
+      }
+    }
     if (!r.reset) {
       // tmemd never overfills the CQ: it holds at most cq_entries
       // unreaped completions (the guest cannot change the indices while
