@@ -248,6 +248,17 @@ absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
   st.socket_path = path.empty() ? DefaultSocketPath(st.uuid) : path;
   absl::StatusOr<VmInfo> added =
       agent_->AddVm(st.vm, st.metadata.policy, st.socket_path);
+  if (absl::IsAlreadyExists(added.status())) {
+    // Restored from a previous tmemd (fd store or upgrade) on the same
+    // socket: the running QEMU is still connected to it; take it over.
+    absl::StatusOr<VmInfo> existing = agent_->GetVm(st.vm);
+    if (existing.ok() && existing->socket_path == st.socket_path) {
+      added = std::move(existing);
+      (void)agent_->SetVmPolicy(st.vm, st.metadata.policy);
+      Log(LogLevel::kInfo, "libvirt_channel_adopted",
+          {{"domain", st.name}, {"vm", st.vm}, {"socket", st.socket_path}});
+    }
+  }
   if (!added.ok()) {
     Log(LogLevel::kError, "libvirt_channel_error",
         {{"domain", st.name},
