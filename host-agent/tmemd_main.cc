@@ -400,7 +400,8 @@ int Run(int argc, char** argv) {
       (void)(*agent)->RemoveVm(name);
     }
   }
-  if (!inherited.source.empty() || inherited.rejected > 0) {
+  if (!inherited.source.empty() || inherited.rejected > 0 ||
+      !inherited.errors.empty()) {
     Log(LogLevel::kInfo, "restart_recovered",
         {{"source", inherited.source},
          {"restored", restart.restored},
