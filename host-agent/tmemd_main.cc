@@ -96,7 +96,9 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"resets", ch(ChannelCounter::kChannelResets)},
          {"corrupt_rings", ch(ChannelCounter::kRingCorruptIndex)},
          {"guest_restarts", ch(ChannelCounter::kGuestRestarts)},
-         {"handshake_failures", ch(ChannelCounter::kHandshakeFailures)}});
+         {"handshake_failures", ch(ChannelCounter::kHandshakeFailures)},
+         {"restored", ch(ChannelCounter::kRestoredAcrossRestart)},
+         {"foreign_regions", ch(ChannelCounter::kForeignRegions)}});
   }
 }
 
