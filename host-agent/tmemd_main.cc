@@ -364,6 +364,7 @@ int Run(int argc, char** argv) {
     hypervisor = std::move(*hv);
     DomainManagerOptions mo;
     mo.vectors = config.vectors;
+    mo.master = host_peer_id == 1;
     mo.detach_timeout =
         std::chrono::seconds(config.libvirt.detach_timeout_seconds);
     domain_manager =

@@ -455,7 +455,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
                               : "";
   if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
-      name, TmemShmemXml(st.socket_path, options_.vectors), do_live, do_config);
+      name, TmemShmemXml(st.socket_path, options_.vectors, options_.master), do_live, do_config);
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
       ReleaseChannelLocked(st, "attach failed");
@@ -515,7 +515,7 @@ absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
   st.uuid = d->uuid;
   const std::string path =
       live ? live->server_path : config->server_path;  // same device
-  const std::string xml = TmemShmemXml(path, options_.vectors);
+  const std::string xml = TmemShmemXml(path, options_.vectors, options_.master);
   if (do_config) {
     if (absl::Status s = hv_->DetachDevice(name, xml, false, true); !s.ok()) {
       return absl::Status(s.code(),
