@@ -191,6 +191,7 @@ bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
     if (measure) advisor->ChargeCpu(ch->vm(), ThreadCpuNanos() - cpu0);
     if (r.consumed > 0) {
       work = true;
+      ch->NoteServed();
       // Work found without this guest ringing: what polling saves.
       if (std::find(rung.begin(), rung.end(), ch) == rung.end()) {
         ch->metrics().Inc(ChannelCounter::kPollRounds);

@@ -1,12 +1,23 @@
 #include "host-agent/channel/channel.h"
 
 #include <fcntl.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "host-agent/log.h"
 
 namespace tmem {
+namespace {
+
+int64_t MonotonicNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
 
 Channel::Channel(ChannelOptions options, TmemStore* store, VmId vm)
     : options_(std::move(options)), store_(store), vm_(vm) {}
@@ -69,6 +80,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
   ch->consumer_ = std::make_unique<RingConsumer>(ch->region_.get(), store, *vm,
                                                  &ch->metrics_, advisor);
   ch->metrics_.Inc(ChannelCounter::kRestoredAcrossRestart);
+  ch->restored_at_ns_ = MonotonicNanos();
   ch->metrics_.Inc(ChannelCounter::kChannelResets);
   // From systemd's store they are stored already, and storing a name again
   // is harmless; after an exec they must be (re)stored for the next crash.
@@ -108,6 +120,13 @@ void Channel::OnGuestAttached() {
   if (options_.fd_store == nullptr || server_->client_fd() < 0) return;
   options_.fd_store->Store(ChannelFdName(options_.vm_name, "client"),
                            server_->client_fd());
+}
+
+void Channel::LogFirstRequestAfterRestore() {
+  const int64_t waited = MonotonicNanos() - restored_at_ns_;
+  restored_at_ns_ = 0;
+  Log(LogLevel::kInfo, "first_request_after_restore",
+      {{"vm", options_.vm_name}, {"after_us", waited / 1000}});
 }
 
 void Channel::OnForeignRegion() {

@@ -76,6 +76,12 @@ class Channel {
   // re-initialize the region, so the guest resynchronizes. Worker thread.
   void OnForeignRegion();
 
+  // The worker consumed entries: the first time after a Restore, logs how
+  // long the guest took to use the restored channel (restart benchmark).
+  void NoteServed() {
+    if (restored_at_ns_ != 0) LogFirstRequestAfterRestore();
+  }
+
   // Every descriptor a successor needs, named as in fd_handoff.h.
   std::vector<NamedFd> HandoffFds() const;
   // This process is handing the channel to a successor (fd store restart):
@@ -89,6 +95,7 @@ class Channel {
  private:
   Channel(ChannelOptions options, TmemStore* store, VmId vm);
   void StoreFds() const;
+  void LogFirstRequestAfterRestore();
 
   ChannelOptions options_;
   TmemStore* store_;
@@ -99,6 +106,7 @@ class Channel {
   std::unique_ptr<IvshmemServer> server_;
   std::unique_ptr<RingConsumer> consumer_;
   bool keep_for_successor_ = false;
+  int64_t restored_at_ns_ = 0;  // worker thread after Restore
 };
 
 }  // namespace tmem

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <memory>
 #include <sstream>
@@ -116,6 +118,28 @@ class TmemdRestartTest : public ::testing::Test {
         20000))
         << tmemd.Log();
   }
+  // The restart benchmark row: from the signal to the first guest request
+  // the new tmemd served (the guest re-creating its pool, then its puts).
+  void ReportRestartLatency(Process& tmemd, const std::string& kind,
+                            std::chrono::steady_clock::time_point signalled) {
+    ASSERT_TRUE(WaitUntil(
+        [&] {
+          return tmemd.Log().find("event=first_request_after_restore") !=
+                 std::string::npos;
+        },
+        30000))
+        << tmemd.Log();
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        std::chrono::steady_clock::now() - signalled)
+                        .count();
+    std::printf(
+        "BENCH restart kind=%s signal_to_first_request_ms<=%lld "
+        "restore_to_first_request_us=%lld\n",
+        kind.c_str(), static_cast<long long>(ms),
+        static_cast<long long>(LogValue(tmemd.Log(),
+                                        "first_request_after_restore", "a",
+                                        "after_us")));
+  }
   // After the restart: the guest, still the same process, finishes with
   // no stale page, having seen the host change, and the new tmemd served
   // it puts and hits.
@@ -153,6 +177,7 @@ TEST_F(TmemdRestartTest, SigtermRestartFromFdStoreKeepsTheGuest) {
   auto guest = Guestsim("a", 1000000);
   WaitForTraffic(*tmemd, "a");
   ASSERT_TRUE(guest->Running()) << "guest finished before the restart";
+  const auto signalled = std::chrono::steady_clock::now();
   kill(tmemd->pid(), SIGTERM);
   int code = -1;
   ASSERT_TRUE(tmemd->WaitFor(15000, &code)) << tmemd->Log();
@@ -167,6 +192,7 @@ TEST_F(TmemdRestartTest, SigtermRestartFromFdStoreKeepsTheGuest) {
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "guests_kept"), 1) << log;
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "fds_rejected"), 0) << log;
   EXPECT_NE(log.find("source=systemd"), std::string::npos) << log;
+  ReportRestartLatency(*next, "sigterm+fdstore", signalled);
   ExpectGuestResumed(*next, *guest, "a");
 }
 
@@ -181,6 +207,7 @@ TEST_F(TmemdRestartTest, SigkillRestartRecoversChannelsAndDropsGoneVms) {
   WaitForTraffic(*tmemd, "a");
   ASSERT_TRUE(WaitUntil([&] { return systemd_.Has("gone/client"); }, 10000));
   ASSERT_TRUE(guest->Running()) << "guest finished before the restart";
+  const auto signalled = std::chrono::steady_clock::now();
   kill(tmemd->pid(), SIGKILL);
   tmemd->Wait();
   // The second VM's QEMU quits while tmemd is down.
@@ -196,6 +223,7 @@ TEST_F(TmemdRestartTest, SigkillRestartRecoversChannelsAndDropsGoneVms) {
   EXPECT_FALSE(systemd_.Has("gone/shm"));
   EXPECT_FALSE(systemd_.Has("gone/listen"));
   EXPECT_TRUE(systemd_.Has("a/client"));
+  ReportRestartLatency(*next, "sigkill+fdstore", signalled);
   ExpectGuestResumed(*next, *guest, "a");
 }
 
@@ -208,6 +236,7 @@ TEST_F(TmemdRestartTest, SighupExecsInPlaceAndKeepsTheGuest) {
   WaitForTraffic(*tmemd, "a");
   ASSERT_TRUE(guest->Running()) << "guest finished before the upgrade";
   const int ready_before = systemd_.ready_count();
+  const auto signalled = std::chrono::steady_clock::now();
   kill(tmemd->pid(), SIGHUP);
   ASSERT_TRUE(WaitUntil(
       [&] { return systemd_.ready_count() > ready_before || !tmemd->Running(); },
@@ -218,6 +247,7 @@ TEST_F(TmemdRestartTest, SighupExecsInPlaceAndKeepsTheGuest) {
   EXPECT_NE(log.find("event=upgrade "), std::string::npos) << log;
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "guests_kept"), 1) << log;
   EXPECT_NE(log.find("source=exec"), std::string::npos) << log;
+  ReportRestartLatency(*tmemd, "sighup-exec", signalled);
   ExpectGuestResumed(*tmemd, *guest, "a");
 }
 
