@@ -27,8 +27,8 @@ constexpr char kHandoffEnv[] = "TMEMD_HANDOFF_FDS";
 bool SetCloexec(int fd, bool on) {
   const int flags = fcntl(fd, F_GETFD);
   if (flags < 0) return false;
-  return fcntl(fd, F_SETFD, on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC)) ==
-         0;
+  return fcntl(fd, F_SETFD,
+               on ? (flags | FD_CLOEXEC) : (flags & ~FD_CLOEXEC)) == 0;
 }
 
 // One VM's descriptors while they are being collected.
@@ -142,8 +142,8 @@ InheritedChannels TakeInheritedChannels() {
     for (int i = 0; i < n; ++i) {
       const int fd = SD_LISTEN_FDS_START + i;
       SetCloexec(fd, true);
-      fds.push_back({names != nullptr && names[i] != nullptr ? names[i] : "",
-                     fd});
+      fds.push_back(
+          {names != nullptr && names[i] != nullptr ? names[i] : "", fd});
     }
     if (names != nullptr) {
       for (int i = 0; i < n; ++i) free(names[i]);
@@ -205,7 +205,8 @@ absl::Status ExecWithFds(const std::string& exe,
   }
   setenv(kHandoffEnv, absl::StrJoin(entries, ";").c_str(), 1);
   std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  for (const std::string& a : argv)
+    args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   execv(exe.c_str(), args.data());
   const int err = errno;

@@ -498,8 +498,7 @@ int Run(int argc, char** argv) {
     if (sig == SIGHUP) {
       // Refuse before stopping anything: an exec that cannot happen would
       // leave a tmemd that serves nothing.
-      if (own_executable.empty() ||
-          access(own_executable.c_str(), X_OK) != 0) {
+      if (own_executable.empty() || access(own_executable.c_str(), X_OK) != 0) {
         Log(LogLevel::kError, "upgrade_refused",
             {{"executable", own_executable},
              {"error", "not executable; still serving"}});

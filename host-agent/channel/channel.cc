@@ -42,7 +42,8 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
       IvshmemServer::Listen(options.server, ch->region_->fd(), &ch->metrics_);
   if (!server.ok()) return server.status();
   ch->server_ = std::move(*server);
-  ch->region_->SetHostPeerId(static_cast<uint32_t>(options.server.host_peer_id));
+  ch->region_->SetHostPeerId(
+      static_cast<uint32_t>(options.server.host_peer_id));
   ch->StoreFds();
   return ch;
 }
@@ -71,9 +72,9 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     return server.status();  // ~Channel forgets the VM
   }
   ch->server_ = std::move(*server);
-  absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Adopt(
-      shm_for_region, options.ring_entries, host_generation,
-      static_cast<uint32_t>(options.server.host_peer_id));
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Adopt(shm_for_region, options.ring_entries, host_generation,
+                          static_cast<uint32_t>(options.server.host_peer_id));
   if (!region.ok()) return region.status();
   ch->region_ = std::move(*region);
   ch->advisor_ = advisor;
@@ -98,10 +99,10 @@ std::vector<NamedFd> Channel::HandoffFds() const {
     out.push_back({ChannelFdName(vm, "client"), server_->client_fd()});
   }
   for (int v = 0; v < server_->vectors(); ++v) {
-    out.push_back({ChannelFdName(vm, absl::StrCat("db", v)),
-                   server_->doorbell_fd(v)});
-    out.push_back({ChannelFdName(vm, absl::StrCat("irq", v)),
-                   server_->interrupt_fd(v)});
+    out.push_back(
+        {ChannelFdName(vm, absl::StrCat("db", v)), server_->doorbell_fd(v)});
+    out.push_back(
+        {ChannelFdName(vm, absl::StrCat("irq", v)), server_->interrupt_fd(v)});
   }
   return out;
 }

@@ -38,7 +38,7 @@ enum class ChannelCounter : int {
   kPollRounds,  // drains found work without a doorbell
   // Operations (restart, upgrade, migration).
   kRestoredAcrossRestart,  // channel taken over from a previous tmemd
-  kForeignRegions,  // header held another host's generation (migration)
+  kForeignRegions,         // header held another host's generation (migration)
   kNumCounters,
 };
 inline constexpr int kNumChannelCounters =

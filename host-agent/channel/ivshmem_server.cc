@@ -335,8 +335,8 @@ absl::Status CheckUnixStream(int fd, bool listening, const char* what) {
   socklen_t len = sizeof(int);
   if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) {
     return absl::ErrnoToStatus(
-        errno, absl::StrCat("handed-over ", what, " (fd ", fd,
-                            ") is not a socket"));
+        errno,
+        absl::StrCat("handed-over ", what, " (fd ", fd, ") is not a socket"));
   }
   len = sizeof(int);
   getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len);
@@ -388,28 +388,30 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
   // The VM's device has as many vectors as it had: QEMU got exactly these.
   const size_t vectors = doorbells.size();
   if (vectors < 1 || vectors > kMaxVectors || interrupts.size() != vectors) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "handed-over channel has ", vectors, " doorbell and ",
-        interrupts.size(), " interrupt eventfds; expected the same number, 1 "
-        "to ", kMaxVectors));
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over channel has ", vectors, " doorbell and ",
+                     interrupts.size(),
+                     " interrupt eventfds; expected the same number, 1 "
+                     "to ",
+                     kMaxVectors));
   }
   if (listen_fd.get() < 0 || shm.get() < 0) {
     return absl::InvalidArgumentError(
         "handed-over channel lacks its listening socket or shared memory");
   }
-  if (absl::Status s = CheckUnixStream(listen_fd.get(), true,
-                                       "listening socket");
+  if (absl::Status s =
+          CheckUnixStream(listen_fd.get(), true, "listening socket");
       !s.ok()) {
     return s;
   }
   for (size_t v = 0; v < vectors; ++v) {
-    if (absl::Status s = CheckEventfd(doorbells[v].get(), "doorbell",
-                                      static_cast<int>(v));
+    if (absl::Status s =
+            CheckEventfd(doorbells[v].get(), "doorbell", static_cast<int>(v));
         !s.ok()) {
       return s;
     }
-    if (absl::Status s = CheckEventfd(interrupts[v].get(), "interrupt",
-                                      static_cast<int>(v));
+    if (absl::Status s =
+            CheckEventfd(interrupts[v].get(), "interrupt", static_cast<int>(v));
         !s.ok()) {
       return s;
     }
@@ -418,21 +420,21 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
   if (fstat(shm.get(), &shm_stat) != 0 || !S_ISREG(shm_stat.st_mode) ||
       shm_stat.st_size <= 0 ||
       !std::has_single_bit(static_cast<uint64_t>(shm_stat.st_size))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "handed-over shared memory (fd ", shm.get(),
-        ") is not a memfd of power-of-two size"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over shared memory (fd ", shm.get(),
+                     ") is not a memfd of power-of-two size"));
   }
   sockaddr_un addr{};
   socklen_t addr_len = sizeof(addr);
   if (getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr),
                   &addr_len) != 0 ||
       addr.sun_family != AF_UNIX || addr.sun_path[0] == '\0') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "handed-over listening socket (fd ", listen_fd.get(),
-        ") is not bound to a path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over listening socket (fd ", listen_fd.get(),
+                     ") is not bound to a path"));
   }
-  const std::string path(
-      addr.sun_path, strnlen(addr.sun_path, sizeof(addr.sun_path)));
+  const std::string path(addr.sun_path,
+                         strnlen(addr.sun_path, sizeof(addr.sun_path)));
   // The restarted tmemd polls these from its own epoll loop.
   for (int fd : {listen_fd.get(), client.get()}) {
     if (fd < 0) continue;
@@ -441,7 +443,8 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
   }
   bool client_alive = false;
   if (client.get() >= 0) {
-    if (absl::Status s = CheckUnixStream(client.get(), false, "QEMU connection");
+    if (absl::Status s =
+            CheckUnixStream(client.get(), false, "QEMU connection");
         !s.ok()) {
       return s;
     }

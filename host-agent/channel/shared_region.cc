@@ -132,8 +132,8 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Adopt(
   struct stat st {};
   if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
     if (fd >= 0) close(fd);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "handed-over shared region (fd ", fd, ") is not a memfd"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over shared region (fd ", fd, ") is not a memfd"));
   }
   // Without these seals a holder of the fd could shrink it under tmemd's
   // mapping (SIGBUS); Create always sets them, so their absence means the
@@ -150,9 +150,9 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Adopt(
       RegionLayout::ForSize(static_cast<uint64_t>(st.st_size), ring_entries);
   if (!layout.ok()) {
     close(fd);
-    return absl::Status(layout.status().code(),
-                        absl::StrCat("handed-over shared region: ",
-                                     layout.status().message()));
+    return absl::Status(
+        layout.status().code(),
+        absl::StrCat("handed-over shared region: ", layout.status().message()));
   }
   void* base = mmap(nullptr, layout->region_bytes, PROT_READ | PROT_WRITE,
                     MAP_SHARED, fd, 0);

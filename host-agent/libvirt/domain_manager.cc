@@ -455,7 +455,8 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
                               : "";
   if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
-      name, TmemShmemXml(st.socket_path, options_.vectors, options_.master), do_live, do_config);
+      name, TmemShmemXml(st.socket_path, options_.vectors, options_.master),
+      do_live, do_config);
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
       ReleaseChannelLocked(st, "attach failed");

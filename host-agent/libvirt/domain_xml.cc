@@ -174,7 +174,8 @@ absl::Status ParseBool(std::string_view element, std::string_view text,
 std::string TmemShmemXml(std::string_view socket_path, int vectors,
                          bool master) {
   return absl::StrCat("<shmem name='", std::string(kTmemShmemName), "'",
-                      master ? " role='master'" : "", "><model type='ivshmem-doorbell'/><server path='",
+                      master ? " role='master'" : "",
+                      "><model type='ivshmem-doorbell'/><server path='",
                       XmlEscape(socket_path), "'/><msi vectors='", vectors,
                       "' ioeventfd='on'/></shmem>");
 }

@@ -100,8 +100,7 @@ class FakeSystemd {
   // and (when `pass_store`) the stored descriptors as fds 3.. with
   // LISTEN_FDS, LISTEN_FDNAMES and LISTEN_PID. Output goes to `log_path`.
   std::unique_ptr<Process> Start(const std::vector<std::string>& argv,
-                                 const std::string& log_path,
-                                 bool pass_store) {
+                                 const std::string& log_path, bool pass_store) {
     Pump();
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
@@ -125,7 +124,8 @@ class FakeSystemd {
       env.push_back("LISTEN_PID=0000000000");
     }
     std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    for (const std::string& a : argv)
+      args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     std::vector<char*> envp;
     for (std::string& v : env) envp.push_back(v.data());

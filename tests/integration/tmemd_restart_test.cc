@@ -69,12 +69,10 @@ class TmemdRestartTest : public ::testing::Test {
   std::vector<std::string> TmemdArgs(const std::vector<std::string>& vms) {
     // mode always: the valve must not throttle on a busy CI machine; this
     // test is about the channel surviving, not about admission.
-    std::vector<std::string> argv = {TMEMD_BIN,      "--socket-dir",
-                                     dir_.path(),    "--memory-cap",
-                                     "64MiB",        "--mode",
-                                     "always",       "--control-socket",
-                                     "",             "--stats-interval",
-                                     "1"};
+    std::vector<std::string> argv = {
+        TMEMD_BIN, "--socket-dir",     dir_.path(), "--memory-cap",
+        "64MiB",   "--mode",           "always",    "--control-socket",
+        "",        "--stats-interval", "1"};
     for (const std::string& vm : vms) {
       argv.emplace_back("--vm");
       argv.push_back(vm);
@@ -136,9 +134,8 @@ class TmemdRestartTest : public ::testing::Test {
         "BENCH restart kind=%s signal_to_first_request_ms<=%lld "
         "restore_to_first_request_us=%lld\n",
         kind.c_str(), static_cast<long long>(ms),
-        static_cast<long long>(LogValue(tmemd.Log(),
-                                        "first_request_after_restore", "a",
-                                        "after_us")));
+        static_cast<long long>(LogValue(
+            tmemd.Log(), "first_request_after_restore", "a", "after_us")));
   }
   // After the restart: the guest, still the same process, finishes with
   // no stale page, having seen the host change, and the new tmemd served
@@ -239,7 +236,9 @@ TEST_F(TmemdRestartTest, SighupExecsInPlaceAndKeepsTheGuest) {
   const auto signalled = std::chrono::steady_clock::now();
   kill(tmemd->pid(), SIGHUP);
   ASSERT_TRUE(WaitUntil(
-      [&] { return systemd_.ready_count() > ready_before || !tmemd->Running(); },
+      [&] {
+        return systemd_.ready_count() > ready_before || !tmemd->Running();
+      },
       20000))
       << tmemd->Log();
   ASSERT_TRUE(tmemd->Running()) << tmemd->Log();
@@ -303,8 +302,7 @@ TEST_F(TmemdRestartTest, BadHandedOverDescriptorsAreRejected) {
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "fds_rejected"), 1) << log;
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "failed"), 1) << log;
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "restored"), 0) << log;
-  EXPECT_NE(log.find("event=channel_restore_failed"), std::string::npos)
-      << log;
+  EXPECT_NE(log.find("event=channel_restore_failed"), std::string::npos) << log;
   // The configured VM is served on a fresh channel.
   auto guest = Guestsim("a", 20000);
   EXPECT_EQ(guest->Wait(), 0) << guest->Log();

@@ -24,8 +24,8 @@ TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
   EXPECT_NE(master.find("<shmem name='tmem0' role='master'>"),
             std::string::npos)
       << master;
-  auto dev = FindTmemDevice("<domain><devices>" + master +
-                            "</devices></domain>");
+  auto dev =
+      FindTmemDevice("<domain><devices>" + master + "</devices></domain>");
   ASSERT_TRUE(dev.has_value());
   EXPECT_EQ(dev->server_path, "/run/tmemd/a.sock");
   EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1).find("role="),
