@@ -177,6 +177,8 @@ def main():
             kind = {1: "sighup-exec", 2: "sigkill+fdstore", 3: "sigterm+fdstore"}[rounds_done]
             print("[host] round %d: %s" % (rounds_done, kind), flush=True)
             t0 = time.time()
+            served_before = sum(open(l).read().count("event=first_request_after_restore")
+                                for l in logs)
             if rounds_done == 1:
                 tmemd.send_signal(signal.SIGHUP)
                 wait_for(lambda: "event=restart_recovered" in open(logs[-1]).read(), 30)
@@ -184,8 +186,8 @@ def main():
                 tmemd.send_signal(signal.SIGKILL if rounds_done == 2 else signal.SIGTERM)
                 tmemd.wait()
                 tmemd = start(True)
-            ok = wait_for(lambda: "event=first_request_after_restore" in
-                          open(logs[-1]).read().split("event=restart_recovered")[-1], 120)
+            ok = wait_for(lambda: sum(open(l).read().count("event=first_request_after_restore")
+                                      for l in logs) > served_before, 60)
             text = open(logs[-1]).read()
             kept = last_value(text, "restart_recovered", "guests_kept")
             if kept != 1:

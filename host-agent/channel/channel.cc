@@ -66,7 +66,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
   const int shm_for_region =
       fds.shm < 0 ? -1 : fcntl(fds.shm, F_DUPFD_CLOEXEC, 0);
   absl::StatusOr<std::unique_ptr<IvshmemServer>> server =
-      IvshmemServer::Adopt(options.server, std::move(fds), &ch->metrics_);
+      IvshmemServer::Adopt(options.server, fds, &ch->metrics_);
   if (!server.ok()) {
     if (shm_for_region >= 0) close(shm_for_region);
     return server.status();  // ~Channel forgets the VM

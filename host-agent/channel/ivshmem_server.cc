@@ -367,7 +367,7 @@ absl::Status CheckEventfd(int fd, const char* what, int vector) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
-    const IvshmemServerOptions& options, IvshmemServerFds fds,
+    const IvshmemServerOptions& options, const IvshmemServerFds& fds,
     ChannelMetrics* metrics) {
   // Own everything first, so every error path below closes it all.
   OwnedFd listen_fd(fds.listen);

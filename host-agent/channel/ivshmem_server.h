@@ -83,7 +83,7 @@ class IvshmemServer {
   // listening socket is bound to. A client that hung up meanwhile is closed
   // and counted as a disconnect (client_fd() is then -1).
   static absl::StatusOr<std::unique_ptr<IvshmemServer>> Adopt(
-      const IvshmemServerOptions& options, IvshmemServerFds fds,
+      const IvshmemServerOptions& options, const IvshmemServerFds& fds,
       ChannelMetrics* metrics);
   ~IvshmemServer();  // closes everything and unlinks the socket path
   // The destructor leaves the socket file: a restarted tmemd takes the

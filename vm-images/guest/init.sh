@@ -116,6 +116,7 @@ if [ "$MODE" = ops ]; then
 	i=1
 	while [ $i -le "$NFILES" ]; do verify warm-f$i /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
 	counters warm
+	seed1=101  # f1 is rewritten after each restart
 	for round in 1 2 3; do
 		before=$(hgen)
 		say "WAIT_HOST_RESTART $round"
@@ -125,8 +126,10 @@ if [ "$MODE" = ops ]; then
 		n=0
 		while [ "$(hgen)" = "$before" ]; do
 			i=$((n % NFILES + 1))
+			seed=$((100 + i))
+			[ $i = 1 ] && seed=$seed1
 			drop
-			verify during-$round-$n /mnt/f$i $((100 + i)) "$PAGES"
+			verify during-$round-$n /mnt/f$i $seed "$PAGES"
 			n=$((n + 1))
 			[ $(($(date +%s) - t0)) -ge 300 ] && break
 		done
@@ -136,14 +139,15 @@ if [ "$MODE" = ops ]; then
 		hits_before=$(ctr gets_hit)
 		# A file rewritten after the restart: no page from before may
 		# come back.
-		gen /mnt/f1 $((500 + round)) "$PAGES"
+		seed1=$((500 + round))
+		gen /mnt/f1 $seed1 "$PAGES"
 		drop
 		verify after-$round-f1 /mnt/f1 $((500 + round)) "$PAGES"
 		drop
 		i=1
 		while [ $i -le "$NFILES" ]; do
 			seed=$((100 + i))
-			[ $i = 1 ] && seed=$((500 + round))
+			[ $i = 1 ] && seed=$seed1
 			verify after-$round-reread-f$i /mnt/f$i $seed "$PAGES"
 			i=$((i + 1))
 		done
