@@ -25,8 +25,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     return s;
   }
   std::unique_ptr<Agent> a(new Agent(options));
-  a->host_generation_ = static_cast<uint64_t>(
-      std::chrono::system_clock::now().time_since_epoch().count());
+  // This process's identity in logs and the control plane; each region
+  // gets its own random generation (SharedRegion::NewHostGeneration).
+  a->host_generation_ = SharedRegion::NewHostGeneration();
   a->start_nanos_ = SteadyClock::Default()->NowNanos();
   // The valve needs the store for memory headroom and the store tells the
   // valve about evictions: build the valve first, point it at the store
@@ -110,6 +111,8 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
   opts.server.vectors = options_.vectors;
   opts.server.socket_mode = options_.socket_mode;
   opts.server.socket_group = options_.socket_gid;
+  opts.server.host_peer_id = options_.host_peer_id;
+  opts.fd_store = options_.fd_store;
   absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Create(
       opts, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
@@ -117,23 +120,88 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
         ch.status().code(),
         absl::StrCat("VM '", name, "': ", ch.status().message()));
   }
-  valve_->AddVm((*ch)->vm(), policy);
+  return InstallLocked(name, policy, std::move(*ch), "channel_created");
+}
+
+absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
+                                        const VmPolicy& requested,
+                                        IvshmemServerFds fds) {
+  auto close_all = [&fds] {
+    for (int fd : {fds.listen, fds.shm, fds.client}) {
+      if (fd >= 0) close(fd);
+    }
+    for (int fd : fds.doorbells) close(fd);
+    for (int fd : fds.interrupts) close(fd);
+  };
+  if (absl::Status s = ValidateVmName(name); !s.ok()) {
+    close_all();
+    return s;
+  }
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
+  if (vms_.contains(name)) {
+    close_all();
+    return absl::AlreadyExistsError(
+        absl::StrCat("VM '", name, "' already has a channel"));
+  }
+  ChannelOptions opts;
+  opts.vm_name = name;
+  opts.policy = policy;
+  opts.region_bytes = options_.region_bytes;
+  opts.ring_entries = options_.ring_entries;
+  opts.server.host_peer_id = options_.host_peer_id;
+  opts.fd_store = options_.fd_store;
+  // The generation tells the guest its pool ids and filters are void: this
+  // process holds none of the pages the old one stored.
+  absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Restore(
+      opts, std::move(fds), store_.get(), SharedRegion::NewHostGeneration(),
+      valve_.get());
+  if (!ch.ok()) {
+    return absl::Status(
+        ch.status().code(),
+        absl::StrCat("VM '", name, "': ", ch.status().message()));
+  }
+  return InstallLocked(name, policy, std::move(*ch), "channel_restored");
+}
+
+std::vector<NamedFd> Agent::HandoffFds() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<NamedFd> out;
+  for (const auto& [name, e] : vms_) {
+    for (NamedFd& f : e.channel->HandoffFds()) out.push_back(std::move(f));
+  }
+  return out;
+}
+
+void Agent::KeepChannelsForSuccessor() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [name, e] : vms_) e.channel->KeepForSuccessor();
+}
+
+VmInfo Agent::InstallLocked(const std::string& name, const VmPolicy& policy,
+                            std::unique_ptr<Channel> channel,
+                            std::string_view event) {
+  Channel* ch = channel.get();
+  valve_->AddVm(ch->vm(), policy);
   Worker* least = nullptr;
   for (auto& [w, n] : load_) {
     if (least == nullptr || n < load_[least]) least = w;
   }
   ++load_[least];
   VmEntry& e = vms_[name];
-  e.channel = std::move(*ch);
+  e.channel = std::move(channel);
   e.worker = least;
-  e.socket_path = opts.server.socket_path;
+  e.socket_path = ch->server().socket_path();
   least->AddChannel(e.channel.get());
-  Log(LogLevel::kInfo, "channel_created",
+  Log(LogLevel::kInfo, event,
       {{"vm", name},
        {"socket", e.socket_path},
-       {"region_bytes", options_.region_bytes},
-       {"slots", e.channel->region().layout().slot_count},
-       {"ring_entries", options_.ring_entries}});
+       {"region_bytes", ch->region().layout().region_bytes},
+       {"slots", ch->region().layout().slot_count},
+       {"ring_entries", options_.ring_entries},
+       {"guest_attached", ch->server().connected()},
+       {"host_peer_id", ch->server().host_peer_id()}});
   return InfoLocked(name, e);
 }
 

@@ -27,6 +27,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -48,6 +49,12 @@ struct AgentOptions {
   uint64_t region_bytes = uint64_t{4} << 20;
   uint32_t ring_entries = 256;
   int vectors = 1;
+  // ivshmem peer id of tmemd; the VM is the other of {0, 1}. 1 makes the VM
+  // peer 0, which QEMU needs to migrate the device (master=on).
+  int host_peer_id = 0;
+  // Where descriptors are kept for a successor (systemd's fd store); must
+  // outlive the agent. nullptr: none.
+  FdStore* fd_store = nullptr;
   mode_t socket_mode = 0660;
   std::optional<gid_t> socket_gid;
   // Workers: 0 means one per online CPU.
@@ -93,6 +100,18 @@ class Agent {
   absl::StatusOr<VmInfo> AddVm(const std::string& name, const VmPolicy& policy,
                                const std::string& socket_path = "");
   absl::Status RemoveVm(const std::string& name);  // NOT_FOUND if unknown
+  // A VM whose channel a previous tmemd handed over (fd_handoff.h): the
+  // socket path is the one the handed-over socket is bound to. `fds` are
+  // taken (closed on failure).
+  absl::StatusOr<VmInfo> RestoreVm(const std::string& name,
+                                   const VmPolicy& policy,
+                                   IvshmemServerFds fds);
+  // Every VM's descriptors, for an exec handoff (the agent must be stopped
+  // serving and must not be destroyed before the exec).
+  std::vector<NamedFd> HandoffFds() const;
+  // A successor takes the channels over through the fd store: destroying
+  // the agent then leaves the socket paths and the store alone.
+  void KeepChannelsForSuccessor();
   // Optional hook AddVm consults for the policy a VM starts with: the
   // control plane returns the policy pushed for that name earlier, so a VM
   // added again (restart, libvirt re-attach) gets it back. Called under the
@@ -140,6 +159,10 @@ class Agent {
 
   explicit Agent(AgentOptions options);
   VmInfo InfoLocked(const std::string& name, const VmEntry& e) const;
+  // Registers a built channel with the valve and the least loaded worker.
+  VmInfo InstallLocked(const std::string& name, const VmPolicy& policy,
+                       std::unique_ptr<Channel> channel,
+                       std::string_view event);
   void TickerLoop();
 
   AgentOptions options_;

@@ -26,6 +26,7 @@
 #include "host-agent/control/metrics_http.h"
 #include "host-agent/control/policy_store.h"
 #include "host-agent/domain_control.h"
+#include "host-agent/fd_handoff.h"
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
@@ -112,7 +113,9 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"guest_get_ns", vm.guest.get_ns},
          {"guest_miss_ns", vm.guest.miss_ns},
          {"guest_prefetch_used", vm.guest.prefetch_used},
-         {"guest_prefetch_unused", vm.guest.prefetch_unused}});
+         {"guest_prefetch_unused", vm.guest.prefetch_unused},
+         {"restored", ch(ChannelCounter::kRestoredAcrossRestart)},
+         {"foreign_regions", ch(ChannelCounter::kForeignRegions)}});
   }
 }
 
@@ -131,7 +134,36 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   return g->gr_gid;
 }
 
+// The binary to exec on an upgrade: the path this process was started
+// from, so a package that replaced the file (rename over it) runs the new
+// one. /proc/self/exe would name the old, deleted inode.
+std::string OwnExecutable() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return "";
+  std::string path(buf, static_cast<size_t>(n));
+  constexpr std::string_view kDeleted = " (deleted)";
+  if (path.size() > kDeleted.size() &&
+      path.compare(path.size() - kDeleted.size(), kDeleted.size(), kDeleted) ==
+          0) {
+    path.resize(path.size() - kDeleted.size());
+  }
+  return path;
+}
+
+// Channels a previous tmemd handed over: VMs in the config (or still
+// served by a QEMU) are restored with a new host generation; the others,
+// whose QEMU went away meanwhile, are cleaned up.
+struct RestartSummary {
+  uint64_t restored = 0;     // channels taken over
+  uint64_t guests_kept = 0;  // ... with QEMU still connected
+  uint64_t vms_gone = 0;     // not configured and QEMU gone: removed
+  uint64_t failed = 0;       // could not be taken over (logged)
+};
+
 int Run(int argc, char** argv) {
+  const std::vector<std::string> original_argv(argv, argv + argc);
+  const std::string own_executable = OwnExecutable();
   CLI::App app{
       "tmemd: transcendent-memory host agent. Serves guests' evicted clean "
       "pages over ivshmem-doorbell channels, one per VM."};
@@ -167,6 +199,17 @@ int Run(int argc, char** argv) {
       state_file;
   std::vector<std::string> control_admins;
   int64_t metrics_port = -1;
+  int host_peer_id = 0;
+  bool no_fd_store = false;
+  app.add_option("--host-peer-id", host_peer_id,
+                 "ivshmem peer id of tmemd, 0 or 1 (the VM is the other); 1 "
+                 "makes the device migratable (QEMU master=on needs the VM "
+                 "to be peer 0)")
+      ->check(CLI::Range(0, 1));
+  app.add_flag("--no-fd-store", no_fd_store,
+               "do not keep channel descriptors in systemd's fd store "
+               "(NOTIFY_SOCKET); a restart then loses running guests' "
+               "devices");
   app.add_option("--control-socket", control_socket,
                  "admin gRPC socket, mode 0600 (SOCKET_DIR/control.sock; "
                  "'' for none)");
@@ -306,6 +349,15 @@ int Run(int argc, char** argv) {
           "no [[vm]] in the config and no --vm flag: serving nothing"}});
   }
 
+  // Before anything else opens descriptors or starts threads: they are
+  // fds 3.. (systemd) or named in the environment (exec handoff).
+  InheritedChannels inherited = TakeInheritedChannels();
+  for (const std::string& e : inherited.errors) {
+    Log(LogLevel::kWarn, "handoff_rejected", {{"error", e}});
+  }
+  std::unique_ptr<SystemdFdStore> fd_store =
+      no_fd_store ? nullptr : SystemdFdStore::FromEnvironment();
+
   std::optional<gid_t> group;
   if (config.socket_group) {
     absl::StatusOr<gid_t> gid = ResolveGroup(*config.socket_group);
@@ -336,6 +388,7 @@ int Run(int argc, char** argv) {
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);  // upgrade: exec in place
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a vanished client must not kill us
 
@@ -350,6 +403,8 @@ int Run(int argc, char** argv) {
   options.socket_gid = group;
   options.workers = config.workers;
   options.worker = config.worker;
+  options.host_peer_id = host_peer_id;
+  options.fd_store = fd_store.get();
   absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(options);
   if (!agent.ok()) {
     Log(LogLevel::kError, "agent_error", {{"error", agent.status().message()}});
@@ -381,6 +436,7 @@ int Run(int argc, char** argv) {
     hypervisor = std::move(*hv);
     DomainManagerOptions mo;
     mo.vectors = config.vectors;
+    mo.master = host_peer_id == 1;
     mo.detach_timeout =
         std::chrono::seconds(config.libvirt.detach_timeout_seconds);
     domain_manager =
@@ -394,7 +450,44 @@ int Run(int argc, char** argv) {
       [&control](const std::string& name, const VmPolicy& requested) {
         return control.ResolveVmPolicy(name, requested);
       });
+  RestartSummary restart;
+  for (auto& [name, fds] : inherited.vms) {
+    const VmConfig* configured = nullptr;
+    for (const VmConfig& vm : config.vms) {
+      if (vm.name == name) configured = &vm;
+    }
+    absl::StatusOr<VmInfo> restored = (*agent)->RestoreVm(
+        name, configured != nullptr ? configured->policy : VmPolicy{},
+        std::move(fds));
+    if (!restored.ok()) {
+      ++restart.failed;
+      Log(LogLevel::kError, "channel_restore_failed",
+          {{"vm", name}, {"error", restored.status().message()}});
+      continue;
+    }
+    ++restart.restored;
+    if (restored->connected) {
+      ++restart.guests_kept;
+    } else if (configured == nullptr) {
+      // Added at run time (gRPC, libvirt) and its QEMU is gone: nothing
+      // will connect to it again; libvirt re-adds it if the domain returns.
+      ++restart.vms_gone;
+      (void)(*agent)->RemoveVm(name);
+    }
+  }
+  if (!inherited.source.empty() || inherited.rejected > 0 ||
+      !inherited.errors.empty()) {
+    Log(LogLevel::kInfo, "restart_recovered",
+        {{"source", inherited.source},
+         {"restored", restart.restored},
+         {"guests_kept", restart.guests_kept},
+         {"vms_gone", restart.vms_gone},
+         {"failed", restart.failed},
+         {"fds_rejected", inherited.rejected},
+         {"host_generation", (*agent)->host_generation()}});
+  }
   for (const VmConfig& vm : config.vms) {
+    if ((*agent)->HasVm(vm.name)) continue;  // restored above
     absl::StatusOr<VmInfo> added = (*agent)->AddVm(vm.name, vm.policy);
     if (!added.ok()) {
       Log(LogLevel::kError, "channel_error",
@@ -456,8 +549,12 @@ int Run(int argc, char** argv) {
        {"mode", ValveModeName(config.valve.default_mode)},
        {"cpu_budget_percent", config.valve.cpu_budget_percent},
        {"workers", (*agent)->Status().workers},
-       {"pid", static_cast<int64_t>(getpid())}});
+       {"pid", static_cast<int64_t>(getpid())},
+       {"fd_store", fd_store != nullptr},
+       {"host_peer_id", host_peer_id}});
+  NotifyReady();
 
+  bool upgrade = false;
   for (;;) {
     int sig = 0;
     if (config.stats_interval_seconds > 0) {
@@ -470,9 +567,23 @@ int Run(int argc, char** argv) {
     } else if (sigwait(&signals, &sig) != 0) {
       continue;
     }
+    if (sig == SIGHUP) {
+      // Refuse before stopping anything: an exec that cannot happen would
+      // leave a tmemd that serves nothing.
+      if (own_executable.empty() || access(own_executable.c_str(), X_OK) != 0) {
+        Log(LogLevel::kError, "upgrade_refused",
+            {{"executable", own_executable},
+             {"error", "not executable; still serving"}});
+        continue;
+      }
+      Log(LogLevel::kInfo, "upgrade", {{"executable", own_executable}});
+      upgrade = true;
+      break;
+    }
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
+  NotifyStopping();
   // Outside callers first (gRPC, then libvirt events), so nothing touches a
   // stopping agent.
   (*control_server)->Shutdown();
@@ -481,6 +592,21 @@ int Run(int argc, char** argv) {
   hypervisor.reset();
   (*agent)->StopServing();
   LogStats(**agent, "final_stats");
+  if (upgrade) {
+    // Workers are stopped and nothing else touches the channels: hand their
+    // descriptors to the new image. Returns only if the exec failed.
+    const std::vector<NamedFd> fds = (*agent)->HandoffFds();
+    absl::Status s = ExecWithFds(own_executable, original_argv, fds);
+    Log(LogLevel::kError, "upgrade_failed", {{"error", s.message()}});
+    // With an fd store, systemd restarts tmemd and it recovers from there.
+    if (fd_store != nullptr) (*agent)->KeepChannelsForSuccessor();
+    agent->reset();
+    return 1;
+  }
+  // Under systemd with an fd store a SIGTERM may be a restart: leave the
+  // socket paths and the stored descriptors for the successor (a stop
+  // closes the store; the next start replaces the stale socket files).
+  if (fd_store != nullptr) (*agent)->KeepChannelsForSuccessor();
   agent->reset();  // stops workers, unlinks sockets, forgets VMs
   Log(LogLevel::kInfo, "tmemd_stopped");
   return 0;

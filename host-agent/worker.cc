@@ -167,6 +167,20 @@ bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
   *more = false;
   for (Channel* ch : channels_) {
     if (!ch->server().connected()) continue;
+    if (ch->region().IsForeign()) {
+      // Another host's header (live migration copied the region in, maybe
+      // still copying): nothing in it is ours to execute.
+      ch->OnForeignRegion();
+      // Each round of an incoming migration may rewrite the header again,
+      // and a hostile guest can scribble on it at will: the counter has
+      // every one, the log the 1st, 2nd, 4th, 8th...
+      const uint64_t n = ch->metrics().Get(ChannelCounter::kForeignRegions);
+      if ((n & (n - 1)) == 0) {
+        Log(LogLevel::kInfo, "foreign_region_reset",
+            {{"vm", ch->name()}, {"count", n}});
+      }
+      continue;
+    }
     ch->PublishAdmissionHint();
     PutAdvisor* advisor = ch->advisor();
     const bool measure = advisor != nullptr && ch->consumer().Pending() > 0;
@@ -177,6 +191,7 @@ bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
     if (measure) advisor->ChargeCpu(ch->vm(), ThreadCpuNanos() - cpu0);
     if (r.consumed > 0) {
       work = true;
+      ch->NoteServed();
       // Work found without this guest ringing: what polling saves.
       if (std::find(rung.begin(), rung.end(), ch) == rung.end()) {
         ch->metrics().Inc(ChannelCounter::kPollRounds);
@@ -261,6 +276,7 @@ void Worker::Loop() {
           if (ch->server().OnListenReadable()) {
             client_fd_of_[ch] = ch->server().client_fd();
             Register(ch->server().client_fd(), ch, FdKind::kClient);
+            ch->OnGuestAttached();
             Log(LogLevel::kInfo, "guest_attached", {{"vm", ch->name()}});
           }
           break;

@@ -65,6 +65,9 @@ PACKAGES=(
   cpio                 # initramfs
   busybox-static       # the guest's userland
   e2fsprogs            # mkfs.ext4 for the guest's data disk
+
+  # --- restart, upgrade and live migration (issue 14) ----------------------
+  libsystemd-dev       # sd_notify fd store, sd_listen_fds_with_names
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }

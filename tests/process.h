@@ -68,6 +68,10 @@ class Process {
     }
     posix_spawn_file_actions_destroy(&actions);
   }
+  // A child someone else started (fork + exec with special set-up); this
+  // object reaps it and reads its log.
+  Process(pid_t pid, std::string log_path)
+      : log_path_(std::move(log_path)), pid_(pid) {}
   ~Process() {
     if (pid_ > 0 && !exited_) {
       kill(pid_, SIGKILL);

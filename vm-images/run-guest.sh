@@ -7,6 +7,10 @@
 # Usage: vm-images/run-guest.sh [--socket DIR/NAME.sock] [--disk IMG]
 #          [--mem MIB] [--smp N] [--append "ARGS"] [--serial FILE]
 #          [--timeout SECS] [--accel auto|tcg|kvm] [--monitor-pipe PATH]
+#          [--migratable] [--incoming unix:PATH] [--qmp PATH]
+# --migratable: the device is master=on (QEMU then migrates it); tmemd must
+# run with --host-peer-id 1 and the guest driver ring peer 1.
+# --incoming: start as a live-migration destination; --qmp: a QMP socket.
 # --monitor-pipe: HMP monitor on the FIFOs PATH.in / PATH.out (e.g. for
 # device_del tmem0 / chardev-add / device_add: hot re-plug of the device).
 # Without --serial the console is this terminal. Exits with QEMU's status
@@ -15,7 +19,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 socket="" disk="" mem=160 smp=1 append="" serial="" timeout_s=0
-accel="${TMEM_VM_ACCEL:-auto}" monpipe=""
+accel="${TMEM_VM_ACCEL:-auto}" monpipe="" master="" incoming="" qmp=""
 while (($#)); do
   case "$1" in
     --socket) socket="$2"; shift 2 ;;
@@ -27,6 +31,9 @@ while (($#)); do
     --timeout) timeout_s="$2"; shift 2 ;;
     --accel) accel="$2"; shift 2 ;;
     --monitor-pipe) monpipe="$2"; shift 2 ;;
+    --migratable) master=",master=on"; shift ;;
+    --incoming) incoming="$2"; shift 2 ;;
+    --qmp) qmp="$2"; shift 2 ;;
     -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
@@ -68,8 +75,10 @@ if [[ -n "${disk}" ]]; then
 fi
 if [[ -n "${socket}" ]]; then
   args+=(-chardev "socket,path=${socket},id=tm0"
-         -device "ivshmem-doorbell,chardev=tm0,vectors=1,id=tmem0")
+         -device "ivshmem-doorbell,chardev=tm0,vectors=1,id=tmem0${master}")
 fi
+[[ -n "${incoming}" ]] && args+=(-incoming "${incoming}")
+[[ -n "${qmp}" ]] && args+=(-qmp "unix:${qmp},server=on,wait=off")
 if [[ -n "${serial}" ]]; then
   args=(-serial "file:${serial}" -display none
         "${args[@]/-nographic/}")

@@ -1,9 +1,23 @@
 #include "host-agent/channel/channel.h"
 
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "host-agent/log.h"
 
 namespace tmem {
+namespace {
+
+int64_t MonotonicNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
 
 Channel::Channel(ChannelOptions options, TmemStore* store, VmId vm)
     : options_(std::move(options)), store_(store), vm_(vm) {}
@@ -28,12 +42,111 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
       IvshmemServer::Listen(options.server, ch->region_->fd(), &ch->metrics_);
   if (!server.ok()) return server.status();
   ch->server_ = std::move(*server);
+  ch->region_->SetHostPeerId(
+      static_cast<uint32_t>(options.server.host_peer_id));
+  ch->StoreFds();
   return ch;
 }
 
+absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
+    const ChannelOptions& options, IvshmemServerFds fds, TmemStore* store,
+    uint64_t host_generation, PutAdvisor* advisor) {
+  absl::StatusOr<VmId> vm = store->AddVm(options.vm_name, options.policy);
+  if (!vm.ok()) {
+    for (int fd : {fds.listen, fds.shm, fds.client}) {
+      if (fd >= 0) close(fd);
+    }
+    for (int fd : fds.doorbells) close(fd);
+    for (int fd : fds.interrupts) close(fd);
+    return vm.status();
+  }
+  std::unique_ptr<Channel> ch(new Channel(options, store, *vm));
+  // The region needs its own descriptor of the memfd: the server keeps one
+  // to send QEMU at each handshake.
+  const int shm_for_region =
+      fds.shm < 0 ? -1 : fcntl(fds.shm, F_DUPFD_CLOEXEC, 0);
+  absl::StatusOr<std::unique_ptr<IvshmemServer>> server =
+      IvshmemServer::Adopt(options.server, fds, &ch->metrics_);
+  if (!server.ok()) {
+    if (shm_for_region >= 0) close(shm_for_region);
+    return server.status();  // ~Channel forgets the VM
+  }
+  ch->server_ = std::move(*server);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> region =
+      SharedRegion::Adopt(shm_for_region, options.ring_entries, host_generation,
+                          static_cast<uint32_t>(options.server.host_peer_id));
+  if (!region.ok()) return region.status();
+  ch->region_ = std::move(*region);
+  ch->advisor_ = advisor;
+  ch->consumer_ = std::make_unique<RingConsumer>(ch->region_.get(), store, *vm,
+                                                 &ch->metrics_, advisor);
+  ch->metrics_.Inc(ChannelCounter::kRestoredAcrossRestart);
+  ch->restored_at_ns_ = MonotonicNanos();
+  ch->metrics_.Inc(ChannelCounter::kChannelResets);
+  // From systemd's store they are stored already, and storing a name again
+  // is harmless; after an exec they must be (re)stored for the next crash.
+  ch->StoreFds();
+  return ch;
+}
+
+std::vector<NamedFd> Channel::HandoffFds() const {
+  const std::string& vm = options_.vm_name;
+  std::vector<NamedFd> out = {
+      {ChannelFdName(vm, "shm"), server_->shm_fd()},
+      {ChannelFdName(vm, "listen"), server_->listen_fd()},
+  };
+  if (server_->client_fd() >= 0) {
+    out.push_back({ChannelFdName(vm, "client"), server_->client_fd()});
+  }
+  for (int v = 0; v < server_->vectors(); ++v) {
+    out.push_back(
+        {ChannelFdName(vm, absl::StrCat("db", v)), server_->doorbell_fd(v)});
+    out.push_back(
+        {ChannelFdName(vm, absl::StrCat("irq", v)), server_->interrupt_fd(v)});
+  }
+  return out;
+}
+
+void Channel::StoreFds() const {
+  if (options_.fd_store == nullptr) return;
+  for (const NamedFd& f : HandoffFds()) options_.fd_store->Store(f.name, f.fd);
+}
+
+void Channel::KeepForSuccessor() {
+  keep_for_successor_ = true;
+  if (server_ != nullptr) server_->KeepSocketPath();
+}
+
+void Channel::OnGuestAttached() {
+  if (options_.fd_store == nullptr || server_->client_fd() < 0) return;
+  options_.fd_store->Store(ChannelFdName(options_.vm_name, "client"),
+                           server_->client_fd());
+}
+
+void Channel::LogFirstRequestAfterRestore() {
+  const int64_t waited = MonotonicNanos() - restored_at_ns_;
+  restored_at_ns_ = 0;
+  Log(LogLevel::kInfo, "first_request_after_restore",
+      {{"vm", options_.vm_name}, {"after_us", waited / 1000}});
+}
+
+void Channel::OnForeignRegion() {
+  consumer_->DropPools();
+  region_->Reset(/*fresh_host=*/true);
+  consumer_ = std::make_unique<RingConsumer>(region_.get(), store_, vm_,
+                                             &metrics_, advisor_);
+  metrics_.Inc(ChannelCounter::kForeignRegions);
+  metrics_.Inc(ChannelCounter::kChannelResets);
+}
+
 Channel::~Channel() {
+  if (options_.fd_store != nullptr && server_ != nullptr &&
+      !keep_for_successor_) {
+    for (const NamedFd& f : HandoffFds()) options_.fd_store->Remove(f.name);
+  }
   // Tell an attached guest (which keeps its mapping) that nobody serves this
-  // region any more, so it stops waiting on it.
+  // region any more, so it stops waiting on it (a successor re-initializes
+  // it with a new generation).
   if (region_ != nullptr) {
     __atomic_store_n(&region_->header()->host_state, TMEM_HOST_STATE_RESET,
                      __ATOMIC_RELEASE);
@@ -45,6 +158,9 @@ Channel::~Channel() {
 }
 
 void Channel::OnGuestDetached() {
+  if (options_.fd_store != nullptr) {
+    options_.fd_store->Remove(ChannelFdName(options_.vm_name, "client"));
+  }
   consumer_->DropPools();
   // The guest's self-report leaves with it (a reset with the guest still
   // attached keeps it: that guest rewrites it).

@@ -7,6 +7,14 @@
 // Destroying it closes the socket (unlinking the path) and forgets the VM
 // (its pages go).
 //
+// Restart: Restore() builds the channel from the descriptors a previous
+// tmemd handed over (fd_handoff.h): the region is re-initialized with a new
+// host generation, so the guest drops its pool ids and resynchronizes
+// without a device re-plug. The VM's stored pages were in the old process
+// and are gone; the new generation is what tells the guest so. With an
+// FdStore, every descriptor is stored as it is created (QEMU's connection
+// when it attaches) and removed when the channel goes for good.
+//
 // Not thread-safe: the worker that drives it owns it; metrics() may be read
 // from any thread.
 #ifndef TMEMD_HOST_AGENT_CHANNEL_CHANNEL_H_
@@ -23,6 +31,7 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
 #include "host-agent/channel/shared_region.h"
+#include "host-agent/fd_handoff.h"
 
 namespace tmem {
 
@@ -32,6 +41,7 @@ struct ChannelOptions {
   uint64_t region_bytes = uint64_t{4} << 20;
   uint32_t ring_entries = 256;
   VmPolicy policy;
+  FdStore* fd_store = nullptr;  // must outlive the channel
 };
 
 class Channel {
@@ -39,6 +49,11 @@ class Channel {
   static absl::StatusOr<std::unique_ptr<Channel>> Create(
       const ChannelOptions& options, TmemStore* store, uint64_t host_generation,
       PutAdvisor* advisor = nullptr);
+  // Takes `fds` (closed on failure); options.server's socket settings are
+  // not used (the socket already exists), its host_peer_id is.
+  static absl::StatusOr<std::unique_ptr<Channel>> Restore(
+      const ChannelOptions& options, IvshmemServerFds fds, TmemStore* store,
+      uint64_t host_generation, PutAdvisor* advisor = nullptr);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
@@ -55,6 +70,24 @@ class Channel {
   // The guest went away (client disconnected): its pool ids die with it,
   // so drop its pools and reset the region for the next client.
   void OnGuestDetached();
+  // A client completed the handshake: its connection goes to the fd store.
+  void OnGuestAttached();
+  // The header holds a host_generation this process did not write (the
+  // region arrived by live migration): drop the VM's pools and pages and
+  // re-initialize the region, so the guest resynchronizes. Worker thread.
+  void OnForeignRegion();
+
+  // The worker consumed entries: the first time after a Restore, logs how
+  // long the guest took to use the restored channel (restart benchmark).
+  void NoteServed() {
+    if (restored_at_ns_ != 0) LogFirstRequestAfterRestore();
+  }
+
+  // Every descriptor a successor needs, named as in fd_handoff.h.
+  std::vector<NamedFd> HandoffFds() const;
+  // This process is handing the channel to a successor (fd store restart):
+  // destruction leaves the socket path and the fd store alone.
+  void KeepForSuccessor();
 
   // Tells the advisor when the guest's TMEM_GUEST_STANDING_ASIDE flag
   // changed, then copies its admission rate for this VM into the shared
@@ -68,6 +101,8 @@ class Channel {
 
  private:
   Channel(ChannelOptions options, TmemStore* store, VmId vm);
+  void StoreFds() const;
+  void LogFirstRequestAfterRestore();
 
   ChannelOptions options_;
   TmemStore* store_;
@@ -78,6 +113,8 @@ class Channel {
   std::unique_ptr<SharedRegion> region_;
   std::unique_ptr<IvshmemServer> server_;
   std::unique_ptr<RingConsumer> consumer_;
+  bool keep_for_successor_ = false;
+  int64_t restored_at_ns_ = 0;  // worker thread after Restore
 };
 
 }  // namespace tmem

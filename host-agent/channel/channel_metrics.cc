@@ -58,6 +58,10 @@ std::string_view ChannelCounterName(ChannelCounter c) {
       return "interrupts_sent";
     case ChannelCounter::kPollRounds:
       return "poll_rounds";
+    case ChannelCounter::kRestoredAcrossRestart:
+      return "restored_across_restart";
+    case ChannelCounter::kForeignRegions:
+      return "foreign_regions";
     case ChannelCounter::kNumCounters:
       break;
   }

@@ -45,6 +45,9 @@ enum class ChannelCounter : int {
   kDoorbells,  // eventfd wakeups from the guest
   kInterruptsSent,
   kPollRounds,  // drains found work without a doorbell
+  // Operations (restart, upgrade, migration).
+  kRestoredAcrossRestart,  // channel taken over from a previous tmemd
+  kForeignRegions,         // header held another host's generation (migration)
   kNumCounters,
 };
 inline constexpr int kNumChannelCounters =

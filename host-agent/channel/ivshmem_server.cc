@@ -15,6 +15,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,11 +28,10 @@
 namespace tmem {
 namespace {
 
-// Peer ids of the ivshmem protocol: tmemd is peer 0 (so a guest doorbell
-// (0 << 16) | v lands on tmemd's eventfd v), the VM is peer 1.
+// Peer ids of the ivshmem protocol: tmemd is host_peer_id (a guest
+// doorbell (host_peer_id << 16) | v lands on tmemd's eventfd v), the VM is
+// the other of {0, 1}.
 constexpr int64_t kProtocolVersion = 0;
-constexpr int64_t kServerPeerId = 0;
-constexpr int64_t kClientPeerId = 1;
 constexpr int64_t kShmMessage = -1;
 constexpr int kMaxVectors = 16;
 // QEMU connects once per device; a longer queue would only hold
@@ -122,6 +122,11 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Listen(
         absl::StrCat("ivshmem vectors = ", options.vectors, " must be in [1, ",
                      kMaxVectors, "] and match the device's vectors= option"));
   }
+  if (options.host_peer_id != 0 && options.host_peer_id != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_peer_id = ", options.host_peer_id,
+                     " must be 0 or 1 (the VM is the other peer)"));
+  }
   if (path.empty() || path.size() >= sizeof(sockaddr_un{}.sun_path)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ivshmem socket path \"", path, "\" must be 1 to ",
@@ -196,26 +201,177 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Listen(
   unlink_on_error.Dismiss();
   return std::unique_ptr<IvshmemServer>(new IvshmemServer(
       path, sock.release(), shm.release(), std::move(doorbell_fds),
-      std::move(interrupt_fds), metrics));
+      std::move(interrupt_fds), metrics, options.host_peer_id));
 }
 
 IvshmemServer::IvshmemServer(std::string socket_path, int listen_fd, int shm_fd,
                              std::vector<int> doorbell_fds,
                              std::vector<int> interrupt_fds,
-                             ChannelMetrics* metrics)
+                             ChannelMetrics* metrics, int host_peer_id)
     : socket_path_(std::move(socket_path)),
       listen_fd_(listen_fd),
       shm_fd_(shm_fd),
       doorbell_fds_(std::move(doorbell_fds)),
       interrupt_fds_(std::move(interrupt_fds)),
-      metrics_(metrics) {}
+      metrics_(metrics),
+      host_peer_id_(host_peer_id) {}
+
+namespace {
+
+// What an inherited descriptor must be; each check says what it found.
+absl::Status CheckUnixStream(int fd, bool listening, const char* what) {
+  int domain = 0;
+  int type = 0;
+  int accepting = 0;
+  socklen_t len = sizeof(int);
+  if (getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &len) != 0) {
+    return absl::ErrnoToStatus(
+        errno,
+        absl::StrCat("handed-over ", what, " (fd ", fd, ") is not a socket"));
+  }
+  len = sizeof(int);
+  getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len);
+  len = sizeof(int);
+  getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &accepting, &len);
+  if (domain != AF_UNIX || type != SOCK_STREAM ||
+      (accepting != 0) != listening) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handed-over ", what, " (fd ", fd, ") is a socket of domain ", domain,
+        ", type ", type, ", listening ", accepting,
+        "; expected a UNIX stream socket", listening ? " that listens" : ""));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckEventfd(int fd, const char* what, int vector) {
+  char target[64] = {};
+  const std::string link = absl::StrCat("/proc/self/fd/", fd);
+  const ssize_t n = readlink(link.c_str(), target, sizeof(target) - 1);
+  if (n < 0 || std::string_view(target, n) != "anon_inode:[eventfd]") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handed-over ", what, " eventfd for vector ", vector, " (fd ", fd,
+        ") is ", n < 0 ? "not open" : std::string(target, n)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
+    const IvshmemServerOptions& options, const IvshmemServerFds& fds,
+    ChannelMetrics* metrics) {
+  // Own everything first, so every error path below closes it all.
+  OwnedFd listen_fd(fds.listen);
+  OwnedFd shm(fds.shm);
+  OwnedFd client(fds.client);
+  std::vector<OwnedFd> doorbells;
+  std::vector<OwnedFd> interrupts;
+  for (int fd : fds.doorbells) doorbells.emplace_back(fd);
+  for (int fd : fds.interrupts) interrupts.emplace_back(fd);
+  if (metrics == nullptr) {
+    return absl::InvalidArgumentError("IvshmemServer needs a ChannelMetrics");
+  }
+  if (options.host_peer_id != 0 && options.host_peer_id != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host_peer_id = ", options.host_peer_id,
+                     " must be 0 or 1 (the VM is the other peer)"));
+  }
+  // The VM's device has as many vectors as it had: QEMU got exactly these.
+  const size_t vectors = doorbells.size();
+  if (vectors < 1 || vectors > kMaxVectors || interrupts.size() != vectors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over channel has ", vectors, " doorbell and ",
+                     interrupts.size(),
+                     " interrupt eventfds; expected the same number, 1 "
+                     "to ",
+                     kMaxVectors));
+  }
+  if (listen_fd.get() < 0 || shm.get() < 0) {
+    return absl::InvalidArgumentError(
+        "handed-over channel lacks its listening socket or shared memory");
+  }
+  if (absl::Status s =
+          CheckUnixStream(listen_fd.get(), true, "listening socket");
+      !s.ok()) {
+    return s;
+  }
+  for (size_t v = 0; v < vectors; ++v) {
+    if (absl::Status s =
+            CheckEventfd(doorbells[v].get(), "doorbell", static_cast<int>(v));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            CheckEventfd(interrupts[v].get(), "interrupt", static_cast<int>(v));
+        !s.ok()) {
+      return s;
+    }
+  }
+  struct stat shm_stat {};
+  if (fstat(shm.get(), &shm_stat) != 0 || !S_ISREG(shm_stat.st_mode) ||
+      shm_stat.st_size <= 0 ||
+      !std::has_single_bit(static_cast<uint64_t>(shm_stat.st_size))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over shared memory (fd ", shm.get(),
+                     ") is not a memfd of power-of-two size"));
+  }
+  sockaddr_un addr{};
+  socklen_t addr_len = sizeof(addr);
+  if (getsockname(listen_fd.get(), reinterpret_cast<sockaddr*>(&addr),
+                  &addr_len) != 0 ||
+      addr.sun_family != AF_UNIX || addr.sun_path[0] == '\0') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over listening socket (fd ", listen_fd.get(),
+                     ") is not bound to a path"));
+  }
+  const std::string path(addr.sun_path,
+                         strnlen(addr.sun_path, sizeof(addr.sun_path)));
+  // The restarted tmemd polls these from its own epoll loop.
+  for (int fd : {listen_fd.get(), client.get()}) {
+    if (fd < 0) continue;
+    const int flags = fcntl(fd, F_GETFL);
+    if (flags >= 0) fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  }
+  bool client_alive = false;
+  if (client.get() >= 0) {
+    if (absl::Status s =
+            CheckUnixStream(client.get(), false, "QEMU connection");
+        !s.ok()) {
+      return s;
+    }
+    // QEMU never writes to this socket, so only a hangup or an error
+    // says it went away while no tmemd was watching.
+    pollfd pfd{client.get(), POLLIN | POLLRDHUP, 0};
+    const int ready = poll(&pfd, 1, 0);
+    client_alive =
+        ready == 0 ||
+        (ready > 0 && (pfd.revents & (POLLHUP | POLLRDHUP | POLLERR)) == 0);
+    if (!client_alive) metrics->Inc(ChannelCounter::kClientDisconnects);
+  }
+  std::vector<int> doorbell_fds;
+  std::vector<int> interrupt_fds;
+  for (OwnedFd& fd : doorbells) doorbell_fds.push_back(fd.release());
+  for (OwnedFd& fd : interrupts) interrupt_fds.push_back(fd.release());
+  std::unique_ptr<IvshmemServer> server(new IvshmemServer(
+      path, listen_fd.release(), shm.release(), std::move(doorbell_fds),
+      std::move(interrupt_fds), metrics, options.host_peer_id));
+  for (int fd : server->doorbell_fds_) DrainEventfd(fd);
+  if (client_alive) {
+    server->client_fd_ = client.release();
+    server->connected_.store(true, std::memory_order_relaxed);
+  } else {
+    // Interrupts nobody will consume; the next QEMU starts clean.
+    for (int fd : server->interrupt_fds_) DrainEventfd(fd);
+  }
+  return server;
+}
 
 IvshmemServer::~IvshmemServer() {
   if (client_fd_ >= 0) close(client_fd_);
   close(listen_fd_);
   // Ours: Listen either created this path or removed a stale socket and
   // refused to take over a live one, so nobody else can own it now.
-  unlink(socket_path_.c_str());
+  if (!keep_path_) unlink(socket_path_.c_str());
   close(shm_fd_);
   for (int fd : doorbell_fds_) close(fd);
   for (int fd : interrupt_fds_) close(fd);
@@ -270,16 +426,17 @@ bool IvshmemServer::OnListenReadable() {
 
 bool IvshmemServer::SendHandshake(int fd) {
   // The order QEMU 7.2's ivshmem_recv_setup expects: version, own id, shared
-  // memory; then the eventfds of each other peer (tmemd, peer 0) and finally
+  // memory; then the eventfds of each other peer (tmemd) and finally
   // the client's own, one message per vector, vector order implied.
   if (SendMessage(fd, kProtocolVersion, -1) != 0) return false;
-  if (SendMessage(fd, kClientPeerId, -1) != 0) return false;
+  const int64_t client_peer_id = 1 - host_peer_id_;
+  if (SendMessage(fd, client_peer_id, -1) != 0) return false;
   if (SendMessage(fd, kShmMessage, shm_fd_) != 0) return false;
   for (int efd : doorbell_fds_) {
-    if (SendMessage(fd, kServerPeerId, efd) != 0) return false;
+    if (SendMessage(fd, host_peer_id_, efd) != 0) return false;
   }
   for (int efd : interrupt_fds_) {
-    if (SendMessage(fd, kClientPeerId, efd) != 0) return false;
+    if (SendMessage(fd, client_peer_id, efd) != 0) return false;
   }
   return true;
 }

@@ -21,6 +21,16 @@
 // The eventfds are created once (EFD_NONBLOCK) and survive client
 // reconnects, so the worker's epoll set does not change.
 //
+// Peer ids: tmemd is `host_peer_id` and the VM the other of {0, 1}. With
+// host_peer_id 1 the VM is peer 0, which QEMU needs for a migratable device
+// (ivshmem master=on, the default for peer 0); host_peer_id 0 is the
+// pre-v2 layout (guests that always ring peer 0).
+//
+// Restart: Adopt() takes over the descriptors a previous tmemd handed over
+// (listening socket, shared memory, eventfds, and QEMU's connection if it
+// is still there), so a running VM keeps its device across a tmemd restart.
+// KeepSocketPath() makes the destructor leave the path for the next tmemd.
+//
 // Not thread-safe: one worker thread calls OnListenReadable/OnClientEvent
 // from its epoll loop; NotifyGuest may be called from that same thread.
 #ifndef TMEMD_HOST_AGENT_CHANNEL_IVSHMEM_SERVER_H_
@@ -48,6 +58,17 @@ struct IvshmemServerOptions {
   mode_t socket_mode = 0660;          // QEMU often runs as another user
   std::optional<uid_t> socket_owner;  // chown after bind when set
   std::optional<gid_t> socket_group;
+  int host_peer_id = 0;  // 0 or 1; the VM gets the other
+};
+
+// Descriptors of a running server, as handed from one tmemd to the next.
+// Owned: Adopt closes every one of them when it fails.
+struct IvshmemServerFds {
+  int listen = -1;
+  int shm = -1;
+  int client = -1;  // -1: no VM was attached
+  std::vector<int> doorbells;
+  std::vector<int> interrupts;
 };
 
 class IvshmemServer {
@@ -56,7 +77,20 @@ class IvshmemServer {
   // its own. `metrics` must outlive the server.
   static absl::StatusOr<std::unique_ptr<IvshmemServer>> Listen(
       const IvshmemServerOptions& options, int shm_fd, ChannelMetrics* metrics);
+  // Takes over `fds` (see IvshmemServerFds), checking each is what its name
+  // says (a listening UNIX stream socket, a power-of-two memfd, eventfds,
+  // a connected UNIX stream socket). The socket path is the one the
+  // listening socket is bound to. A client that hung up meanwhile is closed
+  // and counted as a disconnect (client_fd() is then -1).
+  static absl::StatusOr<std::unique_ptr<IvshmemServer>> Adopt(
+      const IvshmemServerOptions& options, const IvshmemServerFds& fds,
+      ChannelMetrics* metrics);
   ~IvshmemServer();  // closes everything and unlinks the socket path
+  // The destructor leaves the socket file: a restarted tmemd takes the
+  // listening socket over (fd store or exec handoff).
+  void KeepSocketPath() { keep_path_ = true; }
+  int shm_fd() const { return shm_fd_; }
+  int host_peer_id() const { return host_peer_id_; }
   IvshmemServer(const IvshmemServer&) = delete;
   IvshmemServer& operator=(const IvshmemServer&) = delete;
 
@@ -85,7 +119,7 @@ class IvshmemServer {
  private:
   IvshmemServer(std::string socket_path, int listen_fd, int shm_fd,
                 std::vector<int> doorbell_fds, std::vector<int> interrupt_fds,
-                ChannelMetrics* metrics);
+                ChannelMetrics* metrics, int host_peer_id);
   bool SendHandshake(int fd);
   void DropClient();
 
@@ -97,6 +131,8 @@ class IvshmemServer {
   std::vector<int> doorbell_fds_;
   std::vector<int> interrupt_fds_;
   ChannelMetrics* metrics_;
+  int host_peer_id_;
+  bool keep_path_ = false;
 };
 
 }  // namespace tmem

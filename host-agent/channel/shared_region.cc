@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -146,6 +147,60 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Create(
   return region;
 }
 
+absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Adopt(
+    int fd, uint32_t ring_entries, uint64_t host_generation,
+    uint32_t host_peer_id) {
+  struct stat st {};
+  if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fd >= 0) close(fd);
+    return absl::InvalidArgumentError(
+        absl::StrCat("handed-over shared region (fd ", fd, ") is not a memfd"));
+  }
+  // Without these seals a holder of the fd could shrink it under tmemd's
+  // mapping (SIGBUS); Create always sets them, so their absence means the
+  // fd is not one of ours.
+  const int seals = fcntl(fd, F_GET_SEALS);
+  constexpr int kNeeded = F_SEAL_SHRINK | F_SEAL_GROW;
+  if (seals < 0 || (seals & kNeeded) != kNeeded) {
+    close(fd);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "handed-over shared region (fd ", fd,
+        ") is not sealed against shrinking and growing (seals ", seals, ")"));
+  }
+  absl::StatusOr<RegionLayout> layout =
+      RegionLayout::ForSize(static_cast<uint64_t>(st.st_size), ring_entries);
+  if (!layout.ok()) {
+    close(fd);
+    return absl::Status(
+        layout.status().code(),
+        absl::StrCat("handed-over shared region: ", layout.status().message()));
+  }
+  void* base = mmap(nullptr, layout->region_bytes, PROT_READ | PROT_WRITE,
+                    MAP_SHARED, fd, 0);
+  if (base == MAP_FAILED) {
+    const int err = errno;
+    close(fd);
+    return absl::ErrnoToStatus(err, "mmap of the handed-over shared region");
+  }
+  // Reset draws a new random generation: nothing the old process wrote
+  // is taken for ours.
+  std::unique_ptr<SharedRegion> region(new SharedRegion(
+      fd, static_cast<uint8_t*>(base), *layout, host_generation));
+  region->host_peer_id_ = host_peer_id;
+  region->Reset(/*fresh_host=*/true);
+  return region;
+}
+
+void SharedRegion::SetHostPeerId(uint32_t peer_id) {
+  host_peer_id_ = peer_id;
+  StoreRelaxed(&header()->host_peer_id, peer_id);
+}
+
+bool SharedRegion::IsForeign() const {
+  return __atomic_load_n(&header()->host_generation, __ATOMIC_RELAXED) !=
+         host_generation_;
+}
+
 SharedRegion::SharedRegion(int fd, uint8_t* base, const RegionLayout& layout,
                            uint64_t host_generation)
     : fd_(fd),
@@ -176,8 +231,9 @@ void SharedRegion::WriteHeader() {
   StoreRelaxed(&h->slots_offset, layout_.slots_offset);
   StoreRelaxed(&h->slot_count, layout_.slot_count);
   StoreRelaxed(&h->host_generation, tmem_u64{host_generation_});
-  // tmemd is always peer 0 of its ivshmem server (the VM is peer 1).
-  StoreRelaxed(&h->host_peer_id, tmem_u32{0});
+  // Which ivshmem peer the guest rings: 0, or 1 for a migratable device
+  // (QEMU master=on needs the VM to be peer 0).
+  StoreRelaxed(&h->host_peer_id, tmem_u32{host_peer_id_});
   StoreRelaxed(&h->pad0, tmem_u32{0});
   // Until a worker polls, tmemd sleeps on the doorbell; and until the valve
   // says otherwise every put is welcome.
@@ -192,7 +248,7 @@ void SharedRegion::WriteHeader() {
   StoreRelaxed(&h->cq_tail.value, tmem_u32{0});
 }
 
-void SharedRegion::Reset() {
+void SharedRegion::Reset(bool fresh_host) {
   tmem_shm_header* h = header();
   // RESET first, so a guest still running sees the channel going away
   // before it sees indices jump back to zero. The release fence orders the
@@ -214,10 +270,12 @@ void SharedRegion::Reset() {
 
   host_generation_ = NewHostGeneration(host_generation_);
   WriteHeader();  // ring indices and flush fields back to zero
-  StoreRelaxed(&h->host_flags, host_flags);
-  StoreRelaxed(&h->admission_hint, admission_hint <= TMEM_ADMIT_ALL
-                                       ? admission_hint
-                                       : TMEM_ADMIT_ALL);
+  if (!fresh_host) {
+    StoreRelaxed(&h->host_flags, host_flags);
+    StoreRelaxed(&h->admission_hint, admission_hint <= TMEM_ADMIT_ALL
+                                         ? admission_hint
+                                         : TMEM_ADMIT_ALL);
+  }
   StoreRelaxed(&h->resets, resets + 1);
   // guest_generation and features_guest stay: the guest rewrites them when
   // it re-attaches after seeing RESET. Page slots stay as they are.

@@ -6,6 +6,14 @@
 // INIT, zeroed rings, then publishes READY with a release store; Reset()
 // does the same with a new host generation (used after a corrupt ring or a
 // guest restart). Not thread-safe: the channel's worker owns it.
+//
+// Adopt() maps a memfd a previous tmemd handed over (restart, upgrade) and
+// re-initializes it at once with a new host generation: nothing the old
+// process left in the header or rings is trusted. IsForeign() tells when
+// the header's host_generation is not the one this process wrote: the
+// region arrived by live migration holding another host's header (QEMU
+// copies the shared memory of a master=on device), or a guest scribbled
+// on a host-owned field; either way the caller resets it.
 #ifndef TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
 #define TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
 
@@ -27,6 +35,13 @@ class SharedRegion {
   static absl::StatusOr<std::unique_ptr<SharedRegion>> Create(
       const std::string& name, const RegionLayout& layout,
       uint64_t host_generation);
+  // Takes `fd` (closed on failure). It must be a memfd of power-of-two size
+  // sealed against shrinking and growing (what Create makes), or tmemd's
+  // mapping could SIGBUS. The layout is rebuilt for the memfd's own size
+  // (the VM's BAR2 cannot change) with `ring_entries`.
+  static absl::StatusOr<std::unique_ptr<SharedRegion>> Adopt(
+      int fd, uint32_t ring_entries, uint64_t host_generation,
+      uint32_t host_peer_id);
   ~SharedRegion();  // unmaps and closes
   SharedRegion(const SharedRegion&) = delete;
   SharedRegion& operator=(const SharedRegion&) = delete;
@@ -38,6 +53,11 @@ class SharedRegion {
     return reinterpret_cast<tmem_shm_header*>(base_);
   }
   uint64_t host_generation() const { return host_generation_; }
+  // The ivshmem peer id guests ring (header field host_peer_id). Written
+  // into the header now and on every reset.
+  void SetHostPeerId(uint32_t peer_id);
+  // The header's host_generation is not ours (see above). One relaxed load.
+  bool IsForeign() const;
 
   // A random 64-bit generation, nonzero and != previous: unique per init,
   // so a region from another host (live migration) is recognisably
@@ -46,8 +66,10 @@ class SharedRegion {
 
   // Re-initializes the header and rings with a NewHostGeneration() and
   // host_state READY (resets counter bumped in the header). Page slots are
-  // left as they are.
-  void Reset();
+  // left as they are. `fresh_host`: the host side starts over (adopted or
+  // foreign region): doorbells wanted and every put admitted, instead of
+  // keeping what the worker and the valve last published.
+  void Reset(bool fresh_host = false);
 
  private:
   SharedRegion(int fd, uint8_t* base, const RegionLayout& layout,
@@ -58,6 +80,7 @@ class SharedRegion {
   uint8_t* base_;
   RegionLayout layout_;
   uint64_t host_generation_;
+  uint32_t host_peer_id_ = 0;
 };
 
 }  // namespace tmem

@@ -261,6 +261,17 @@ absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
   st.socket_path = path.empty() ? DefaultSocketPath(st.uuid) : path;
   absl::StatusOr<VmInfo> added =
       agent_->AddVm(st.vm, st.metadata.policy, st.socket_path);
+  if (absl::IsAlreadyExists(added.status())) {
+    // Restored from a previous tmemd (fd store or upgrade) on the same
+    // socket: the running QEMU is still connected to it; take it over.
+    absl::StatusOr<VmInfo> existing = agent_->GetVm(st.vm);
+    if (existing.ok() && existing->socket_path == st.socket_path) {
+      added = std::move(existing);
+      (void)agent_->SetVmPolicy(st.vm, st.metadata.policy);
+      Log(LogLevel::kInfo, "libvirt_channel_adopted",
+          {{"domain", st.name}, {"vm", st.vm}, {"socket", st.socket_path}});
+    }
+  }
   if (!added.ok()) {
     Log(LogLevel::kError, "libvirt_channel_error",
         {{"domain", st.name},
@@ -457,7 +468,8 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
                               : "";
   if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
-      name, TmemShmemXml(st.socket_path, options_.vectors), do_live, do_config);
+      name, TmemShmemXml(st.socket_path, options_.vectors, options_.master),
+      do_live, do_config);
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
       ReleaseChannelLocked(st, "attach failed");
@@ -517,7 +529,7 @@ absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
   st.uuid = d->uuid;
   const std::string path =
       live ? live->server_path : config->server_path;  // same device
-  const std::string xml = TmemShmemXml(path, options_.vectors);
+  const std::string xml = TmemShmemXml(path, options_.vectors, options_.master);
   if (do_config) {
     if (absl::Status s = hv_->DetachDevice(name, xml, false, true); !s.ok()) {
       return absl::Status(s.code(),

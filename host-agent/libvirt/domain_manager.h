@@ -58,6 +58,10 @@ namespace tmem {
 struct DomainManagerOptions {
   // MSI vectors of the device (must match the Agent's channels).
   int vectors = 1;
+  // Devices it attaches are role='master' (migratable); true exactly when
+  // tmemd is ivshmem peer 1 (AgentOptions::host_peer_id), since QEMU
+  // refuses master=on for a VM that is not peer 0.
+  bool master = false;
   // How long a live detach may wait for the guest's ack before List()
   // reports it as timed out.
   std::chrono::milliseconds detach_timeout{30000};

@@ -172,9 +172,11 @@ absl::Status ParseBool(std::string_view element, std::string_view text,
 
 }  // namespace
 
-std::string TmemShmemXml(std::string_view socket_path, int vectors) {
-  return absl::StrCat("<shmem name='", std::string(kTmemShmemName),
-                      "'><model type='ivshmem-doorbell'/><server path='",
+std::string TmemShmemXml(std::string_view socket_path, int vectors,
+                         bool master) {
+  return absl::StrCat("<shmem name='", std::string(kTmemShmemName), "'",
+                      master ? " role='master'" : "",
+                      "><model type='ivshmem-doorbell'/><server path='",
                       XmlEscape(socket_path), "'/><msi vectors='", vectors,
                       "' ioeventfd='on'/></shmem>");
 }

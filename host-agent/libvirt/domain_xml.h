@@ -28,7 +28,10 @@ inline constexpr std::string_view kTmemMetadataPrefix = "tmem";
 
 // <shmem name='tmem0'><model type='ivshmem-doorbell'/><server path='P'/>
 // <msi vectors='N' ioeventfd='on'/></shmem>
-std::string TmemShmemXml(std::string_view socket_path, int vectors);
+// `master`: role='master' (QEMU master=on), the migratable device; it
+// needs tmemd to be ivshmem peer 1 (the VM peer 0), see IvshmemServer.
+std::string TmemShmemXml(std::string_view socket_path, int vectors,
+                         bool master = false);
 
 struct TmemDevice {
   std::string server_path;  // <server path=...>

@@ -261,3 +261,73 @@ TEST(SharedRegionTest, MemfdErrorsCarryErrnoText) {
 
 }  // namespace
 }  // namespace tmem
+
+namespace tmem {
+namespace {
+
+// Restart: a successor adopts the memfd and re-initializes everything the
+// old process (or the guest) left in the header, under its own generation.
+TEST(SharedRegionAdoptTest, AdoptReinitializesUnderANewGeneration) {
+  auto old = MakeRegion(kRegion, /*generation=*/7);
+  tmem_shm_header* h = old->header();
+  h->sq_tail.value = 99;  // what a guest might have left
+  h->cq_tail.value = 5;
+  h->admission_hint = 1000;
+  h->host_flags = 0;
+  const int fd = fcntl(old->fd(), F_DUPFD_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> adopted =
+      SharedRegion::Adopt(fd, 256, /*host_generation=*/1000, /*peer=*/1);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  const tmem_shm_header* a = (*adopted)->header();
+  EXPECT_EQ(a->host_generation, 1000u);
+  EXPECT_EQ((*adopted)->host_generation(), 1000u);
+  EXPECT_EQ(a->host_peer_id, 1u);
+  EXPECT_EQ(a->host_state, TMEM_HOST_STATE_READY);
+  EXPECT_EQ(a->sq_tail.value, 0u);
+  EXPECT_EQ(a->cq_tail.value, 0u);
+  // A fresh host: doorbells wanted, everything admitted.
+  EXPECT_EQ(a->host_flags, TMEM_HOST_NEEDS_DOORBELL);
+  EXPECT_EQ(a->admission_hint, TMEM_ADMIT_ALL);
+  EXPECT_EQ(a->resets, 1u);
+  EXPECT_FALSE((*adopted)->IsForeign());
+  // The old process's view (same memory) is now foreign to it.
+  EXPECT_TRUE(old->IsForeign());
+}
+
+TEST(SharedRegionAdoptTest, RefusesDescriptorsThatAreNotSealedMemfds) {
+  // Not sealed: someone could shrink it under tmemd's mapping.
+  const int unsealed = memfd_create("unsealed", MFD_CLOEXEC);
+  ASSERT_GE(unsealed, 0);
+  ASSERT_EQ(ftruncate(unsealed, static_cast<off_t>(kRegion)), 0);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> r =
+      SharedRegion::Adopt(unsealed, 256, 1, 1);
+  EXPECT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("sealed"), std::string::npos)
+      << r.status();
+  // A pipe is no memfd at all.
+  int p[2];
+  ASSERT_EQ(pipe2(p, O_CLOEXEC), 0);
+  r = SharedRegion::Adopt(p[0], 256, 1, 1);
+  EXPECT_FALSE(r.ok());
+  close(p[1]);
+  EXPECT_FALSE(SharedRegion::Adopt(-1, 256, 1, 1).ok());
+}
+
+// Live migration: the destination's region is overwritten with the
+// source's bytes; a generation this process did not write is foreign, and
+// a reset makes it ours again.
+TEST(SharedRegionAdoptTest, ForeignGenerationIsDetectedAndResetClearsIt) {
+  auto region = MakeRegion(kRegion, /*generation=*/7);
+  EXPECT_FALSE(region->IsForeign());
+  auto source = MakeRegion(kRegion, /*generation=*/12345);
+  std::memcpy(region->base(), source->base(), kRegion);
+  EXPECT_TRUE(region->IsForeign());
+  region->Reset(/*fresh_host=*/true);
+  EXPECT_FALSE(region->IsForeign());
+  EXPECT_EQ(region->header()->host_generation, region->host_generation());
+  EXPECT_EQ(region->header()->admission_hint, TMEM_ADMIT_ALL);
+}
+
+}  // namespace
+}  // namespace tmem

@@ -17,6 +17,21 @@ TEST(DomainXmlTest, ShmemXmlRoundTrips) {
   EXPECT_EQ(dev->server_path, "/run/tmemd/a'b.sock");
 }
 
+// Migratable: libvirt turns role='master' into QEMU's master=on, without
+// which QEMU 7.2 blocks migration ("peer mode").
+TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
+  const std::string master = TmemShmemXml("/run/tmemd/a.sock", 1, true);
+  EXPECT_NE(master.find("<shmem name='tmem0' role='master'>"),
+            std::string::npos)
+      << master;
+  auto dev =
+      FindTmemDevice("<domain><devices>" + master + "</devices></domain>");
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->server_path, "/run/tmemd/a.sock");
+  EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1).find("role="),
+            std::string::npos);
+}
+
 TEST(DomainXmlTest, FindsOnlyTheTmemShmemWithItsAlias) {
   const std::string xml = R"(<domain type="qemu"><name>web1</name>
     <uuid>c7a5fdbd-edaf-9455-926a-d65c16db1809</uuid><devices>

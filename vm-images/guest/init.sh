@@ -4,8 +4,10 @@
 #   TMEMTEST CHECK <name> PASS|FAIL <detail>
 #   TMEMTEST COUNTERS <phase> name=value ...   (tmem_ivshmem debugfs)
 #   TMEMTEST WAIT_RESTART                      (host: restart tmemd now)
+#   TMEMTEST WAIT_HOST_RESTART <round>         (ops: restart/upgrade tmemd,
+#                                               keeping the device)
 #   TMEMTEST DONE fails=N
-# Kernel command line: tmemtest=e2e|bench|probe, tmemtest_pages=N (pages per
+# Kernel command line: tmemtest=e2e|bench|probe|ops, tmemtest_pages=N (pages per
 # big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver);
 # tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -99,6 +101,63 @@ if [ "$MODE" = bench ]; then
 		i=1
 		while [ $i -le "$NFILES" ]; do verify bench-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
 		counters bench-pass$pass
+	done
+	finish
+fi
+
+if [ "$MODE" = ops ]; then
+	# tmemd restarts and upgrades under the running guest, keeping its
+	# device (vm-images/ops-test.py): no re-plug, reads in flight across
+	# the restart stay correct, and tmem is used again afterwards.
+	hgen() { grep '^host_generation ' $D/state | cut -d' ' -f2; }
+	i=1
+	while [ $i -le "$NFILES" ]; do gen /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
+	drop
+	i=1
+	while [ $i -le "$NFILES" ]; do verify warm-f$i /mnt/f$i $((100 + i)) "$PAGES"; i=$((i + 1)); done
+	counters warm
+	seed1=101  # f1 is rewritten after each restart
+	for round in 1 2 3; do
+		before=$(hgen)
+		say "WAIT_HOST_RESTART $round"
+		# Keep reading (gets and puts in flight) until the new tmemd's
+		# generation shows up.
+		t0=$(date +%s)
+		n=0
+		while [ "$(hgen)" = "$before" ]; do
+			i=$((n % NFILES + 1))
+			seed=$((100 + i))
+			[ $i = 1 ] && seed=$seed1
+			drop
+			verify during-$round-$n /mnt/f$i $seed "$PAGES"
+			n=$((n + 1))
+			[ $(($(date +%s) - t0)) -ge 300 ] && break
+		done
+		[ "$(hgen)" != "$before" ]
+		check restart-$round-seen $? "after ${n} reads, generation $before -> $(hgen)"
+		puts_before=$(ctr puts_sent)
+		hits_before=$(ctr gets_hit)
+		# A file rewritten after the restart: no page from before may
+		# come back.
+		seed1=$((500 + round))
+		gen /mnt/f1 $seed1 "$PAGES"
+		drop
+		verify after-$round-f1 /mnt/f1 $((500 + round)) "$PAGES"
+		drop
+		i=1
+		while [ $i -le "$NFILES" ]; do
+			seed=$((100 + i))
+			[ $i = 1 ] && seed=$seed1
+			verify after-$round-reread-f$i /mnt/f$i $seed "$PAGES"
+			i=$((i + 1))
+		done
+		grep -q '^attached 1' $D/state
+		check restart-$round-attached $? "$(tr '\n' ' ' < $D/state)"
+		[ "$(ctr puts_sent)" -gt "$puts_before" ]
+		check restart-$round-puts $? "puts_sent before=$puts_before after=$(ctr puts_sent)"
+		[ "$(ctr gets_hit)" -gt "$hits_before" ]
+		check restart-$round-hits $? "gets_hit before=$hits_before after=$(ctr gets_hit)"
+		counters after-restart-$round
 	done
 	finish
 fi

@@ -1,0 +1,211 @@
+#!/usr/bin/env python3
+"""Live migration of a real 5.10 guest (TCG) using tmem, between two "hosts".
+
+Two tmemd processes (own socket dirs and control sockets, --host-peer-id 1)
+and QEMU processes started by run-guest.sh --migratable (ivshmem
+master=on). The guest (init.sh, tmemtest=ops) reads and verifies its files
+through tmem; at each "WAIT_HOST_RESTART N" the host starts a destination
+QEMU (-incoming) on the other tmemd and migrates the running guest there
+over QMP while its reads, puts and gets are in flight: there, back, and
+there again. The guest must see the destination's host generation, stay
+attached (no re-plug), put and hit again on the destination and verify
+every page; the destination tmemd must count the foreign region, and the
+source tmemd hold no pages of the VM once the source QEMU quit.
+
+Until the guest driver rings tmemd's host_peer_id, its doorbells for peer 0
+land on the VM itself; tmemd's 10 ms ring re-check serves it anyway (slow,
+never stuck), so this test works with either driver.
+
+Usage: vm-images/migrate-test.py --tmemd PATH [--pages N] [--files N]
+Prints BENCH lines: migration total time and downtime (query-migrate).
+"""
+import argparse
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+VM_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+class Qmp:
+    def __init__(self, path, deadline=60.0):
+        end = time.time() + deadline
+        while True:
+            try:
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.connect(path)
+                break
+            except OSError:
+                if time.time() > end:
+                    raise
+                time.sleep(0.1)
+        self.buf = b""
+        self._read()
+        self.execute("qmp_capabilities")
+
+    def _read(self):
+        while b"\n" not in self.buf:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise RuntimeError("QMP closed")
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def execute(self, cmd, **args):
+        msg = {"execute": cmd}
+        if args:
+            msg["arguments"] = args
+        self.sock.sendall(json.dumps(msg).encode() + b"\n")
+        while True:
+            r = self._read()
+            if "event" not in r:
+                return r
+
+
+def wait_for(cond, seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.1)
+    return cond()
+
+
+def last_value(path, event, key):
+    value = None
+    for line in open(path).read().splitlines():
+        if "event=%s " % event in line:
+            m = re.search(r" %s=(\w+)" % key, line)
+            if m:
+                value = m.group(1)
+    return value
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tmemd", required=True)
+    ap.add_argument("--pages", type=int, default=12000)
+    ap.add_argument("--files", type=int, default=3)
+    ap.add_argument("--mem", type=int, default=160)
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    subprocess.run([os.path.join(VM_DIR, "build-all.sh")], check=True,
+                   stdout=subprocess.DEVNULL)
+    work = tempfile.mkdtemp(prefix="tmem-mig.")
+    disk = os.path.join(work, "disk.img")
+    subprocess.run(["truncate", "-s", "1G", disk], check=True)
+    subprocess.run(["mkfs.ext4", "-q", "-F", disk], check=True)
+    hosts = []
+    for name in ("hostA", "hostB"):
+        d = os.path.join(work, name)
+        os.makedirs(d)
+        log = os.path.join(d, "tmemd.log")
+        p = subprocess.Popen(
+            [args.tmemd, "--vm", "guest", "--socket-dir", d, "--control-socket",
+             os.path.join(d, "control.sock"), "--stats-interval", "1",
+             "--mode", "always", "--host-peer-id", "1"],
+            stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        hosts.append({"dir": d, "log": log, "proc": p,
+                      "sock": os.path.join(d, "guest.sock")})
+    for h in hosts:
+        if not wait_for(lambda: os.path.exists(h["sock"]), 20):
+            raise SystemExit("tmemd did not start")
+    append = "tmemtest=ops tmemtest_pages=%d tmemtest_files=%d" % (args.pages, args.files)
+
+    def start_vm(host, n, incoming=None):
+        serial = os.path.join(work, "serial-%d.log" % n)
+        open(serial, "w").close()
+        qmp = os.path.join(work, "qmp-%d.sock" % n)
+        argv = [os.path.join(VM_DIR, "run-guest.sh"), "--socket", host["sock"],
+                "--disk", disk, "--mem", str(args.mem), "--smp", "2",
+                "--serial", serial, "--timeout", "1500", "--append", append,
+                "--migratable", "--qmp", qmp, "--accel", "tcg"]
+        if incoming:
+            argv += ["--incoming", "unix:" + incoming]
+        proc = subprocess.Popen(argv)
+        return {"proc": proc, "serial": serial, "qmp": Qmp(qmp), "host": host}
+
+    vm = start_vm(hosts[0], 0)
+    fails = []
+    rounds = 0
+    seen = {}  # serial file -> lines shown
+    t_boot = time.time()
+    guest_lines = []
+    while vm["proc"].poll() is None:
+        time.sleep(0.5)
+        lines = open(vm["serial"], errors="replace").read().splitlines()
+        k = seen.get(vm["serial"], 0)
+        for l in lines[k:]:
+            if "TMEMTEST" in l or "tmem_ivshmem" in l:
+                print("[guest %3ds] %s" % (time.time() - t_boot, l.strip()), flush=True)
+                guest_lines.append(l)
+        seen[vm["serial"]] = len(lines)
+        waits = sum(1 for l in guest_lines if "TMEMTEST WAIT_HOST_RESTART" in l)
+        if waits > rounds:
+            rounds += 1
+            src = vm
+            dst_host = hosts[rounds % 2]
+            foreign_before = int(last_value(dst_host["log"], "vm_stats", "foreign_regions") or 0)
+            mig = os.path.join(work, "mig-%d.sock" % rounds)
+            dst = start_vm(dst_host, rounds, incoming=mig)
+            print("[host] round %d: migrating to %s" % (rounds, os.path.basename(dst_host["dir"])), flush=True)
+            r = src["qmp"].execute("migrate", uri="unix:" + mig)
+            if "error" in r:
+                fails.append("round %d: migrate refused: %s" % (rounds, r["error"]["desc"]))
+                break
+            while True:
+                q = src["qmp"].execute("query-migrate")["return"]
+                if q.get("status") in ("completed", "failed", "cancelled"):
+                    break
+                time.sleep(0.05)
+            print("BENCH real-guest migration with_tmem=1 status=%s total_ms=%s downtime_ms=%s"
+                  % (q.get("status"), q.get("total-time"), q.get("downtime")), flush=True)
+            if q.get("status") != "completed":
+                fails.append("round %d: migration %s" % (rounds, q.get("status")))
+                break
+            # The source QEMU quits, as libvirt does after a migration.
+            src["qmp"].execute("quit")
+            src["proc"].wait()
+            if not wait_for(lambda: int(last_value(dst_host["log"], "vm_stats", "foreign_regions") or 0) > foreign_before, 15):
+                fails.append("round %d: destination tmemd counted no foreign region" % rounds)
+            src_host = src["host"]
+            if not wait_for(lambda: last_value(src_host["log"], "vm_stats", "connected") == "false", 15):
+                fails.append("round %d: source tmemd still sees the VM" % rounds)
+            elif last_value(src_host["log"], "vm_stats", "pages") != "0":
+                fails.append("round %d: source tmemd still holds pages" % rounds)
+            vm = dst
+    # The guest's console continued on each destination's serial file.
+    text = "\n".join(guest_lines)
+    if "TMEMTEST DONE fails=0" not in text:
+        fails.append("guest did not finish with fails=0")
+    if re.search(r"BUG:|WARNING:|Oops|Kernel panic", text):
+        fails.append("guest kernel logged BUG/WARNING/Oops")
+    if rounds != 3:
+        fails.append("only %d migrations" % rounds)
+    for h in hosts:
+        h["proc"].send_signal(signal.SIGTERM)
+        h["proc"].wait()
+        print("[host] %s: %s" % (os.path.basename(h["dir"]),
+              " ".join("%s=%s" % (k, last_value(h["log"], "vm_stats", k))
+                       for k in ("gets_hit", "sqe_processed", "foreign_regions", "bad_entries"))))
+    passes = len(re.findall(r"TMEMTEST CHECK \S+ PASS", text))
+    print("[host] guest checks passed: %d" % passes)
+    for f in fails:
+        print("FAIL:", f)
+    if fails or args.keep:
+        print("kept", work)
+    else:
+        subprocess.run(["rm", "-rf", work])
+    print("RESULT:", "FAIL" if fails else "PASS")
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
