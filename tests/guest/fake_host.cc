@@ -80,6 +80,7 @@ void FakeHost::WriteHeader() {
   StoreRelaxed(&h->slots_offset, slots_offset_);
   StoreRelaxed(&h->slot_count, options_.slot_count);
   StoreRelaxed(&h->host_generation, tmem_u64{generation_});
+  StoreRelaxed(&h->host_peer_id, options_.host_peer_id);
   StoreRelaxed(&h->host_flags,
                options_.needs_doorbell ? TMEM_HOST_NEEDS_DOORBELL : 0u);
   StoreRelaxed(&h->admission_hint, TMEM_ADMIT_ALL);
@@ -123,6 +124,14 @@ void FakeHost::DropAll() {
   shared_.reset();
   shared_by_uuid_.clear();
   pages_.clear();
+}
+
+void FakeHost::DoorbellPeer(uint32_t peer, int vector) {
+  if (peer != options_.host_peer_id) {
+    ++wrong_peer_doorbells_;
+    return;
+  }
+  Doorbell(vector);
 }
 
 void FakeHost::Doorbell(int vector) {
