@@ -29,6 +29,7 @@
 #include <linux/cleancache.h>
 #include <linux/debugfs.h>
 #include <linux/delay.h>
+#include <linux/fs.h>
 #include <linux/highmem.h>
 #include <linux/interrupt.h>
 #include <linux/io.h>
@@ -67,6 +68,8 @@ static struct tmem_core_config tmem_cfg = {
 	.stall_probe_ns = 1000 * NSEC_PER_MSEC,
 	.ring_full_spin_ns = 20 * NSEC_PER_USEC,
 	.stall_after_timeouts = 3,
+	.batch_pages = TMEM_GET_BATCH_MAX,
+	.prefetch_windows = 8,
 	.skip_unsent_gets = true,
 };
 
@@ -131,6 +134,11 @@ MODULE_PARM_DESC(stall_after_timeouts,
 		 "gets in a row timing out without host progress before gets miss at once (0: off)");
 module_param_named(invalidate_reserve, tmem_cfg.invalidate_reserve, uint, 0444);
 MODULE_PARM_DESC(invalidate_reserve, "SQ entries only invalidates may use (0: sq_entries/8)");
+module_param_named(get_batch_pages, tmem_cfg.batch_pages, uint, 0644);
+MODULE_PARM_DESC(get_batch_pages,
+		 "a get asks for up to this many pages of its file in one round trip, when the host offers it (<= 32; 0/1: off)");
+module_param_named(prefetch_windows, tmem_cfg.prefetch_windows, uint, 0444);
+MODULE_PARM_DESC(prefetch_windows, "windows of 32 slots that batched gets prefetch into (<= 16)");
 module_param_named(doorbell_batch, tmem_cfg.doorbell_batch, uint, 0444);
 MODULE_PARM_DESC(doorbell_batch,
 		 "puts/invalidates posted to a sleeping host before one doorbell (0: min(sq, slots)/16)");
@@ -263,7 +271,16 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
 static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 			 struct page *page)
 {
-	return tmem_core_get(&core, h, key.u.key, index, page) ? 0 : -1;
+	struct inode *inode = page->mapping ? page->mapping->host : NULL;
+	u32 max_pages = 0;
+	pgoff_t end;
+
+	/* A batch stops at the file's end: pages past it cannot be read. */
+	if (inode) {
+		end = DIV_ROUND_UP(i_size_read(inode), PAGE_SIZE);
+		max_pages = end > index ? min_t(pgoff_t, end - index, U32_MAX) : 1;
+	}
+	return tmem_core_get(&core, h, key.u.key, index, max_pages, page) ? 0 : -1;
 }
 
 static void tmem_invalidate_page(int h, struct cleancache_filekey key, pgoff_t index)
@@ -305,6 +322,7 @@ static int state_show(struct seq_file *m, void *v)
 		   s.host_generation, s.guest_generation);
 	seq_printf(m, "admission_hint %u\nin_flight %u\nfree_slots %u\nregistered %d\n",
 		   s.admission_hint, s.in_flight, s.free_slots, ops_registered);
+	seq_printf(m, "prefetch_windows %u\nprefetched %u\n", s.prefetch_windows, s.prefetched);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(state);
@@ -342,6 +360,10 @@ static void debugfs_setup(void)
 	COUNTER(interrupt_waits);
 	COUNTER(stale_completions);
 	COUNTER(errors);
+	COUNTER(get_batches);
+	COUNTER(prefetch_used);
+	COUNTER(prefetch_unused);
+	COUNTER(gets_negative_cached);
 	COUNTER(put_ns);
 	COUNTER(get_ns);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);

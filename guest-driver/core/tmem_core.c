@@ -15,8 +15,17 @@
 	(TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT | TMEM_FEAT_FLUSH_BARRIER)
 
 enum pool_state { POOL_UNUSED, POOL_NONE, POOL_CREATING, POOL_READY, POOL_FAILED };
+/*
+ * WIN_FETCHING: its GET_BATCH is in flight (the host owns the slots).
+ * WIN_DELIVERING: completed, its waiter has yet to copy the first page.
+ */
+enum window_state { WIN_FREE, WIN_FETCHING, WIN_DELIVERING, WIN_READY };
 enum waiter_state { WAIT_NONE, WAITING, DONE_HIT, DONE_MISS, ABANDONED };
 enum need { NEED_PUT, NEED_GET, NEED_CONTROL, NEED_INVALIDATE };
+
+static void windows_reset(struct tmem_core *c);
+static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
+			    s32 status, u32 result);
 
 /* --- platform ------------------------------------------------------------ */
 
@@ -177,8 +186,9 @@ static void reset_pending(struct tmem_core *c)
 	for (i = c->pending_cap; i > 0; i--)
 		c->free_pending[c->nfree_pending++] = i - 1;
 	c->nfree_slots = 0;
-	for (i = c->slots_usable; i > 0; i--)
+	for (i = c->area_base; i > 0; i--)
 		c->free_slots[c->nfree_slots++] = i - 1;
+	windows_reset(c);
 }
 
 static void store_guest_generation(struct tmem_core *c)
@@ -191,6 +201,7 @@ static int attach(struct tmem_core *c)
 	struct tmem_core_geometry g;
 	const struct tmem_core_config *cfg = c->cfg;
 	bool same_rings;
+	u32 avail;
 	int err;
 
 	err = read_geometry(c, &g);
@@ -209,7 +220,18 @@ static int attach(struct tmem_core *c)
 		 */
 		c->g = g;
 		c->pending_cap = min(g.sq_entries + g.cq_entries, c->pending_max);
-		c->slots_usable = min3(g.slot_count, c->pending_cap, c->slots_max);
+		avail = min(g.slot_count, c->slots_max);
+		/*
+		 * The prefetch area: whole windows above the ordinary slots,
+		 * at most half of all, only if the host offers GET_BATCH.
+		 * Ordinary slots: at most one per entry in flight.
+		 */
+		c->nwin = 0;
+		if ((g.features_host & TMEM_FEAT_GET_BATCH) && cfg->batch_pages > 1)
+			c->nwin = min3(cfg->prefetch_windows, TMEM_CORE_MAX_WINDOWS,
+				       avail / 2 / TMEM_GET_BATCH_MAX);
+		c->slots_usable = min(avail - c->nwin * TMEM_GET_BATCH_MAX, c->pending_cap);
+		c->area_base = c->slots_usable;
 		reset_pending(c);
 		c->reserve = cfg->invalidate_reserve ? cfg->invalidate_reserve :
 			     max(1u, g.sq_entries / 8);
@@ -240,6 +262,8 @@ static int attach(struct tmem_core *c)
 	}
 	c->g.host_peer_id = g.host_peer_id;
 	c->features = g.features_host & FEATURES_UNDERSTOOD;
+	if (c->nwin)
+		c->features |= g.features_host & TMEM_FEAT_GET_BATCH;
 	st_release(&hdr(c)->features_guest, c->features);
 	/* A fresh generation: the host forgets whatever this VM had. */
 	c->guest_generation = new_generation(c, c->guest_generation);
@@ -311,7 +335,7 @@ static bool have_room(struct tmem_core *c, enum need need)
 	if (!c->attached || c->broken || c->nfree_pending == 0)
 		return false;
 	if ((need == NEED_PUT || need == NEED_GET) && c->nfree_slots == 0)
-		return false;
+		return false; /* a GET_BATCH brings its slots: NEED_CONTROL */
 	used = c->sq_tail - sq_head(c);
 	if (used > c->g.sq_entries) {
 		host_fault(c);
@@ -458,6 +482,15 @@ static void complete_cqe(struct tmem_core *c, const struct tmem_cqe *cqe)
 		c->free_slots[c->nfree_slots++] = p->slot;
 		free_entry(c, index);
 		break;
+	case TMEM_OP_GET_BATCH:
+		if (p->waiter == WAITING) {
+			/* The waiter copies its page and frees the entry. */
+			batch_completed(c, p, status, result);
+			break;
+		}
+		batch_completed(c, p, status, result);
+		free_entry(c, index);
+		break;
 	case TMEM_OP_NEW_POOL:
 		pool = &c->pools[p->pool];
 		/* Voided (reset) or superseded since it was posted: ignore. */
@@ -490,6 +523,195 @@ static void complete_cqe(struct tmem_core *c, const struct tmem_cqe *cqe)
 		free_entry(c, index);
 		break;
 	}
+}
+
+/* --- prefetch windows (batched gets) -------------------------------------- */
+
+static u32 window_slot(struct tmem_core *c, u32 w)
+{
+	return c->area_base + w * TMEM_GET_BATCH_MAX;
+}
+
+/* Forgets a readable window's pages (a delivering one stays in use). */
+static void window_drop(struct tmem_core *c, struct tmem_core_window *w)
+{
+	c->c.prefetch_unused += hweight32(w->present);
+	w->present = 0;
+	w->missing = 0;
+	if (w->state == WIN_READY)
+		w->state = WIN_FREE;
+}
+
+/* New rings: the host uses none of the slots any more. */
+static void windows_reset(struct tmem_core *c)
+{
+	u32 i;
+
+	for (i = 0; i < TMEM_CORE_MAX_WINDOWS; i++) {
+		c->c.prefetch_unused += hweight32(c->win[i].present);
+		c->win[i].present = 0;
+		c->win[i].missing = 0;
+		c->win[i].state = WIN_FREE;
+	}
+}
+
+static bool flagged(struct tmem_core *c, int host_id);
+
+static bool same_oid(const u32 *a, const u32 *b)
+{
+	return !memcmp(a, b, TMEM_OBJECT_WORDS * sizeof(u32));
+}
+
+/*
+ * Drops what the windows know of handle h's key (oid, index), of its object
+ * (index U64_MAX), or of the whole pool (oid NULL): every put and invalidate
+ * calls this before anything else, so no get can read a prefetched copy
+ * that a later put or invalidate made stale. A window still fetching
+ * remembers it and drops those pages when its CQE comes.
+ */
+static void windows_kill(struct tmem_core *c, int h, const u32 *oid, u64 index)
+{
+	struct tmem_core_window *w;
+	u32 i, bit;
+
+	for (i = 0; i < c->nwin; i++) {
+		w = &c->win[i];
+		if (w->state == WIN_FREE || w->pool != h)
+			continue;
+		if (oid && !same_oid(w->oid, oid))
+			continue;
+		if (!oid || index == U64_MAX) {
+			if (w->state == WIN_FETCHING)
+				w->doomed = true;
+			else
+				window_drop(c, w);
+			continue;
+		}
+		if (index < w->first || index - w->first >= w->count)
+			continue;
+		bit = 1u << (index - w->first);
+		if (w->state == WIN_FETCHING) {
+			w->killed |= bit;
+		} else {
+			if (w->present & bit)
+				c->c.prefetch_unused++;
+			w->present &= ~bit;
+			w->missing &= ~bit;
+		}
+	}
+}
+
+/* Pools flushed by host id (barrier, INVAL_POOL from flush_wanted). */
+static void windows_kill_host_ids(struct tmem_core *c, u64 host_id_bits)
+{
+	u32 i;
+	int h;
+
+	for (i = 0; i < c->nwin; i++) {
+		h = c->win[i].pool;
+		if (c->win[i].state != WIN_FREE && h >= 0 &&
+		    c->pools[h].state == POOL_READY &&
+		    ((host_id_bits >> c->pools[h].host_id) & 1))
+			windows_kill(c, h, NULL, 0);
+	}
+}
+
+/* A GET_BATCH's CQE: the window becomes readable, or is dropped. */
+static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
+			    s32 status, u32 result)
+{
+	struct tmem_core_window *w = &c->win[p->slot];
+	u32 mask = w->count >= 32 ? ~0u : (1u << w->count) - 1;
+	u32 bits = status == TMEM_OK ? result & mask : 0;
+	struct tmem_core_pool *pool = &c->pools[w->pool];
+	bool valid;
+
+	if (status != TMEM_OK)
+		op_failed(c, p, status);
+	/* A host that refuses batches gets plain gets from now on. */
+	if (status == TMEM_ERR_INVAL)
+		c->features &= ~TMEM_FEAT_GET_BATCH;
+	if (status == TMEM_OK && (result & ~mask))
+		c->c.errors++; /* hits outside the window: ignored */
+	if (p->waiter == WAITING)
+		p->waiter = (bits & 1) ? DONE_HIT : DONE_MISS;
+	/* The first page is the waiter's (or nobody's, if it gave up). */
+	if (p->waiter != DONE_HIT && (bits & 1))
+		c->c.prefetch_unused++;
+	bits &= ~1u;
+	valid = !w->doomed && w->epoch == c->epoch && pool->state == POOL_READY &&
+		pool->incarnation == w->incarnation && c->attached && !c->broken;
+	if (!valid) {
+		c->c.prefetch_unused += hweight32(bits);
+		bits = 0;
+	}
+	c->c.prefetch_unused += hweight32(bits & w->killed);
+	w->present = bits & ~w->killed;
+	w->missing = valid ? ~bits & mask & ~w->killed & ~1u : 0;
+	/* Until the waiter copied its page, the window's slot 0 is in use. */
+	if (p->waiter == DONE_HIT || p->waiter == DONE_MISS)
+		w->state = WIN_DELIVERING;
+	else
+		w->state = (w->present | w->missing) ? WIN_READY : WIN_FREE;
+}
+
+/*
+ * Serves a get from a window: 1 hit (page copied), 0 a remembered miss,
+ * -1 the windows know nothing of this key.
+ */
+static int window_serve(struct tmem_core *c, int h, const u32 *oid, u64 index,
+			void *page)
+{
+	struct tmem_core_pool *pool = &c->pools[h];
+	struct tmem_core_window *w;
+	u32 i, k;
+
+	for (i = 0; i < c->nwin; i++) {
+		w = &c->win[i];
+		if (w->state != WIN_READY || w->pool != h || index < w->first ||
+		    index - w->first >= w->count || !same_oid(w->oid, oid))
+			continue;
+		if (w->epoch != c->epoch || pool->state != POOL_READY ||
+		    pool->incarnation != w->incarnation || flagged(c, pool->host_id)) {
+			/* A reset, re-created pool or flush: all of it is void. */
+			window_drop(c, w);
+			continue;
+		}
+		k = index - w->first;
+		w->lru = ++c->lru_clock;
+		if (w->present & (1u << k)) {
+			/* Exclusive: the host forgot it; this copy is the last. */
+			c->ops->copy_from_slot(c->ops_ctx, page,
+					       slot_addr(c, window_slot(c, i) + k));
+			w->present &= ~(1u << k);
+			c->c.prefetch_used++;
+			return 1;
+		}
+		if (w->missing & (1u << k)) {
+			w->missing &= ~(1u << k);
+			c->c.gets_negative_cached++;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* A window to fetch into (free, or the least recently used), or -1. */
+static int window_pick(struct tmem_core *c)
+{
+	int best = -1;
+	u32 i;
+
+	for (i = 0; i < c->nwin; i++) {
+		if (c->win[i].state == WIN_FREE)
+			return i;
+		if (c->win[i].state == WIN_READY &&
+		    (best < 0 || c->win[i].lru < c->win[best].lru))
+			best = i;
+	}
+	if (best >= 0)
+		window_drop(c, &c->win[best]);
+	return best;
 }
 
 static void flush_wanted(struct tmem_core *c);
@@ -709,6 +931,7 @@ static void request_flush(struct tmem_core *c, u64 bits)
 	 * barrier or INVAL_POOL ahead in ring order has wiped them.
 	 */
 	forget_sent(c, bits);
+	windows_kill_host_ids(c, bits);
 	if (c->flush_bits) {
 		/*
 		 * One barrier at a time: the host acks a seq, not bits, so bits
@@ -833,6 +1056,10 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
 	int id;
 
 	c->c.invalidates++;
+	/* Before anything else: a prefetched copy must never outlive this. */
+	if (valid_handle(c, h))
+		windows_kill(c, h, oid,
+			     opcode == TMEM_OP_INVAL_PAGE ? index : U64_MAX);
 	if (!ensure_attached(c)) {
 		/*
 		 * The next attach writes a new guest generation: the host drops
@@ -1033,6 +1260,9 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	int id;
 
 	lock(c, &flags);
+	/* Sent or not, this put makes a prefetched copy of the key stale. */
+	if (valid_handle(c, h))
+		windows_kill(c, h, oid, index);
 	if (!ensure_attached(c)) {
 		c->c.puts_dropped_no_pool++;
 		goto out;
@@ -1179,17 +1409,80 @@ static bool wait_get(struct tmem_core *c, struct get_ticket *t)
 	}
 }
 
+/* Pages to ask for from index on (1: a plain GET). */
+static u32 batch_size(struct tmem_core *c, int h, const u32 *oid, u64 index,
+		      u32 max_pages)
+{
+	u32 n = min(READ_ONCE(c->cfg->batch_pages), TMEM_GET_BATCH_MAX);
+
+	if (!c->nwin || c->pools[h].shared || !(c->features & TMEM_FEAT_GET_BATCH))
+		return 1;
+	if (max_pages && max_pages < n)
+		n = max_pages;
+	if (index > U64_MAX - TMEM_GET_BATCH_MAX)
+		return 1;
+	/* Pages never sent are misses for sure: do not ask for a tail of them. */
+	while (n > 1 && !host_may_hold(c, h, oid, index + n - 1))
+		n--;
+	return n;
+}
+
+static u64 post_batch(struct tmem_core *c, int h, int id, const u32 *oid,
+		      u64 index, u32 count, int win)
+{
+	struct tmem_core_window *w = &c->win[win];
+	struct tmem_sqe sqe = {};
+	u64 tag;
+
+	sqe.opcode = TMEM_OP_GET_BATCH;
+	sqe.flags = TMEM_SQE_F_IRQ;
+	sqe.pool = id;
+	sqe.slot = window_slot(c, win);
+	sqe.index = index;
+	sqe.count = count;
+	memcpy(sqe.oid, oid, sizeof(sqe.oid));
+	/* The window's slots are not on the free list: post must not free them. */
+	tag = post(c, &sqe, NO_SLOT, h);
+	if (!tag)
+		return 0;
+	c->pending[tag & TAG_INDEX_MASK].slot = win;
+	memcpy(w->oid, oid, sizeof(w->oid));
+	w->first = index;
+	w->count = count;
+	w->pool = h;
+	w->epoch = c->epoch;
+	w->incarnation = c->pools[h].incarnation;
+	w->lru = ++c->lru_clock;
+	w->present = 0;
+	w->missing = 0;
+	w->killed = 0;
+	w->doomed = false;
+	w->state = WIN_FETCHING;
+	c->c.get_batches++;
+	return tag;
+}
+
+/* The guest's own view, for the host to show (never trusted there). */
+static void publish_prefetch_counts(struct tmem_core *c)
+{
+	if (!c->nwin || !c->attached)
+		return;
+	WRITE_ONCE(hdr(c)->guest_prefetch_used, c->c.prefetch_used);
+	WRITE_ONCE(hdr(c)->guest_prefetch_unused, c->c.prefetch_unused);
+}
+
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
-		  void *page)
+		  u32 max_pages, void *page)
 {
 	unsigned long flags;
 	struct tmem_sqe sqe = {};
 	struct get_ticket t = { .c = c };
 	struct tmem_core_pending *p;
+	struct tmem_core_window *w;
 	u64 t0 = now(c);
 	bool hit = false, timed_out;
-	u32 slot;
-	int id;
+	u32 slot, count;
+	int id, served, win;
 
 	lock(c, &flags);
 	if (!ensure_attached(c))
@@ -1203,6 +1496,17 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->stalled_until_ns = 0; /* the host moved: it is back */
 		c->consecutive_timeouts = 0;
 	}
+	/* Prefetched by an earlier batch: no round trip, hit or miss. */
+	if (c->nwin && valid_handle(c, h) && !c->pools[h].shared) {
+		served = window_serve(c, h, oid, index, page);
+		if (served == 1) {
+			hit = true;
+			c->c.gets_hit++;
+			goto out;
+		}
+		if (served == 0)
+			goto miss_local;
+	}
 	/*
 	 * A key never sent cannot be there (no false negatives): a streaming
 	 * reader's page-cache misses never wait on the host.
@@ -1213,16 +1517,24 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		goto miss_local;
 	}
 	id = resolve(c, h, true);
-	if (id < 0 || flagged(c, id) || !have_room(c, NEED_GET))
+	if (id < 0 || flagged(c, id))
 		goto miss_local;
-	slot = c->free_slots[--c->nfree_slots];
-	sqe.opcode = TMEM_OP_GET;
-	sqe.flags = TMEM_SQE_F_IRQ;
-	sqe.pool = id;
-	sqe.slot = slot;
-	sqe.index = index;
-	memcpy(sqe.oid, oid, sizeof(sqe.oid));
-	t.tag = post(c, &sqe, slot, h);
+	count = batch_size(c, h, oid, index, max_pages);
+	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c) : -1;
+	if (win >= 0) {
+		t.tag = post_batch(c, h, id, oid, index, count, win);
+	} else {
+		if (!have_room(c, NEED_GET))
+			goto miss_local;
+		slot = c->free_slots[--c->nfree_slots];
+		sqe.opcode = TMEM_OP_GET;
+		sqe.flags = TMEM_SQE_F_IRQ;
+		sqe.pool = id;
+		sqe.slot = slot;
+		sqe.index = index;
+		memcpy(sqe.oid, oid, sizeof(sqe.oid));
+		t.tag = post(c, &sqe, slot, h);
+	}
 	if (!t.tag)
 		goto miss_local;
 	t.index = t.tag & TAG_INDEX_MASK;
@@ -1238,10 +1550,18 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		if (p->waiter == DONE_HIT || p->waiter == DONE_MISS) {
 			/* A reset noticed meanwhile makes it a miss, to be safe. */
 			hit = !t.lost && p->waiter == DONE_HIT;
-			if (hit)
-				c->ops->copy_from_slot(c->ops_ctx, page,
-						       slot_addr(c, p->slot));
-			c->free_slots[c->nfree_slots++] = p->slot;
+			if (p->opcode == TMEM_OP_GET_BATCH) {
+				w = &c->win[p->slot];
+				if (hit)
+					c->ops->copy_from_slot(c->ops_ctx, page,
+							       slot_addr(c, window_slot(c, p->slot)));
+				w->state = (w->present | w->missing) ? WIN_READY : WIN_FREE;
+			} else {
+				if (hit)
+					c->ops->copy_from_slot(c->ops_ctx, page,
+							       slot_addr(c, p->slot));
+				c->free_slots[c->nfree_slots++] = p->slot;
+			}
 			free_entry(c, t.index);
 			timed_out = false;
 		} else {
@@ -1262,16 +1582,16 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (t.lost)
 		c->c.gets_miss_local++;
 	c->c.interrupt_waits += t.interrupt_waits;
-	c->c.get_ns += now(c) - t0;
-	unlock(c, flags);
-	return hit;
+	goto out;
 
 miss_local:
 	c->c.gets_miss++;
 	c->c.gets_miss_local++;
+out:
+	publish_prefetch_counts(c);
 	c->c.get_ns += now(c) - t0;
 	unlock(c, flags);
-	return 0;
+	return hit;
 }
 
 void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
@@ -1313,6 +1633,7 @@ void tmem_core_release_handle(struct tmem_core *c, int h)
 	if (!valid_handle(c, h))
 		goto out;
 	p = &c->pools[h];
+	windows_kill(c, h, NULL, 0);
 	if (ensure_attached(c) && p->state == POOL_READY) {
 		check_flush_done(c);
 		if (!p->shared && !flagged(c, p->host_id) &&
@@ -1368,6 +1689,7 @@ int tmem_core_host_pool_id(struct tmem_core *c, int h)
 void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
 {
 	unsigned long flags;
+	u32 i;
 
 	memset(s, 0, sizeof(*s));
 	lock(c, &flags);
@@ -1385,5 +1707,8 @@ void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
 	s->slots_usable = c->slots_usable;
 	s->invalidate_reserve = c->reserve;
 	s->flush_pending = (c->flush_bits | c->wanted_bits) != 0;
+	s->prefetch_windows = c->nwin;
+	for (i = 0; i < c->nwin; i++)
+		s->prefetched += hweight32(c->win[i].present);
 	unlock(c, flags);
 }

@@ -75,8 +75,18 @@ struct tmem_core_config {
 	u32 stall_after_timeouts; /* 0: never take the host as stalled */
 	u32 invalidate_reserve;	 /* 0: sq_entries / 8 */
 	u32 doorbell_batch;	 /* 0: min(sq, slots) / 16 */
+	/*
+	 * Batched gets (TMEM_OP_GET_BATCH, used only when the host offers
+	 * TMEM_FEAT_GET_BATCH): a get on a private pool asks for up to
+	 * batch_pages pages from its index on, into one of prefetch_windows
+	 * windows of TMEM_GET_BATCH_MAX slots. 0 or 1: plain gets only.
+	 */
+	u32 batch_pages;
+	u32 prefetch_windows;	 /* at most TMEM_CORE_MAX_WINDOWS */
 	bool skip_unsent_gets;	 /* filter says never sent: local miss */
 };
+
+#define TMEM_CORE_MAX_WINDOWS 16u
 
 /* Every counter has one meaning; which ones add up is said per group. */
 struct tmem_core_counters {
@@ -109,6 +119,11 @@ struct tmem_core_counters {
 	u64 interrupt_waits;
 	u64 stale_completions;
 	u64 errors;
+	/* Batched gets. */
+	u64 get_batches;		/* GET_BATCH entries sent */
+	u64 prefetch_used;		/* of gets_hit: served from a window */
+	u64 prefetch_unused;		/* prefetched pages dropped unread */
+	u64 gets_negative_cached;	/* of gets_miss_local: the batch said miss */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
 };
@@ -140,6 +155,28 @@ struct tmem_core_pool {
 	 */
 	unsigned long *sent;
 	u32 sent_bits;
+};
+
+/*
+ * A prefetch window: TMEM_GET_BATCH_MAX consecutive slots that one GET_BATCH
+ * filled with pages first .. first + count - 1 of one object. Private pools
+ * only: the host forgot every page it returned, so the slot holds the only
+ * copy; every put or invalidate of a key drops it before anything can read
+ * it (all under the core lock).
+ */
+struct tmem_core_window {
+	u64 first;		/* page index in the window's first slot */
+	u64 epoch;		/* core epoch of the fill */
+	u64 incarnation;	/* the pool's */
+	u64 lru;		/* last use, for reuse */
+	u32 oid[TMEM_OBJECT_WORDS];
+	u32 present;		/* bit k: page first + k unread in slot k */
+	u32 missing;		/* bit k: the host had no page first + k */
+	u32 killed;		/* while fetching: put or invalidated meanwhile */
+	u16 count;
+	s16 pool;		/* handle */
+	u8 state;
+	bool doomed;		/* while fetching: object or pool invalidated */
 };
 
 struct tmem_core_geometry {
@@ -200,6 +237,12 @@ struct tmem_core {
 	u32 stall_sq_head;
 	u64 stalled_until_ns;
 
+	/* Prefetch area: nwin windows from slot area_base on. */
+	struct tmem_core_window win[TMEM_CORE_MAX_WINDOWS];
+	u32 nwin;
+	u32 area_base;
+	u64 lru_clock;
+
 	struct tmem_core_counters c;
 };
 
@@ -207,7 +250,7 @@ struct tmem_core {
 struct tmem_core_state {
 	bool present, attached, broken;
 	u32 host_state, admission_hint, in_flight, free_slots, slots_usable;
-	u32 invalidate_reserve;
+	u32 invalidate_reserve, prefetch_windows, prefetched;
 	u64 host_generation, guest_generation;
 	bool flush_pending;
 };
@@ -240,9 +283,12 @@ int tmem_core_new_handle(struct tmem_core *c, bool shared, const u8 *uuid,
 			 unsigned long **old_sent);
 void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		   const void *page);
-/* 1: hit, page holds it; 0: miss. May sleep. */
+/*
+ * 1: hit, page holds it; 0: miss. May sleep. max_pages: how many pages from
+ * index on the object has (the file's end; 0: unknown), bounding a batch.
+ */
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
-		  void *page);
+		  u32 max_pages, void *page);
 void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
 			       u64 index);
 void tmem_core_invalidate_object(struct tmem_core *c, int h, const u32 *oid);

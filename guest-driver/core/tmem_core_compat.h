@@ -87,6 +87,11 @@ static inline unsigned long __ffs64(u64 word)
 	return (unsigned long)__builtin_ctzll(word);
 }
 
+static inline unsigned int hweight32(u32 w)
+{
+	return (unsigned int)__builtin_popcount(w);
+}
+
 static inline void __set_bit(unsigned long nr, unsigned long *addr)
 {
 	addr[nr / BITS_PER_LONG] |= 1UL << (nr % BITS_PER_LONG);

@@ -179,6 +179,8 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.invalidate_reserve = options.invalidate_reserve;
   config_.doorbell_batch = options.posted_doorbell_batch;
   config_.skip_unsent_gets = options.skip_unsent_gets;
+  config_.batch_pages = options.get_batch_pages;
+  config_.prefetch_windows = options.prefetch_windows;
   tmem_core_init(&core_, &kOps, device, &config_);
   pending_.resize(kMaxPending);
   free_pending_.resize(kMaxPending);
@@ -249,6 +251,10 @@ void TmemGuest::SyncCounters() {
   c.interrupt_waits = k.interrupt_waits;
   c.stale_completions = k.stale_completions;
   c.errors = k.errors;
+  c.get_batches = k.get_batches;
+  c.prefetch_used = k.prefetch_used;
+  c.prefetch_unused = k.prefetch_unused;
+  c.gets_negative_cached = k.gets_negative_cached;
 }
 
 absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::InitFs() {
@@ -286,9 +292,9 @@ void TmemGuest::Put(PoolHandle pool, const ObjectId& oid, uint64_t index,
 }
 
 bool TmemGuest::Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
-                    MutablePage out) {
-  const bool hit =
-      tmem_core_get(&core_, pool, oid.data(), index, out.data()) != 0;
+                    MutablePage out, uint32_t pages_to_end) {
+  const bool hit = tmem_core_get(&core_, pool, oid.data(), index, pages_to_end,
+                                 out.data()) != 0;
   SyncCounters();
   return hit;
 }

@@ -97,6 +97,13 @@ struct TmemGuestOptions {
   // throttled streamer) then costs the host no wake-up per put.
   // 0: min(sq_entries, slots) / 16, >= 1; 1: ring for every entry.
   uint32_t posted_doorbell_batch = 0;
+  // Batched gets, when the host offers TMEM_FEAT_GET_BATCH: a Get on a
+  // private pool asks for up to get_batch_pages pages of the object from
+  // its index on in one round trip, into one of prefetch_windows windows of
+  // slots; later Gets of those pages are served from there (or answered as
+  // misses) without a round trip. 0 or 1: plain gets.
+  uint32_t get_batch_pages = TMEM_GET_BATCH_MAX;
+  uint32_t prefetch_windows = 8;
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -135,6 +142,12 @@ struct GuestCounters {
   uint64_t interrupt_waits = 0;    // a Get slept on the interrupt fd
   uint64_t stale_completions = 0;  // CQEs of entries from before a reset
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
+  // Batched gets.
+  uint64_t get_batches = 0;      // GET_BATCH entries sent
+  uint64_t prefetch_used = 0;    // of gets_hit: served from a window
+  uint64_t prefetch_unused = 0;  // prefetched pages dropped unread
+  // Of gets_miss_local: a batch said the host had no such page.
+  uint64_t gets_negative_cached = 0;
 };
 
 // Calls fn(name, field) for every counter in declaration order; `c` may be
@@ -167,6 +180,10 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("interrupt_waits", c.interrupt_waits);
   fn("stale_completions", c.stale_completions);
   fn("errors", c.errors);
+  fn("get_batches", c.get_batches);
+  fn("prefetch_used", c.prefetch_used);
+  fn("prefetch_unused", c.prefetch_unused);
+  fn("gets_negative_cached", c.gets_negative_cached);
 }
 
 // (name, value) pairs in declaration order, for reports.
@@ -205,9 +222,10 @@ class TmemGuest {
   // Never blocks. The page is copied before Put returns.
   void Put(PoolHandle pool, const ObjectId& oid, uint64_t index, Page page);
   // true: hit, `out` holds the page (a private pool forgets it). false:
-  // miss, `out` unspecified.
+  // miss, `out` unspecified. pages_to_end: pages the object has from index
+  // on (the file's end; 0: unknown), bounding a batched get.
   bool Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
-           MutablePage out);
+           MutablePage out, uint32_t pages_to_end = 0);
   // Never block, never lost.
   void InvalidatePage(PoolHandle pool, const ObjectId& oid, uint64_t index);
   void InvalidateObject(PoolHandle pool, const ObjectId& oid);
@@ -224,6 +242,7 @@ class TmemGuest {
   uint32_t slots_usable() const { return core_.slots_usable; }
   uint32_t in_flight() const { return core_.pending_cap - core_.nfree_pending; }
   uint32_t invalidate_reserve() const { return core_.reserve; }
+  uint32_t prefetch_windows() const { return core_.nwin; }
   bool flush_pending() const {
     return (core_.flush_bits | core_.wanted_bits) != 0;
   }

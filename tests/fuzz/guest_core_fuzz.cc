@@ -37,9 +37,10 @@
 
 namespace {
 
-constexpr uint64_t kRegionBytes = 64 << 10;
+constexpr uint64_t kRegionBytes = 1 << 20;
 constexpr uint32_t kEntries = 8;
-constexpr uint32_t kSlotCount = 8;
+// 16 ordinary slots and, when the script offers GET_BATCH, 2 windows of 32.
+constexpr uint32_t kSlotCount = 136;
 constexpr uint32_t kSqOffset = TMEM_PAGE_SIZE;
 constexpr uint32_t kCqOffset = kSqOffset + kEntries * sizeof(tmem_sqe);
 constexpr uint32_t kSlotsOffset = 2 * TMEM_PAGE_SIZE;
@@ -50,12 +51,20 @@ constexpr int kMaxSteps = 512;
   std::abort();
 }
 
+std::vector<uint8_t>& Region() {
+  // Never destroyed: libFuzzer may exit from any thread at any time.
+  static auto* const region = new std::vector<uint8_t>(kRegionBytes);
+  return *region;
+}
+
 struct Harness {
   explicit Harness(const uint8_t* data, size_t size) : fdp(data, size) {}
 
   FuzzedDataProvider fdp;
-  // Exactly the region: ASan flags any access past it.
-  std::vector<uint8_t> region = std::vector<uint8_t>(kRegionBytes);
+  // Exactly the region: ASan flags any access past it. Allocated once (a
+  // fresh 1 MiB per input would dominate the run); each input zeroes the
+  // header and rings, and slot bytes never steer the core.
+  std::vector<uint8_t>& region = Region();
   uint64_t clock_ns = 1;
   uint64_t random = 0x9e3779b97f4a7c15ULL;
   uint32_t host_sq_head = 0;
@@ -77,7 +86,7 @@ struct Harness {
 
   void WriteHeader() {
     tmem_shm_header* h = header();
-    std::memset(h, 0, sizeof(*h));
+    std::memset(region.data(), 0, kSlotsOffset);
     h->magic = TMEM_ABI_MAGIC;
     h->version = TMEM_ABI_VERSION;
     h->features_host = fdp.ConsumeIntegral<uint8_t>() & 0xf;
@@ -238,6 +247,13 @@ struct Harness {
       if (seen[s]) Die("slot freed twice");
       seen[s] = true;
     }
+    for (uint32_t i = 0; i < core.nwin; ++i) {
+      const tmem_core_window& w = core.win[i];
+      const uint32_t mask = w.count >= 32 ? ~0u : (1u << w.count) - 1;
+      if ((w.present | w.missing) & ~mask) Die("window bits past its count");
+      if (w.present & w.missing) Die("a page both present and missing");
+      if (w.count > TMEM_GET_BATCH_MAX) Die("window too long");
+    }
     std::vector<bool> seen_entry(pending.size());
     for (uint32_t i = 0; i < core.nfree_pending; ++i) {
       const uint32_t e = core.free_pending[i];
@@ -326,8 +342,9 @@ void GuestActs(Harness& h, uint8_t b) {
     case 5: {
       const int pool = Handle(h);
       Oid(h, oid);
-      tmem_core_get(&h.core, pool, oid,
-                    h.fdp.ConsumeIntegralInRange<uint64_t>(0, 40), h.page);
+      const uint64_t index = h.fdp.ConsumeIntegralInRange<uint64_t>(0, 40);
+      tmem_core_get(&h.core, pool, oid, index,
+                    h.fdp.ConsumeIntegralInRange<uint32_t>(0, 40), h.page);
       break;
     }
     case 6: {
@@ -376,6 +393,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   h.cfg.ring_full_spin_ns = 10'000;
   h.cfg.stall_after_timeouts = 2;
   h.cfg.skip_unsent_gets = h.fdp.ConsumeBool();
+  h.cfg.batch_pages = h.fdp.ConsumeIntegralInRange<uint32_t>(0, 40);
+  h.cfg.prefetch_windows = 2;
   h.WriteHeader();
   tmem_core_init(&h.core, &kOps, &h, &h.cfg);
   tmem_core_bind(&h.core, h.region.data(), kRegionBytes, h.pending.data(),

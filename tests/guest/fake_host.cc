@@ -232,6 +232,25 @@ tmem_cqe FakeHost::Execute(const tmem_sqe& sqe) {
     cqe.status = TMEM_ERR_INVAL;
     return cqe;
   }
+  if (sqe.opcode == TMEM_OP_GET_BATCH) {
+    // Only when offered, on private pools, within the slots.
+    if ((options_.features & TMEM_FEAT_GET_BATCH) == 0 ||
+        shared_.test(sqe.pool) || sqe.count == 0 ||
+        sqe.count > TMEM_GET_BATCH_MAX ||
+        uint64_t{sqe.slot} + sqe.count > options_.slot_count) {
+      cqe.status = TMEM_ERR_INVAL;
+      return cqe;
+    }
+    for (uint32_t k = 0; k < sqe.count; ++k) {
+      auto it = pages_.find(Key{sqe.pool, oid, sqe.index + k});
+      if (it == pages_.end()) continue;
+      std::memcpy(Slot(sqe.slot + k), it->second.data(), TMEM_PAGE_SIZE);
+      pages_.erase(it);  // exclusive, as a single GET
+      cqe.result |= 1u << k;
+    }
+    batch_pages_.fetch_add(sqe.count);
+    return cqe;
+  }
   const Key key{sqe.pool, oid, sqe.index};
   switch (sqe.opcode) {
     case TMEM_OP_NEW_POOL: {

@@ -90,6 +90,8 @@ class FakeHost final : public GuestDevice {
   }
   const tmem_sqe& sqe_at(uint32_t index) const;
   uint64_t doorbells() const { return doorbells_.load(); }
+  // Pages asked for by GET_BATCH entries (TMEM_FEAT_GET_BATCH offered).
+  uint64_t batch_pages() const { return batch_pages_.load(); }
   uint64_t wrong_peer_doorbells() const { return wrong_peer_doorbells_.load(); }
   uint64_t op_count(uint8_t opcode) const { return op_counts_[opcode]; }
   uint64_t flushes_applied() const { return flushes_applied_; }
@@ -132,6 +134,7 @@ class FakeHost final : public GuestDevice {
   std::map<Key, std::vector<uint8_t>> pages_;
 
   std::atomic<uint64_t> doorbells_{0};
+  std::atomic<uint64_t> batch_pages_{0};
   std::atomic<uint64_t> wrong_peer_doorbells_{0};
   std::array<uint64_t, TMEM_OP_MAX> op_counts_{};
   uint64_t flushes_applied_ = 0;
