@@ -70,6 +70,9 @@ static struct tmem_core_config tmem_cfg = {
 	.stall_after_timeouts = 3,
 	.batch_pages = TMEM_GET_BATCH_MAX,
 	.prefetch_windows = 8,
+	.miss_cost_ns = 18 * NSEC_PER_USEC, /* virtio disk + readahead, facts.md */
+	.aside_probe_ns = 1000 * NSEC_PER_MSEC,
+	.aside_sample_gets = 1024,
 	.skip_unsent_gets = true,
 };
 
@@ -139,6 +142,13 @@ MODULE_PARM_DESC(get_batch_pages,
 		 "a get asks for up to this many pages of its file in one round trip, when the host offers it (<= 32; 0/1: off)");
 module_param_named(prefetch_windows, tmem_cfg.prefetch_windows, uint, 0444);
 MODULE_PARM_DESC(prefetch_windows, "windows of 32 slots that batched gets prefetch into (<= 16)");
+module_param_named(miss_cost_ns, tmem_cfg.miss_cost_ns, ullong, 0644);
+MODULE_PARM_DESC(miss_cost_ns,
+		 "what a page-cache miss costs without tmem; tmem stands aside when it costs more per page served (0: never)");
+module_param_cb(aside_probe_ms, &param_ops_ms, &tmem_cfg.aside_probe_ns, 0644);
+MODULE_PARM_DESC(aside_probe_ms, "after standing aside, measure again after this long (doubling to 64x)");
+module_param_named(aside_sample_gets, tmem_cfg.aside_sample_gets, uint, 0644);
+MODULE_PARM_DESC(aside_sample_gets, "gets served by tmem per cost/benefit decision");
 module_param_named(doorbell_batch, tmem_cfg.doorbell_batch, uint, 0444);
 MODULE_PARM_DESC(doorbell_batch,
 		 "puts/invalidates posted to a sleeping host before one doorbell (0: min(sq, slots)/16)");
@@ -323,6 +333,8 @@ static int state_show(struct seq_file *m, void *v)
 	seq_printf(m, "admission_hint %u\nin_flight %u\nfree_slots %u\nregistered %d\n",
 		   s.admission_hint, s.in_flight, s.free_slots, ops_registered);
 	seq_printf(m, "prefetch_windows %u\nprefetched %u\n", s.prefetch_windows, s.prefetched);
+	seq_printf(m, "standing_aside %d\nguest_get_ns %llu\nguest_miss_ns %llu\n",
+		   s.standing_aside, s.get_ns_per_hit, s.miss_cost_ns);
 	return 0;
 }
 DEFINE_SHOW_ATTRIBUTE(state);
@@ -364,6 +376,10 @@ static void debugfs_setup(void)
 	COUNTER(prefetch_used);
 	COUNTER(prefetch_unused);
 	COUNTER(gets_negative_cached);
+	COUNTER(stood_aside);
+	COUNTER(gets_skipped_aside);
+	COUNTER(puts_skipped_aside);
+	COUNTER(invalidates_skipped_aside);
 	COUNTER(put_ns);
 	COUNTER(get_ns);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);

@@ -261,6 +261,7 @@ static int attach(struct tmem_core *c)
 		c->rings_generation = g.host_generation;
 	}
 	c->g.host_peer_id = g.host_peer_id;
+	st_release(&hdr(c)->guest_flags, c->aside ? TMEM_GUEST_STANDING_ASIDE : 0);
 	c->features = g.features_host & FEATURES_UNDERSTOOD;
 	if (c->nwin)
 		c->features |= g.features_host & TMEM_FEAT_GET_BATCH;
@@ -1056,6 +1057,11 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
 	int id;
 
 	c->c.invalidates++;
+	/* Aside: a private pool was wiped, nothing of it was sent since. */
+	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
+		c->c.invalidates_skipped_aside++;
+		return;
+	}
 	/* Before anything else: a prefetched copy must never outlive this. */
 	if (valid_handle(c, h))
 		windows_kill(c, h, oid,
@@ -1134,6 +1140,12 @@ int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
 	c->attached = false;
 	c->broken = false;
 	c->present = true;
+	/* A new device is a new host: measure whether it pays afresh. */
+	c->aside = false;
+	c->aside_backoff_ns = 0;
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
 	err = ensure_attached_err(c);
 	unlock(c, flags);
 	return err;
@@ -1260,6 +1272,15 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	int id;
 
 	lock(c, &flags);
+	/*
+	 * Standing aside: private pools were wiped and hold nothing; a shared
+	 * pool's older page still dies (drop_put below).
+	 */
+	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
+		c->c.puts_skipped_aside++;
+		c->c.puts_skipped_by_hint++;
+		goto out;
+	}
 	/* Sent or not, this put makes a prefetched copy of the key stale. */
 	if (valid_handle(c, h))
 		windows_kill(c, h, oid, index);
@@ -1289,7 +1310,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_dropped_flush_pending++;
 		goto out;
 	}
-	if (!admit(c)) {
+	if (c->aside || !admit(c)) {
+		c->c.puts_skipped_aside += c->aside;
 		c->c.puts_skipped_by_hint++;
 		drop_put(c, h, id, oid, index);
 		goto out;
@@ -1462,6 +1484,86 @@ static u64 post_batch(struct tmem_core *c, int h, int id, const u32 *oid,
 	return tag;
 }
 
+/* --- never slower: stand aside when tmem costs more than it saves --------- */
+
+static void stand_aside(struct tmem_core *c)
+{
+	struct tmem_core_pool *p;
+	u32 i;
+
+	/*
+	 * Private pools: wipe them (ring order puts the INVAL_POOL before
+	 * anything later), so no per-key invalidate is owed while aside.
+	 * Shared pools hold other VMs' pages: they keep their invalidates.
+	 */
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		p = &c->pools[i];
+		if (p->state == POOL_READY && !p->shared)
+			issue_invalidate(c, TMEM_OP_INVAL_POOL, i, p->host_id, NULL, 0);
+		if (p->state != POOL_UNUSED)
+			windows_kill(c, i, NULL, 0);
+	}
+	c->aside = true;
+	c->aside_until_ns = now(c) + c->aside_backoff_ns;
+	c->c.stood_aside++;
+	if (c->attached) {
+		st_release(&hdr(c)->guest_flags, TMEM_GUEST_STANDING_ASIDE);
+		/* Nothing follows that would ring for the INVAL_POOLs. */
+		if (c->unrung)
+			maybe_doorbell(c);
+	}
+}
+
+static void resume(struct tmem_core *c)
+{
+	c->aside = false;
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+	if (c->attached)
+		st_release(&hdr(c)->guest_flags, 0);
+}
+
+/* Standing aside now? Resumes (to measure again) once the time is up. */
+static bool standing_aside(struct tmem_core *c)
+{
+	if (!c->aside)
+		return false;
+	if (now(c) < c->aside_until_ns)
+		return true;
+	resume(c);
+	return false;
+}
+
+/* A get served by the host or a window took ns: close samples, decide. */
+static void account_get(struct tmem_core *c, u64 ns, bool hit)
+{
+	const struct tmem_core_config *cfg = c->cfg;
+	u64 miss_cost = READ_ONCE(cfg->miss_cost_ns);
+	u64 base = max(READ_ONCE(cfg->aside_probe_ns), 1ull);
+
+	c->sample_ns += ns;
+	c->sample_hits += hit;
+	if (++c->sample_gets < max(READ_ONCE(cfg->aside_sample_gets), 1u))
+		return;
+	c->get_ns_per_hit = c->sample_ns / max(c->sample_hits, 1ull);
+	if (c->attached) {
+		WRITE_ONCE(hdr(c)->guest_get_ns, c->get_ns_per_hit);
+		WRITE_ONCE(hdr(c)->guest_miss_ns, miss_cost);
+	}
+	if (miss_cost && c->sample_ns > c->sample_hits * miss_cost) {
+		/* Each time it still does not pay, look again later. */
+		c->aside_backoff_ns = c->aside_backoff_ns ?
+				      min(c->aside_backoff_ns * 2, base * 64) : base;
+		stand_aside(c);
+	} else {
+		c->aside_backoff_ns = 0;
+	}
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+}
+
 /* The guest's own view, for the host to show (never trusted there). */
 static void publish_prefetch_counts(struct tmem_core *c)
 {
@@ -1485,6 +1587,10 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	int id, served, win;
 
 	lock(c, &flags);
+	if (standing_aside(c)) {
+		c->c.gets_skipped_aside++;
+		goto miss_local;
+	}
 	if (!ensure_attached(c))
 		goto miss_local;
 	reap(c); /* frees slots, completes barriers and pool creations */
@@ -1502,6 +1608,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		if (served == 1) {
 			hit = true;
 			c->c.gets_hit++;
+			account_get(c, now(c) - t0, true);
 			goto out;
 		}
 		if (served == 0)
@@ -1582,6 +1689,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (t.lost)
 		c->c.gets_miss_local++;
 	c->c.interrupt_waits += t.interrupt_waits;
+	account_get(c, now(c) - t0, hit);
 	goto out;
 
 miss_local:
@@ -1708,6 +1816,9 @@ void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
 	s->invalidate_reserve = c->reserve;
 	s->flush_pending = (c->flush_bits | c->wanted_bits) != 0;
 	s->prefetch_windows = c->nwin;
+	s->standing_aside = c->aside;
+	s->get_ns_per_hit = c->get_ns_per_hit;
+	s->miss_cost_ns = READ_ONCE(c->cfg->miss_cost_ns);
 	for (i = 0; i < c->nwin; i++)
 		s->prefetched += hweight32(c->win[i].present);
 	unlock(c, flags);

@@ -83,6 +83,19 @@ struct tmem_core_config {
 	 */
 	u32 batch_pages;
 	u32 prefetch_windows;	 /* at most TMEM_CORE_MAX_WINDOWS */
+	/*
+	 * Never slower: over every aside_sample_gets gets served by the host
+	 * or a window, the guest's time in those gets is compared with what
+	 * the pages served would have cost from disk (miss_cost_ns each).
+	 * When tmem costs more, the guest stands aside (INVAL_POOL of its
+	 * private pools, TMEM_GUEST_STANDING_ASIDE, then no puts, gets or
+	 * private invalidates) for aside_probe_ns, doubling up to 64x while
+	 * it keeps not paying, then resumes and measures again.
+	 * miss_cost_ns 0: never stand aside.
+	 */
+	u64 miss_cost_ns;
+	u64 aside_probe_ns;
+	u32 aside_sample_gets;
 	bool skip_unsent_gets;	 /* filter says never sent: local miss */
 };
 
@@ -124,6 +137,11 @@ struct tmem_core_counters {
 	u64 prefetch_used;		/* of gets_hit: served from a window */
 	u64 prefetch_unused;		/* prefetched pages dropped unread */
 	u64 gets_negative_cached;	/* of gets_miss_local: the batch said miss */
+	/* Standing aside (never slower). */
+	u64 stood_aside;		/* times the guest stood aside */
+	u64 gets_skipped_aside;		/* of gets_miss_local */
+	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
+	u64 invalidates_skipped_aside;	/* private pools, nothing held */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
 };
@@ -243,6 +261,15 @@ struct tmem_core {
 	u32 area_base;
 	u64 lru_clock;
 
+	/* Never slower: the current sample and the standing-aside state. */
+	bool aside;
+	u64 aside_until_ns;
+	u64 aside_backoff_ns;
+	u64 sample_ns;		/* guest time in gets served by host or window */
+	u64 sample_hits;
+	u32 sample_gets;
+	u64 get_ns_per_hit;	/* last sample's, as published */
+
 	struct tmem_core_counters c;
 };
 
@@ -251,6 +278,8 @@ struct tmem_core_state {
 	bool present, attached, broken;
 	u32 host_state, admission_hint, in_flight, free_slots, slots_usable;
 	u32 invalidate_reserve, prefetch_windows, prefetched;
+	bool standing_aside;
+	u64 get_ns_per_hit, miss_cost_ns;
 	u64 host_generation, guest_generation;
 	bool flush_pending;
 };

@@ -104,6 +104,17 @@ struct TmemGuestOptions {
   // misses) without a round trip. 0 or 1: plain gets.
   uint32_t get_batch_pages = TMEM_GET_BATCH_MAX;
   uint32_t prefetch_windows = 8;
+  // Never slower (the kernel module's miss_cost_ns, default 18 us): over
+  // every aside_sample_gets Gets served by the host or a prefetch window,
+  // the time spent in them is compared with what the pages served would
+  // have cost on a miss (miss_cost each). When tmem costs more, the guest
+  // stands aside (invalidates its private pools, sets
+  // TMEM_GUEST_STANDING_ASIDE, then sends no puts, gets or private-pool
+  // invalidates) for aside_probe_interval, doubling up to 64x while it
+  // keeps not paying, then resumes and measures again. 0: never.
+  std::chrono::nanoseconds miss_cost{0};
+  uint32_t aside_sample_gets = 1024;
+  std::chrono::milliseconds aside_probe_interval{1000};
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -148,6 +159,11 @@ struct GuestCounters {
   uint64_t prefetch_unused = 0;  // prefetched pages dropped unread
   // Of gets_miss_local: a batch said the host had no such page.
   uint64_t gets_negative_cached = 0;
+  // Standing aside (TmemGuestOptions::miss_cost).
+  uint64_t stood_aside = 0;                // times the guest stood aside
+  uint64_t gets_skipped_aside = 0;         // of gets_miss_local
+  uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
+  uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
 };
 
 // Calls fn(name, field) for every counter in declaration order; `c` may be
@@ -184,6 +200,10 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("prefetch_used", c.prefetch_used);
   fn("prefetch_unused", c.prefetch_unused);
   fn("gets_negative_cached", c.gets_negative_cached);
+  fn("stood_aside", c.stood_aside);
+  fn("gets_skipped_aside", c.gets_skipped_aside);
+  fn("puts_skipped_aside", c.puts_skipped_aside);
+  fn("invalidates_skipped_aside", c.invalidates_skipped_aside);
 }
 
 // (name, value) pairs in declaration order, for reports.
@@ -243,6 +263,9 @@ class TmemGuest {
   uint32_t in_flight() const { return core_.pending_cap - core_.nfree_pending; }
   uint32_t invalidate_reserve() const { return core_.reserve; }
   uint32_t prefetch_windows() const { return core_.nwin; }
+  bool standing_aside() const { return core_.aside; }
+  // The last sample's guest time per page served (see miss_cost).
+  uint64_t get_ns_per_hit() const { return core_.get_ns_per_hit; }
   bool flush_pending() const {
     return (core_.flush_bits | core_.wanted_bits) != 0;
   }

@@ -253,6 +253,8 @@ struct Harness {
       if ((w.present | w.missing) & ~mask) Die("window bits past its count");
       if (w.present & w.missing) Die("a page both present and missing");
       if (w.count > TMEM_GET_BATCH_MAX) Die("window too long");
+      if (core.aside && w.state != 0 && w.present)
+        Die("prefetched while aside");
     }
     std::vector<bool> seen_entry(pending.size());
     for (uint32_t i = 0; i < core.nfree_pending; ++i) {
@@ -395,6 +397,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   h.cfg.skip_unsent_gets = h.fdp.ConsumeBool();
   h.cfg.batch_pages = h.fdp.ConsumeIntegralInRange<uint32_t>(0, 40);
   h.cfg.prefetch_windows = 2;
+  // Sometimes a guest that stands aside quickly (and comes back).
+  h.cfg.miss_cost_ns = h.fdp.ConsumeBool() ? 50'000 : 0;
+  h.cfg.aside_sample_gets = 4;
+  h.cfg.aside_probe_ns = 300'000;
   h.WriteHeader();
   tmem_core_init(&h.core, &kOps, &h, &h.cfg);
   tmem_core_bind(&h.core, h.region.data(), kRegionBytes, h.pending.data(),
