@@ -8,8 +8,9 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 kdir="$("${VM_DIR}/build-kernel.sh")"
 repo="$(cd "${VM_DIR}/.." && pwd)"
-srcs=("${repo}/guest-driver/tmem_ivshmem.c" "${repo}/guest-driver/Kbuild"
-      "${repo}/proto/tmem_abi.h")
+srcs=("${repo}/guest-driver/tmem_ivshmem_main.c" "${repo}/guest-driver/Kbuild"
+      "${repo}/guest-driver/core/tmem_core.c" "${repo}/guest-driver/core/tmem_core.h"
+      "${repo}/guest-driver/core/tmem_core_compat.h" "${repo}/proto/tmem_abi.h")
 key="$(basename "${kdir}")-$(cat "${srcs[@]}" | sha256sum | cut -c1-12)"
 out="${CACHE_DIR}/module-${key}"
 if [[ -f "${out}/tmem_ivshmem.ko" ]]; then
@@ -18,12 +19,16 @@ if [[ -f "${out}/tmem_ivshmem.ko" ]]; then
   exit 0
 fi
 rm -rf "${out}.tmp"
-mkdir -p "${out}.tmp/guest-driver" "${out}.tmp/proto"
-cp "${repo}/guest-driver/tmem_ivshmem.c" "${repo}/guest-driver/Kbuild" "${out}.tmp/guest-driver/"
+mkdir -p "${out}.tmp/guest-driver/core" "${out}.tmp/proto"
+cp "${repo}/guest-driver/tmem_ivshmem_main.c" "${repo}/guest-driver/Kbuild" "${out}.tmp/guest-driver/"
+cp "${repo}/guest-driver/core/tmem_core.c" "${repo}/guest-driver/core/tmem_core.h" \
+  "${repo}/guest-driver/core/tmem_core_compat.h" "${out}.tmp/guest-driver/core/"
 cp "${repo}/proto/tmem_abi.h" "${out}.tmp/proto/"
-vmlog "checkpatch.pl --no-tree -f guest-driver/tmem_ivshmem.c"
+vmlog "checkpatch.pl --no-tree -f on the module and the guest core"
 perl "${kdir}/linux/scripts/checkpatch.pl" --no-tree --terse -f \
-  "${out}.tmp/guest-driver/tmem_ivshmem.c" >&2 || die "checkpatch found style problems"
+  "${out}.tmp/guest-driver/tmem_ivshmem_main.c" "${out}.tmp/guest-driver/core/tmem_core.c" \
+  "${out}.tmp/guest-driver/core/tmem_core.h" "${out}.tmp/guest-driver/core/tmem_core_compat.h" \
+  >&2 || die "checkpatch found style problems"
 vmlog "building tmem_ivshmem.ko against $(basename "${kdir}")"
 make -C "${kdir}/linux" M="${out}.tmp/guest-driver" W=1 modules \
   >"${out}.tmp/build.log" 2>&1 || { cat "${out}.tmp/build.log" >&2; die "module build failed"; }

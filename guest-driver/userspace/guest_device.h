@@ -22,6 +22,9 @@ class GuestDevice {
   // Rings the host's doorbell vector `vector` (the guest's BAR0 write of
   // (0 << 16) | vector). Must never block; may be called from any thread.
   virtual void Doorbell(int vector) = 0;
+  // The same for peer `peer` (ABI v2: the host says which peer it is in
+  // host_peer_id; the register value is (peer << 16) | vector).
+  virtual void DoorbellPeer(uint32_t peer, int vector) = 0;
   // An fd that polls readable (eventfd semantics: read 8 bytes to clear)
   // when the host raises interrupt vector `vector`, or -1 when the device
   // has no interrupts (the guest then polls the ring).

@@ -356,9 +356,12 @@ IvshmemClient::~IvshmemClient() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
-void IvshmemClient::Doorbell(int vector) {
-  // QEMU uses only the low 8 bits of the doorbell value as the vector.
-  auto it = peers_.find(kHostPeerId);
+void IvshmemClient::Doorbell(int vector) { DoorbellPeer(kHostPeerId, vector); }
+
+void IvshmemClient::DoorbellPeer(uint32_t peer, int vector) {
+  // QEMU uses only the low 8 bits of the doorbell value as the vector, and
+  // drops a doorbell to a peer it does not know.
+  auto it = peers_.find(static_cast<int64_t>(peer));
   if (it == peers_.end() || vector < 0) return;
   const auto v = static_cast<size_t>(vector & 0xff);
   if (v >= it->second.size()) return;

@@ -74,6 +74,7 @@ class IvshmemClient final : public GuestDevice {
   // for a BAR0 doorbell write of (0 << 16) | vector). A vector without an
   // eventfd is silently dropped, as QEMU drops it.
   void Doorbell(int vector) override;
+  void DoorbellPeer(uint32_t peer, int vector) override;
   int interrupt_fd(int vector) const override;
 
   int64_t own_id() const { return own_id_; }

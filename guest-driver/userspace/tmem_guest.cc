@@ -1,6 +1,9 @@
 #include "guest-driver/userspace/tmem_guest.h"
 
 #include <poll.h>
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,73 +20,108 @@
 namespace tmem {
 namespace {
 
-// A tag is (serial << kTagIndexBits) | pending-table index: the index finds
-// the entry in O(1), the serial tells a live entry from a stale CQE.
-constexpr int kTagIndexBits = 16;
-constexpr uint64_t kTagIndexMask = (uint64_t{1} << kTagIndexBits) - 1;
-constexpr uint32_t kMaxPending = uint32_t{1} << kTagIndexBits;
-constexpr uint32_t kNoSlot = UINT32_MAX;
-constexpr uint32_t kFeaturesUnderstood =
-    TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT | TMEM_FEAT_FLUSH_BARRIER;
+// Entries in flight at once (tmemd's rings hold at most 4096 + 4096) and
+// page slots the guest uses; the core caps both by the host's geometry.
+constexpr uint32_t kMaxPending = 8192;
+constexpr uint32_t kMaxSlots = 8192;
 // A Get waiting on the interrupt re-checks the ring at least this often:
 // interrupts can be lost (before MSI-X is enabled, across resets).
-constexpr std::chrono::microseconds kWaitSlice{1000};
+constexpr uint64_t kWaitSliceNs = 1'000'000;
+// Without an interrupt fd, a waiting Get polls this often.
+constexpr uint64_t kPollSliceNs = 50'000;
 
-uint64_t Mix64(uint64_t x) {  // splitmix64's finalizer
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
+// --- The core's platform (tmem_core_ops) in userspace.
+
+// No lock: a TmemGuest is used by one thread at a time (see the header),
+// and the host never touches the core's state.
+void OpsLock(void* /*ctx*/, unsigned long* /*flags*/) {}
+void OpsUnlock(void* /*ctx*/, unsigned long /*flags*/) {}
+
+uint64_t OpsNowNs(void* /*ctx*/) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::steady_clock::now().time_since_epoch())
+          .count());
 }
 
-// Two filter positions from one hash of the key (k = 2).
-uint64_t KeyHash(const TmemGuest::ObjectId& oid, uint64_t index) {
-  uint64_t h = Mix64(index);
-  for (size_t i = 0; i < oid.size(); i += 2) {
-    h = Mix64(h ^ (uint64_t{oid[i]} | uint64_t{oid[i + 1]} << 32));
+void OpsDoorbell(void* ctx, uint32_t value) {
+  static_cast<GuestDevice*>(ctx)->DoorbellPeer(value >> 16,
+                                               static_cast<int>(value & 0xff));
+}
+
+// The interrupt is an eventfd: level-triggered, so one raised before the
+// poll is not lost and `done` needs no re-check here.
+bool OpsWait(void* ctx, bool (* /*done*/)(void*), void* /*arg*/,
+             uint64_t timeout_ns) {
+  auto* device = static_cast<GuestDevice*>(ctx);
+  const int fd = device->interrupt_fd(TMEM_VEC_COMPLETE);
+  if (fd < 0) {
+    std::this_thread::sleep_for(
+        std::chrono::nanoseconds(std::min(timeout_ns, kPollSliceNs)));
+    return false;
   }
-  return h;
-}
-
-void MarkSent(std::vector<uint64_t>& bits, uint64_t hash) {
-  if (bits.empty()) return;
-  const uint64_t mask = bits.size() * 64 - 1;
-  for (uint64_t pos : {hash & mask, (hash >> 32) & mask}) {
-    bits[pos / 64] |= uint64_t{1} << (pos % 64);
-  }
-}
-
-bool MaybeSent(const std::vector<uint64_t>& bits, uint64_t hash) {
-  if (bits.empty()) return true;  // no filter: assume the worst
-  const uint64_t mask = bits.size() * 64 - 1;
-  for (uint64_t pos : {hash & mask, (hash >> 32) & mask}) {
-    if ((bits[pos / 64] & (uint64_t{1} << (pos % 64))) == 0) return false;
+  const uint64_t ns = std::min(timeout_ns, kWaitSliceNs);
+  timespec ts{static_cast<time_t>(ns / 1'000'000'000),
+              static_cast<long>(ns % 1'000'000'000)};
+  pollfd pfd{fd, POLLIN, 0};
+  if (ppoll(&pfd, 1, &ts, nullptr) > 0 && (pfd.revents & POLLIN) != 0) {
+    uint64_t count;
+    // Clears the eventfd (non-blocking: EAGAIN if someone else did).
+    (void)!read(fd, &count, sizeof(count));
   }
   return true;
 }
 
-void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
+void OpsCopyToSlot(void* /*ctx*/, void* slot, const void* page) {
+  auto* dst = static_cast<uint8_t*>(slot);
+#if defined(__SSE2__)
+  // Streaming stores: the host's worker, on another CPU, read this slot
+  // last, so ordinary stores would first pull every line back from its
+  // cache; and the guest never reads the slot again. The release that
+  // publishes the SQE orders them (sfence below, as streaming stores are
+  // weakly ordered).
+  auto* d = reinterpret_cast<__m128i*>(dst);
+  const auto* s = static_cast<const __m128i*>(page);
+  for (size_t i = 0; i < TMEM_PAGE_SIZE / sizeof(__m128i); i += 4) {
+    const __m128i a = _mm_loadu_si128(s + i);
+    const __m128i b = _mm_loadu_si128(s + i + 1);
+    const __m128i c = _mm_loadu_si128(s + i + 2);
+    const __m128i e = _mm_loadu_si128(s + i + 3);
+    _mm_stream_si128(d + i, a);
+    _mm_stream_si128(d + i + 1, b);
+    _mm_stream_si128(d + i + 2, c);
+    _mm_stream_si128(d + i + 3, e);
+  }
+  _mm_sfence();
+#else
+  std::memcpy(dst, page, TMEM_PAGE_SIZE);
 #endif
 }
 
-// Non-zero and different from `previous`: the host compares generations
-// for equality only, so any fresh value works; random plus the clock makes a
-// restarted guestsim differ from its predecessor.
-uint64_t NewGeneration(uint64_t previous) {
+void OpsCopyFromSlot(void* /*ctx*/, void* page, const void* slot) {
+  std::memcpy(page, slot, TMEM_PAGE_SIZE);
+}
+
+// The host compares generations for equality only, so any fresh value
+// works; random plus the clock makes a restarted guestsim differ from its
+// predecessor.
+uint64_t OpsRandomU64(void* /*ctx*/) {
   std::random_device rd;
-  uint64_t g = (uint64_t{rd()} << 32) ^ uint64_t { rd() } ^
-               static_cast<uint64_t>(
-                   std::chrono::steady_clock::now().time_since_epoch().count());
-  while (g == 0 || g == previous) {
-    g = g * 6364136223846793005ULL + 1442695040888963407ULL;
-  }
-  return g;
+  return (uint64_t{rd()} << 32) ^ uint64_t { rd() } ^ OpsNowNs(nullptr);
+}
+
+uint64_t Ns(std::chrono::nanoseconds d) {
+  return d.count() < 0 ? 0 : static_cast<uint64_t>(d.count());
 }
 
 absl::Status RefusalStatus(int32_t status, bool shared) {
   switch (status) {
+    case TMEM_CORE_ERR_NO_HANDLE:
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "a guest has at most ", TMEM_MAX_POOLS, " pools (TMEM_MAX_POOLS)"));
+    case TMEM_CORE_ERR_NO_SHARED:
+      return absl::FailedPreconditionError(
+          "the host does not offer shared pools (TMEM_FEAT_SHARED_POOLS)");
     case TMEM_ERR_PERM:
       return absl::PermissionDeniedError(
           "the host refused the shared pool: this VM is not authorized for "
@@ -118,13 +156,41 @@ void AddCounters(GuestCounters* total, const GuestCounters& c) {
       *total, [&](std::string_view, uint64_t& field) { field += values[i++]; });
 }
 
-// ---------------------------------------------------------------------------
-// Channel state
+const tmem_core_ops TmemGuest::kOps = {
+    .lock = OpsLock,
+    .unlock = OpsUnlock,
+    .now_ns = OpsNowNs,
+    .doorbell = OpsDoorbell,
+    .wait = OpsWait,
+    .copy_to_slot = OpsCopyToSlot,
+    .copy_from_slot = OpsCopyFromSlot,
+    .random_u64 = OpsRandomU64,
+};
 
 TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
-    : device_(device),
-      options_(options),
-      region_(device->shm_base(), device->shm_size()) {}
+    : device_(device), options_(options) {
+  config_.get_spin_ns = Ns(options.get_spin);
+  config_.get_timeout_ns = Ns(options.get_timeout);
+  config_.pool_create_timeout_ns = Ns(options.pool_create_timeout);
+  config_.pool_retry_ns = Ns(options.pool_retry_interval);
+  config_.stall_probe_ns = Ns(options.stall_probe_interval);
+  config_.ring_full_spin_ns = 0;  // a userspace host is a thread: no spin
+  config_.stall_after_timeouts = options.stall_after_timeouts;
+  config_.invalidate_reserve = options.invalidate_reserve;
+  config_.doorbell_batch = options.posted_doorbell_batch;
+  config_.skip_unsent_gets = options.skip_unsent_gets;
+  config_.batch_pages = options.get_batch_pages;
+  config_.prefetch_windows = options.prefetch_windows;
+  config_.miss_cost_ns = Ns(options.miss_cost);
+  config_.aside_sample_gets = options.aside_sample_gets;
+  config_.aside_probe_ns = Ns(options.aside_probe_interval);
+  tmem_core_init(&core_, &kOps, device, &config_);
+  pending_.resize(kMaxPending);
+  free_pending_.resize(kMaxPending);
+  const uint32_t slots = static_cast<uint32_t>(
+      std::min<uint64_t>(device->shm_size() / TMEM_PAGE_SIZE, kMaxSlots));
+  free_slots_.resize(slots);
+}
 
 absl::StatusOr<std::unique_ptr<TmemGuest>> TmemGuest::Create(
     GuestDevice* device, const TmemGuestOptions& options) {
@@ -132,378 +198,73 @@ absl::StatusOr<std::unique_ptr<TmemGuest>> TmemGuest::Create(
     return absl::InvalidArgumentError("TmemGuest needs a mapped device");
   }
   std::unique_ptr<TmemGuest> guest(new TmemGuest(device, options));
-  const Clock::time_point deadline = Clock::now() + options.attach_timeout;
-  for (;;) {
-    absl::Status s = guest->Attach();
-    if (s.ok()) return guest;
-    // Only "not READY yet" is worth waiting for; a bad header stays bad.
-    if (!absl::IsUnavailable(s)) return s;
-    if (Clock::now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat(
-          "the host did not publish READY within ",
-          options.attach_timeout.count(), " ms (is tmemd serving this VM?)"));
-    }
+  TmemGuest& g = *guest;
+  int err = tmem_core_bind(
+      &g.core_, device->shm_base(), device->shm_size(), g.pending_.data(),
+      g.free_pending_.data(), static_cast<uint32_t>(g.pending_.size()),
+      g.free_slots_.data(), static_cast<uint32_t>(g.free_slots_.size()));
+  const auto deadline =
+      std::chrono::steady_clock::now() + options.attach_timeout;
+  // Only "not READY yet" is worth waiting for; a bad header stays bad.
+  while (err == -EAGAIN && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    err = tmem_core_try_attach(&g.core_);
   }
+  g.SyncCounters();
+  if (err == -EPROTO) {
+    return absl::FailedPreconditionError(
+        "the region is not a tmem ABI v2 region or its layout is impossible "
+        "(bad magic or version, header or region size, rings not a power of "
+        "two, or rings or slots outside the mapping)");
+  }
+  if (err != 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "the host did not publish READY within ",
+        options.attach_timeout.count(), " ms (is tmemd serving this VM?)"));
+  }
+  return guest;
 }
 
-bool TmemGuest::HostChanged() const {
-  return region_.LoadHostState() != TMEM_HOST_STATE_READY ||
-         region_.LoadHostGeneration() != host_generation_;
+void TmemGuest::SyncCounters() {
+  const tmem_core_counters& k = core_.c;
+  GuestCounters& c = counters_;
+  c.puts_sent = k.puts_sent;
+  c.puts_skipped_by_hint = k.puts_skipped_by_hint;
+  c.puts_dropped_ring_full = k.puts_dropped_ring_full;
+  c.puts_dropped_no_pool = k.puts_dropped_no_pool;
+  c.puts_dropped_flush_pending = k.puts_dropped_flush_pending;
+  c.puts_dropped_by_host = k.puts_dropped_by_host;
+  c.gets_hit = k.gets_hit;
+  c.gets_miss = k.gets_miss;
+  c.gets_timeout = k.gets_timeout;
+  c.gets_miss_local = k.gets_miss_local;
+  c.gets_skipped_stalled = k.gets_skipped_stalled;
+  c.gets_skipped_never_sent = k.gets_skipped_never_sent;
+  c.host_stalls = k.host_stalls;
+  c.invalidates = k.invalidates;
+  c.invalidates_skipped_never_sent = k.invalidates_skipped_never_sent;
+  c.invalidates_for_dropped_puts = k.invalidates_for_dropped_puts;
+  c.drop_invalidates_avoided = k.drop_invalidates_avoided;
+  c.flush_fallbacks = k.flush_fallbacks;
+  c.guest_resets = k.guest_resets;
+  c.host_resets_seen = k.host_resets_seen;
+  c.pools_created = k.pools_created;
+  c.doorbells = k.doorbells;
+  c.doorbells_deferred = k.doorbells_deferred;
+  c.interrupt_waits = k.interrupt_waits;
+  c.stale_completions = k.stale_completions;
+  c.sqes_posted = k.sqes_posted;
+  c.completions_reaped = k.completions_reaped;
+  c.errors = k.errors;
+  c.get_batches = k.get_batches;
+  c.prefetch_used = k.prefetch_used;
+  c.prefetch_unused = k.prefetch_unused;
+  c.gets_negative_cached = k.gets_negative_cached;
+  c.stood_aside = k.stood_aside;
+  c.gets_skipped_aside = k.gets_skipped_aside;
+  c.puts_skipped_aside = k.puts_skipped_aside;
+  c.invalidates_skipped_aside = k.invalidates_skipped_aside;
 }
-
-bool TmemGuest::EnsureAttached() {
-  if (attached_) {
-    if (!HostChanged()) return !broken_;
-    Detach();
-  }
-  if (region_.LoadHostState() != TMEM_HOST_STATE_READY) return false;
-  absl::Status s = Attach();
-  if (!s.ok() && !absl::IsUnavailable(s)) ++counters_.errors;
-  return s.ok();
-}
-
-absl::Status TmemGuest::Attach() {
-  absl::StatusOr<RegionGeometry> g = region_.ReadGeometry();
-  if (!g.ok()) return g.status();
-  const bool same_rings = have_rings_ &&
-                          g->host_generation == rings_generation_ &&
-                          g->sq_entries == region_.geometry().sq_entries &&
-                          g->cq_entries == region_.geometry().cq_entries &&
-                          g->slot_count == region_.geometry().slot_count;
-  if (same_rings && broken_) {
-    // The host has not reset the rings whose indices it corrupted.
-    return absl::UnavailableError("waiting for the host to reset the ring");
-  }
-  if (!same_rings) {
-    // New rings (first attach, or the host re-initialized the region): the
-    // host executes none of our old entries any more, so every slot and
-    // tag is free again.
-    region_.Bind(*g);
-    const uint32_t capacity = static_cast<uint32_t>(std::min<uint64_t>(
-        uint64_t{g->sq_entries} + g->cq_entries, kMaxPending));
-    pending_.assign(capacity, Pending{});
-    free_pending_.clear();
-    for (uint32_t i = capacity; i > 0; --i) free_pending_.push_back(i - 1);
-    slots_usable_ = std::min(g->slot_count, capacity);
-    free_slots_.clear();
-    for (uint32_t i = slots_usable_; i > 0; --i) free_slots_.push_back(i - 1);
-    reserve_ = options_.invalidate_reserve != 0
-                   ? options_.invalidate_reserve
-                   : std::max<uint32_t>(1, g->sq_entries / 8);
-    reserve_ = std::min(reserve_, g->sq_entries - 1);
-    doorbell_batch_ = options_.posted_doorbell_batch != 0
-                          ? options_.posted_doorbell_batch
-                          : std::max<uint32_t>(
-                                1, std::min(g->sq_entries, slots_usable_) / 16);
-    unrung_ = 0;
-    // Adopt the SQ tail the host (re)wrote, repaired if it cannot be right
-    // (a previous guest left garbage).
-    sq_tail_ = region_.LoadSqTail();
-    if (sq_tail_ - region_.LoadSqHead() > g->sq_entries) {
-      sq_tail_ = region_.LoadSqHead();
-      region_.PublishSqTail(sq_tail_);
-    }
-    // Completions already there belong to a previous guest: skip them. Ones
-    // for its entries still in the SQ come later; a random serial start
-    // keeps their tags from matching ours (a restarted guestsim starts
-    // counting from scratch too).
-    cq_head_ = region_.LoadCqTail();
-    region_.PublishCqHead(cq_head_);
-    next_serial_ = (NewGeneration(0) >> 32) | 1;
-    flush_bits_ = 0;
-    wanted_bits_ = 0;
-    flush_seq_ = 0;
-    wait_tag_ = 0;
-    consecutive_timeouts_ = 0;
-    stalled_until_ = {};
-    have_rings_ = true;
-    rings_generation_ = g->host_generation;
-  }
-  features_ = g->features_host & kFeaturesUnderstood;
-  region_.StoreFeaturesGuest(features_);
-  // A fresh generation on every attach: the host forgets whatever pools and
-  // pages this VM had, so nothing from before can be stale now.
-  guest_generation_ = NewGeneration(guest_generation_);
-  region_.StoreGuestGeneration(guest_generation_);
-  host_generation_ = g->host_generation;
-  attached_ = true;
-  broken_ = false;
-  VoidPools(/*shared_lost_invalidates=*/false);
-  return absl::OkStatus();
-}
-
-void TmemGuest::Detach() {
-  attached_ = false;
-  ++counters_.host_resets_seen;
-  // The host may have discarded entries we posted (a reset zeroes the ring).
-  VoidPools(/*shared_lost_invalidates=*/true);
-  wanted_bits_ = 0;
-}
-
-void TmemGuest::VoidPools(bool shared_lost_invalidates) {
-  ++epoch_;
-  for (Pool& p : pools_) {
-    if (p.state == PoolState::kUnused) continue;
-    // Other members keep a shared pool (and the pages this VM put in it)
-    // alive on the host. If our invalidates may have been lost with the
-    // ring, wipe the pool when we join it again.
-    if (shared_lost_invalidates && p.shared && p.state != PoolState::kNone) {
-      p.inval_on_ready = true;
-    }
-    p.state = PoolState::kNone;
-  }
-}
-
-void TmemGuest::GuestReset(uint64_t lost_bits) {
-  // The last resort for an invalidate that cannot be queued or barriered:
-  // a new guest_generation makes the host forget every pool and page of
-  // this VM. In-flight entries and slots stay ours until their CQEs come.
-  // A shared pool outlives this VM on the host, so one whose invalidate is
-  // lost here is wiped when it is joined again.
-  lost_bits |= wanted_bits_;
-  for (Pool& p : pools_) {
-    if (p.shared && p.state == PoolState::kReady &&
-        ((lost_bits >> p.host_id) & 1) != 0) {
-      p.inval_on_ready = true;
-    }
-  }
-  guest_generation_ = NewGeneration(guest_generation_);
-  region_.StoreGuestGeneration(guest_generation_);
-  ++counters_.guest_resets;
-  VoidPools(/*shared_lost_invalidates=*/false);
-  wanted_bits_ = 0;
-  MaybeDoorbell();
-}
-
-void TmemGuest::HostFault(const char* what) {
-  // A reset rewrites the indices after publishing RESET (release), so an
-  // index that looks corrupt during a reset shows up as a host change here.
-  if (HostChanged()) {
-    Detach();
-    return;
-  }
-  (void)what;
-  ++counters_.errors;
-  broken_ = true;
-  VoidPools(/*shared_lost_invalidates=*/true);
-}
-
-// ---------------------------------------------------------------------------
-// Ring
-
-bool TmemGuest::HaveRoom(Need need) {
-  if (!attached_ || broken_ || free_pending_.empty()) return false;
-  if ((need == Need::kPut || need == Need::kGet) && free_slots_.empty()) {
-    return false;
-  }
-  const uint32_t entries = region_.geometry().sq_entries;
-  const uint32_t used = sq_tail_ - region_.LoadSqHead();
-  if (used > entries) {
-    HostFault("sq_head");
-    return false;
-  }
-  const uint32_t limit =
-      need == Need::kInvalidate ? entries : entries - reserve_;
-  return used < limit;
-}
-
-uint64_t TmemGuest::Post(tmem_sqe& sqe, uint32_t slot, PoolHandle pool) {
-  const uint32_t index = free_pending_.back();
-  free_pending_.pop_back();
-  const uint64_t tag = (next_serial_++ << kTagIndexBits) | index;
-  Pending& p = pending_[index];
-  p.tag = tag;
-  p.opcode = sqe.opcode;
-  p.slot = slot;
-  p.pool = pool;
-  p.incarnation = pool >= 0 ? pools_[pool].incarnation : 0;
-  p.epoch = epoch_;
-  sqe.tag = tag;
-  region_.WriteSqe(sq_tail_, sqe);
-  // A host reset rewrites sq_tail (a guest-owned index) to zero; storing our
-  // old-based tail over that would look like a corrupt ring and cost a
-  // second reset. Re-checking narrows that window to a few instructions;
-  // the host resets again for what is left. Unpublished, the entry is
-  // nobody's: free it (the op then simply did not happen).
-  if (HostChanged()) {
-    p.tag = 0;
-    free_pending_.push_back(index);
-    if (slot != kNoSlot) free_slots_.push_back(slot);
-    return 0;
-  }
-  ++sq_tail_;
-  region_.PublishSqTail(sq_tail_);
-  ++counters_.sqes_posted;
-  ++unrung_;
-  const bool waited_on =
-      (sqe.flags & TMEM_SQE_F_IRQ) != 0 ||
-      (sqe.opcode != TMEM_OP_PUT && sqe.opcode != TMEM_OP_INVAL_PAGE &&
-       sqe.opcode != TMEM_OP_INVAL_OBJECT && sqe.opcode != TMEM_OP_INVAL_POOL);
-  if (waited_on || unrung_ >= doorbell_batch_) {
-    MaybeDoorbell();
-  } else {
-    // Only the counter and unrung_ depend on this read: a stale value at
-    // most delays a doorbell by a batch, which the host's re-check timer
-    // bounds, so it needs no Dekker fence.
-    if ((region_.LoadHostFlags() & TMEM_HOST_NEEDS_DOORBELL) != 0) {
-      ++counters_.doorbells_deferred;
-    } else {
-      unrung_ = 0;  // the host is polling: it sees them
-    }
-  }
-  return tag;
-}
-
-void TmemGuest::MaybeDoorbell() {
-  GuestRegion::FenceBeforeDoorbellCheck();
-  if ((region_.LoadHostFlags() & TMEM_HOST_NEEDS_DOORBELL) != 0) {
-    device_->Doorbell(TMEM_VEC_SUBMIT);
-    ++counters_.doorbells;
-  }
-  unrung_ = 0;
-}
-
-void TmemGuest::Reap() {
-  if (!attached_ || broken_) return;
-  const uint32_t tail = region_.LoadCqTail();
-  if (tail - cq_head_ > region_.geometry().cq_entries) {
-    HostFault("cq_tail");
-    return;
-  }
-  if (tail != cq_head_) {
-    while (cq_head_ != tail) {
-      const tmem_cqe cqe = region_.ReadCqe(cq_head_);
-      ++cq_head_;
-      Complete(cqe);
-    }
-    // As in Post: never write an old-based index over a reset's zero.
-    if (HostChanged()) return;
-    region_.PublishCqHead(cq_head_);
-  }
-  if (flush_bits_ != 0 && region_.LoadFlushDoneSeq() == flush_seq_) {
-    region_.ClearFlushRequest();  // acked: see CheckFlushDone
-    flush_bits_ = 0;
-  }
-  FlushWanted();
-}
-
-void TmemGuest::Complete(const tmem_cqe& cqe) {
-  const uint64_t index = cqe.tag & kTagIndexMask;
-  if (cqe.tag == 0 || index >= pending_.size() ||
-      pending_[index].tag != cqe.tag) {
-    ++counters_.stale_completions;
-    return;
-  }
-  ++counters_.completions_reaped;
-  const Pending p = pending_[index];
-  pending_[index].tag = 0;
-  free_pending_.push_back(static_cast<uint32_t>(index));
-  const int32_t status = cqe.status;
-  const uint32_t result = cqe.result;
-
-  switch (p.opcode) {
-    case TMEM_OP_PUT:
-      // The host copied the page out before completing: the slot is free.
-      free_slots_.push_back(p.slot);
-      if (status == TMEM_ERR_DROPPED) {
-        ++counters_.puts_dropped_by_host;
-      } else if (status != TMEM_OK) {
-        OpFailed(p, status);
-      }
-      break;
-    case TMEM_OP_GET: {
-      const bool hit = status == TMEM_OK && result == 1;
-      if (status == TMEM_OK && result > 1) ++counters_.errors;
-      if (wait_tag_ != 0 && cqe.tag == wait_tag_) {
-        if (hit) {
-          region_.CopyFromSlot(p.slot,
-                               wait_out_);  // before the slot is freed
-        }
-        wait_hit_ = hit;
-        wait_done_ = true;
-      }
-      // A timed-out Get's page is simply not delivered.
-      free_slots_.push_back(p.slot);
-      if (status != TMEM_OK) OpFailed(p, status);
-      break;
-    }
-    case TMEM_OP_NEW_POOL: {
-      Pool& pool = pools_[p.pool];
-      // Voided (reset) or superseded since it was posted: ignore.
-      if (pool.state != PoolState::kCreating || pool.create_tag != cqe.tag) {
-        break;
-      }
-      if (status == TMEM_OK && result < TMEM_MAX_POOLS) {
-        pool.state = PoolState::kReady;
-        pool.host_id = static_cast<uint16_t>(result);
-        pool.incarnation = next_incarnation_++;
-        // A private pool is born empty.
-        std::fill(pool.sent.begin(), pool.sent.end(), 0);
-        ++counters_.pools_created;
-      } else {
-        pool.state = PoolState::kFailed;
-        pool.refusal = status == TMEM_OK ? TMEM_ERR_INVAL : status;
-        pool.retry_after = Clock::now() + options_.pool_retry_interval;
-        ++counters_.errors;
-      }
-      break;
-    }
-    default:
-      if (status != TMEM_OK) OpFailed(p, status);
-      break;
-  }
-}
-
-void TmemGuest::OpFailed(const Pending& p, int32_t status) {
-  // Entries from before a guest reset may name pools the host forgot.
-  if (p.epoch != epoch_) return;
-  ++counters_.errors;
-  if (status == TMEM_ERR_NOENT && p.pool >= 0) {
-    // The host forgot this pool (and its pages): make it again on next use.
-    Pool& pool = pools_[p.pool];
-    if (pool.state == PoolState::kReady && pool.incarnation == p.incarnation) {
-      pool.state = PoolState::kNone;
-    }
-  }
-}
-
-TmemGuest::WaitResult TmemGuest::WaitUntil(const std::function<bool()>& done,
-                                           Clock::time_point deadline) {
-  const Clock::time_point spin_until = Clock::now() + options_.get_spin;
-  for (;;) {
-    Reap();
-    if (done()) return WaitResult::kDone;
-    if (!attached_ || broken_ || HostChanged()) return WaitResult::kLost;
-    const Clock::time_point now = Clock::now();
-    if (now >= deadline) return WaitResult::kTimeout;
-    if (now < spin_until) {
-      CpuRelax();
-      continue;
-    }
-    const auto slice = std::min<Clock::duration>(deadline - now, kWaitSlice);
-    const int fd = device_->interrupt_fd(TMEM_VEC_COMPLETE);
-    if (fd < 0) {
-      std::this_thread::sleep_for(
-          std::min<Clock::duration>(slice, std::chrono::microseconds(50)));
-      continue;
-    }
-    ++counters_.interrupt_waits;
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(slice).count();
-    timespec ts{static_cast<time_t>(ns / 1'000'000'000),
-                static_cast<long>(ns % 1'000'000'000)};
-    pollfd pfd{fd, POLLIN, 0};
-    if (ppoll(&pfd, 1, &ts, nullptr) > 0 && (pfd.revents & POLLIN) != 0) {
-      uint64_t count;
-      // Clears the eventfd (non-blocking: EAGAIN if someone else did).
-      (void)!read(fd, &count, sizeof(count));
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
-// Pools
 
 absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::InitFs() {
   return NewHandle(/*shared=*/false, Uuid{});
@@ -516,419 +277,60 @@ absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::InitSharedFs(
 
 absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::NewHandle(bool shared,
                                                            const Uuid& uuid) {
-  PoolHandle h = -1;
-  for (PoolHandle i = 0; i < static_cast<PoolHandle>(pools_.size()); ++i) {
-    if (pools_[i].state == PoolState::kUnused) {
-      h = i;
-      break;
-    }
+  // Shared pools get no filter: other VMs' puts of a key are invisible.
+  std::vector<unsigned long> filter;
+  const uint32_t bits = options_.sent_filter_bits;
+  if (!shared && bits >= 64 && std::has_single_bit(bits)) {
+    filter.assign(bits / (sizeof(unsigned long) * 8), 0);
   }
-  if (h < 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "a guest has at most ", TMEM_MAX_POOLS, " pools (TMEM_MAX_POOLS)"));
-  }
-  Pool& p = pools_[h];
-  p = Pool{};
-  p.state = PoolState::kNone;
-  p.shared = shared;
-  p.uuid = uuid;
-  // Shared pools get none: other VMs' puts of a key are invisible to us.
-  if (!shared && options_.sent_filter_bits >= 64 &&
-      std::has_single_bit(options_.sent_filter_bits)) {
-    p.sent.assign(options_.sent_filter_bits / 64, 0);
-  }
-  if (!EnsureAttached()) return h;  // made on first use
-  if (shared && (features_ & TMEM_FEAT_SHARED_POOLS) == 0) {
-    p.state = PoolState::kUnused;
-    return absl::FailedPreconditionError(
-        "the host does not offer shared pools (TMEM_FEAT_SHARED_POOLS)");
-  }
-  StartCreate(h);
-  if (p.state == PoolState::kCreating) {
-    const Clock::time_point deadline =
-        Clock::now() + options_.pool_create_timeout;
-    WaitUntil([&p] { return p.state != PoolState::kCreating; }, deadline);
-  }
-  if (p.state == PoolState::kFailed) {
-    absl::Status s = RefusalStatus(p.refusal, shared);
-    p.state = PoolState::kUnused;
-    return s;
-  }
+  unsigned long* old = nullptr;
+  const int h = tmem_core_new_handle(&core_, shared, uuid.data(),
+                                     filter.empty() ? nullptr : filter.data(),
+                                     filter.empty() ? 0 : bits, &old);
+  SyncCounters();
+  if (h < 0) return RefusalStatus(h, shared);
+  // The core now uses `filter`; the handle's previous one (`old`) is freed.
+  filters_[h].swap(filter);
   return h;
 }
 
-void TmemGuest::StartCreate(PoolHandle h) {
-  Pool& p = pools_[h];
-  if (p.shared && (features_ & TMEM_FEAT_SHARED_POOLS) == 0) {
-    p.state = PoolState::kFailed;
-    p.refusal = TMEM_ERR_PERM;
-    p.retry_after = Clock::now() + options_.pool_retry_interval;
-    return;
-  }
-  if (!HaveRoom(Need::kControl)) {
-    Reap();
-    if (!HaveRoom(Need::kControl)) return;  // next use tries again
-  }
-  tmem_sqe sqe{};
-  sqe.opcode = TMEM_OP_NEW_POOL;
-  // IRQ: InitFs may be waiting for it.
-  sqe.flags = TMEM_SQE_F_IRQ | (p.shared ? TMEM_SQE_F_SHARED : 0);
-  if (p.shared) {
-    static_assert(sizeof(sqe.oid) >= sizeof(Uuid));
-    std::memcpy(sqe.oid, p.uuid.data(), p.uuid.size());
-  }
-  const uint64_t tag = Post(sqe, kNoSlot, h);
-  if (tag == 0) return;  // the host reset meanwhile
-  p.state = PoolState::kCreating;
-  p.create_tag = tag;
+void TmemGuest::Put(PoolHandle pool, const ObjectId& oid, uint64_t index,
+                    Page page) {
+  tmem_core_put(&core_, pool, oid.data(), index, page.data());
+  SyncCounters();
 }
 
-int TmemGuest::Resolve(PoolHandle h, bool create) {
-  if (h < 0 || h >= static_cast<PoolHandle>(pools_.size()) ||
-      pools_[h].state == PoolState::kUnused) {
-    ++counters_.errors;  // a caller bug: no such handle
-    return -1;
-  }
-  Pool& p = pools_[h];
-  switch (p.state) {
-    case PoolState::kReady:
-      if (p.inval_on_ready) {
-        p.inval_on_ready = false;
-        IssueInvalidate(TMEM_OP_INVAL_POOL, h, p.host_id, nullptr, 0);
-        // A reap in there may have voided the pool again.
-        if (p.state != PoolState::kReady) return -1;
-      }
-      return p.host_id;
-    case PoolState::kNone:
-      if (create) StartCreate(h);
-      return -1;
-    case PoolState::kFailed:
-      if (create && Clock::now() >= p.retry_after) StartCreate(h);
-      return -1;
-    case PoolState::kCreating:
-    case PoolState::kUnused:
-      break;
-  }
-  return -1;
-}
-
-int TmemGuest::host_pool_id(PoolHandle h) const {
-  if (h < 0 || h >= static_cast<PoolHandle>(pools_.size()) ||
-      pools_[h].state != PoolState::kReady || !attached()) {
-    return -1;
-  }
-  return pools_[h].host_id;
-}
-
-// ---------------------------------------------------------------------------
-// Flush barrier and invalidates
-
-bool TmemGuest::Flagged(int host_id) const {
-  return (((flush_bits_ | wanted_bits_) >> host_id) & 1) != 0;
-}
-
-void TmemGuest::CheckFlushDone() {
-  if (flush_bits_ != 0 && region_.LoadFlushDoneSeq() == flush_seq_) {
-    // The host read our bits after the seq (see RequestFlush) and flushed
-    // them; it ignores the bits until the seq moves again.
-    region_.ClearFlushRequest();
-    flush_bits_ = 0;
-  }
-  // Pools waiting for the next barrier: Reap() issues their flush, right
-  // after it made room.
-  if (flush_bits_ == 0 && wanted_bits_ != 0) Reap();
-}
-
-void TmemGuest::FlushWanted() {
-  if (flush_bits_ != 0 || wanted_bits_ == 0 || !attached_ || broken_) return;
-  // Pools that needed a flush while one was pending. Each gets an
-  // INVAL_POOL now, or, with the ring still full, one new barrier. Called
-  // just after a reap, so no room means a full SQ: the tail is a whole ring
-  // ahead of the head, which is at or past the done seq, so the new seq
-  // differs from it.
-  uint64_t bits = wanted_bits_;
-  wanted_bits_ = 0;
-  while (bits != 0) {
-    const int id = std::countr_zero(bits);
-    if (!HaveRoom(Need::kInvalidate)) {
-      // A fault or reset in there voided everything; else barrier the rest.
-      if (attached_ && !broken_) RequestFlush(bits);
-      return;
-    }
-    tmem_sqe sqe{};
-    sqe.opcode = TMEM_OP_INVAL_POOL;
-    sqe.pool = static_cast<uint16_t>(id);
-    Post(sqe, kNoSlot, -1);
-    bits &= bits - 1;
-  }
-}
-
-void TmemGuest::RequestFlush(uint64_t bits) {
-  if ((features_ & TMEM_FEAT_FLUSH_BARRIER) == 0) {
-    GuestReset(bits);
-    return;
-  }
-  // Flagged from now on: nothing of these pools is posted until a barrier
-  // or INVAL_POOL that comes first in ring order has wiped them.
-  ForgetSent(bits);
-  if (flush_bits_ != 0) {
-    // One barrier at a time: the host acknowledges a seq, not bits, so bits
-    // added to a barrier the host may be completing right now could be
-    // acknowledged without having been flushed. Until the pending one is
-    // done these pools are flagged (gets miss, puts drop), which is all the
-    // invalidate needs meanwhile.
-    wanted_bits_ |= bits;
-    return;
-  }
-  const uint64_t seq = sq_tail_;
-  if (seq == region_.LoadFlushDoneSeq()) {
-    // The host would take this request as already done. Cannot happen with
-    // a full ring (see FlushWanted); never risk a lost invalidate.
-    GuestReset(bits);
-    return;
-  }
-  region_.RequestFlush(bits, seq);
-  flush_bits_ = bits;
-  flush_seq_ = seq;
-  MaybeDoorbell();
-}
-
-void TmemGuest::IssueInvalidate(uint8_t opcode, PoolHandle h, int host_id,
-                                const ObjectId* oid, uint64_t index) {
-  if (Flagged(host_id)) return;  // the pending flush covers it
-  if (!HaveRoom(Need::kInvalidate)) {
-    Reap();
-    // A reset or fault in the reap voided everything anyway: the host drops
-    // this VM's pages before it serves anything again.
-    if (!attached_ || broken_ || Flagged(host_id)) return;
-    if (!HaveRoom(Need::kInvalidate)) {
-      ++counters_.flush_fallbacks;
-      RequestFlush(uint64_t{1} << host_id);
-      return;
-    }
-  }
-  tmem_sqe sqe{};
-  sqe.opcode = opcode;
-  sqe.pool = static_cast<uint16_t>(host_id);
-  sqe.index = index;
-  if (oid != nullptr) std::memcpy(sqe.oid, oid->data(), sizeof(sqe.oid));
-  Post(sqe, kNoSlot, h);
-  if (opcode == TMEM_OP_INVAL_POOL) ForgetSent(uint64_t{1} << host_id);
-}
-
-void TmemGuest::ForgetSent(uint64_t host_id_bits) {
-  for (Pool& p : pools_) {
-    if (p.state == PoolState::kReady && ((host_id_bits >> p.host_id) & 1)) {
-      std::fill(p.sent.begin(), p.sent.end(), 0);
-    }
-  }
-}
-
-void TmemGuest::DropPut(PoolHandle h, int host_id, const ObjectId& oid,
-                        uint64_t index) {
-  if (!MaybeSent(pools_[h].sent, KeyHash(oid, index))) {
-    ++counters_.drop_invalidates_avoided;
-    return;
-  }
-  ++counters_.invalidates_for_dropped_puts;
-  IssueInvalidate(TMEM_OP_INVAL_PAGE, h, host_id, &oid, index);
-}
-
-void TmemGuest::Invalidate(uint8_t opcode, PoolHandle h, const ObjectId* oid,
-                           uint64_t index) {
-  ++counters_.invalidates;
-  // Channel down: the next attach writes a new guest generation, and the
-  // host drops this VM's pages when it sees it.
-  if (!EnsureAttached()) {
-    if (h >= 0 && h < static_cast<PoolHandle>(pools_.size()) &&
-        pools_[h].shared) {
-      pools_[h].inval_on_ready = true;
-    }
-    return;
-  }
-  const int id = Resolve(h, /*create=*/false);
-  if (id < 0) {
-    // Not on the host in this generation, so it holds none of our pages;
-    // but a shared pool may hold other VMs' pages for this key.
-    if (h >= 0 && h < static_cast<PoolHandle>(pools_.size()) &&
-        pools_[h].shared) {
-      pools_[h].inval_on_ready = true;
-    }
-    return;
-  }
-  CheckFlushDone();
-  IssueInvalidate(opcode, h, id, oid, index);
+bool TmemGuest::Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
+                    MutablePage out, uint32_t pages_to_end) {
+  const bool hit = tmem_core_get(&core_, pool, oid.data(), index, pages_to_end,
+                                 out.data()) != 0;
+  SyncCounters();
+  return hit;
 }
 
 void TmemGuest::InvalidatePage(PoolHandle pool, const ObjectId& oid,
                                uint64_t index) {
-  Invalidate(TMEM_OP_INVAL_PAGE, pool, &oid, index);
+  tmem_core_invalidate_page(&core_, pool, oid.data(), index);
+  SyncCounters();
 }
 
 void TmemGuest::InvalidateObject(PoolHandle pool, const ObjectId& oid) {
-  Invalidate(TMEM_OP_INVAL_OBJECT, pool, &oid, 0);
+  tmem_core_invalidate_object(&core_, pool, oid.data());
+  SyncCounters();
 }
 
 void TmemGuest::InvalidatePool(PoolHandle pool) {
-  Invalidate(TMEM_OP_INVAL_POOL, pool, nullptr, 0);
-}
-
-// ---------------------------------------------------------------------------
-// Put / Get
-
-bool TmemGuest::Admit() {
-  if ((features_ & TMEM_FEAT_ADMISSION_HINT) == 0) return true;
-  const uint32_t hint = std::min(region_.LoadAdmissionHint(), TMEM_ADMIT_ALL);
-  if (hint == TMEM_ADMIT_ALL) return true;
-  // Bresenham: exactly `hint` of every TMEM_ADMIT_ALL puts go out, evenly
-  // spread, the same on every run.
-  hint_credit_ += hint;
-  if (hint_credit_ >= TMEM_ADMIT_ALL) {
-    hint_credit_ -= TMEM_ADMIT_ALL;
-    return true;
-  }
-  return false;
-}
-
-void TmemGuest::Put(PoolHandle h, const ObjectId& oid, uint64_t index,
-                    Page page) {
-  if (!EnsureAttached()) {
-    ++counters_.puts_dropped_no_pool;
-    return;
-  }
-  // Nobody waits for a put's CQE, but the host stops consuming when the CQ
-  // is full: reap once half of it may be in use, so the host never idles
-  // waiting for us (one load when there is nothing to reap).
-  if (in_flight() >= region_.geometry().cq_entries / 2) Reap();
-  int id = Resolve(h, /*create=*/true);
-  if (id < 0 && h >= 0 && h < static_cast<PoolHandle>(pools_.size()) &&
-      pools_[h].state == PoolState::kCreating) {
-    Reap();  // its NEW_POOL may have completed already
-    id = Resolve(h, /*create=*/false);
-  }
-  if (id < 0) {
-    ++counters_.puts_dropped_no_pool;
-    return;
-  }
-  CheckFlushDone();
-  if (Flagged(id)) {
-    // The barrier will drop the pool's pages, older versions of this key
-    // included: nothing else to do.
-    ++counters_.puts_dropped_flush_pending;
-    return;
-  }
-  // An unsent put must still kill the key's older page (put-put-get
-  // coherency); the INVAL_PAGE costs a ring entry, not a page copy.
-  if (!Admit()) {
-    ++counters_.puts_skipped_by_hint;
-    DropPut(h, id, oid, index);
-    return;
-  }
-  if (!HaveRoom(Need::kPut)) {
-    Reap();
-    id = Resolve(h, /*create=*/false);
-    if (id < 0 || !HaveRoom(Need::kPut) || Flagged(id)) {
-      ++counters_.puts_dropped_ring_full;
-      if (id >= 0) DropPut(h, id, oid, index);
-      return;
-    }
-  }
-  const uint32_t slot = free_slots_.back();
-  free_slots_.pop_back();
-  region_.CopyToSlot(slot, page.data());
-  tmem_sqe sqe{};
-  sqe.opcode = TMEM_OP_PUT;  // no IRQ: nobody waits for a put
-  sqe.pool = static_cast<uint16_t>(id);
-  sqe.slot = slot;
-  sqe.index = index;
-  std::memcpy(sqe.oid, oid.data(), sizeof(sqe.oid));
-  if (Post(sqe, slot, h) == 0) {
-    ++counters_.puts_dropped_no_pool;  // the host reset meanwhile
-    return;
-  }
-  MarkSent(pools_[h].sent, KeyHash(oid, index));
-  ++counters_.puts_sent;
-}
-
-bool TmemGuest::Get(PoolHandle h, const ObjectId& oid, uint64_t index,
-                    MutablePage out) {
-  const auto miss_local = [this] {
-    ++counters_.gets_miss;
-    ++counters_.gets_miss_local;
-    return false;
-  };
-  if (!EnsureAttached()) return miss_local();
-  Reap();  // frees slots, completes barriers and pool creations
-  if (stalled_until_ != Clock::time_point{} && Clock::now() < stalled_until_) {
-    if (region_.LoadSqHead() == stall_sq_head_) {
-      ++counters_.gets_skipped_stalled;
-      return miss_local();
-    }
-    stalled_until_ = {};  // the host moved: it is back
-    consecutive_timeouts_ = 0;
-  }
-  // A key this guest never sent cannot be there (private pools keep the
-  // filter; it has no false negatives): miss without a round trip, so a
-  // streaming reader's page-cache misses never wait on the host.
-  if (options_.skip_unsent_gets && h >= 0 &&
-      static_cast<size_t>(h) < pools_.size() &&
-      !MaybeSent(pools_[h].sent, KeyHash(oid, index))) {
-    ++counters_.gets_skipped_never_sent;
-    return miss_local();
-  }
-  const int id = Resolve(h, /*create=*/true);
-  if (id < 0 || Flagged(id)) return miss_local();
-  if (!HaveRoom(Need::kGet)) return miss_local();
-
-  const uint32_t slot = free_slots_.back();
-  free_slots_.pop_back();
-  tmem_sqe sqe{};
-  sqe.opcode = TMEM_OP_GET;
-  sqe.flags = TMEM_SQE_F_IRQ;
-  sqe.pool = static_cast<uint16_t>(id);
-  sqe.slot = slot;
-  sqe.index = index;
-  std::memcpy(sqe.oid, oid.data(), sizeof(sqe.oid));
-  wait_tag_ = Post(sqe, slot, h);
-  wait_out_ = out.data();
-  wait_done_ = false;
-  wait_hit_ = false;
-  const WaitResult r = WaitUntil([this] { return wait_done_; },
-                                 Clock::now() + options_.get_timeout);
-  wait_tag_ = 0;
-  wait_out_ = nullptr;
-  if (r == WaitResult::kTimeout) {
-    NoteGetTimeout();
-  } else {
-    consecutive_timeouts_ = 0;
-  }
-  if (r == WaitResult::kDone && wait_hit_) {
-    ++counters_.gets_hit;
-    return true;
-  }
-  ++counters_.gets_miss;
-  if (r == WaitResult::kTimeout) ++counters_.gets_timeout;
-  if (r == WaitResult::kLost) ++counters_.gets_miss_local;
-  return false;
-}
-
-void TmemGuest::NoteGetTimeout() {
-  const uint32_t limit = options_.stall_after_timeouts;
-  if (limit == 0) return;
-  const uint32_t head = region_.LoadSqHead();
-  // Timeouts while the host keeps consuming mean a slow host, not a dead
-  // one: only a run of them without progress counts.
-  if (consecutive_timeouts_ > 0 && head != stall_sq_head_) {
-    consecutive_timeouts_ = 0;
-  }
-  stall_sq_head_ = head;
-  if (++consecutive_timeouts_ < limit) return;
-  if (consecutive_timeouts_ == limit) ++counters_.host_stalls;
-  stalled_until_ = Clock::now() + options_.stall_probe_interval;
+  tmem_core_invalidate_pool(&core_, pool);
+  SyncCounters();
 }
 
 void TmemGuest::Poll() {
-  if (EnsureAttached()) Reap();
+  tmem_core_poll(&core_);
+  SyncCounters();
+}
+
+int TmemGuest::host_pool_id(PoolHandle pool) {
+  return tmem_core_host_pool_id(&core_, pool);
 }
 
 }  // namespace tmem

@@ -1,6 +1,7 @@
 // TmemGuest: the cleancache-like guest frontend of tmemd's data plane, in
-// userspace. It speaks proto/tmem_abi.h over a GuestDevice (IvshmemClient
-// for a real tmemd, a fake in tests) exactly as the kernel module will.
+// userspace: a thin C++ wrapper over the guest protocol core
+// (guest-driver/core/tmem_core.c) that the kernel module runs too, over a
+// GuestDevice (IvshmemClient for a real tmemd, a fake in tests).
 //
 // Contract (cleancache semantics, facts.md; ABI in proto/tmem_abi.h):
 //  * Put never blocks and may be dropped. Get may wait, at most
@@ -34,7 +35,7 @@
 //    posted before: every op that names a pool (and uses a slot) is posted
 //    after that pool's NEW_POOL completed in the current generation, and the
 //    host executes in ring order, so all older entries were already done.
-//  * Everything read from shared memory is validated (GuestRegion); a host
+//  * Everything read from shared memory is validated (the core); a host
 //    that corrupts its ring indices makes the guest stop using the ring
 //    (all ops miss or drop, counted as errors) until the host resets it.
 //
@@ -55,8 +56,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "guest-driver/core/tmem_core.h"
 #include "guest-driver/userspace/guest_device.h"
-#include "guest-driver/userspace/guest_region.h"
 #include "proto/tmem_abi.h"
 
 namespace tmem {
@@ -96,6 +97,24 @@ struct TmemGuestOptions {
   // throttled streamer) then costs the host no wake-up per put.
   // 0: min(sq_entries, slots) / 16, >= 1; 1: ring for every entry.
   uint32_t posted_doorbell_batch = 0;
+  // Batched gets, when the host offers TMEM_FEAT_GET_BATCH: a Get on a
+  // private pool asks for up to get_batch_pages pages of the object from
+  // its index on in one round trip, into one of prefetch_windows windows of
+  // slots; later Gets of those pages are served from there (or answered as
+  // misses) without a round trip. 0 or 1: plain gets.
+  uint32_t get_batch_pages = TMEM_GET_BATCH_MAX;
+  uint32_t prefetch_windows = 8;
+  // Never slower (the kernel module's miss_cost_ns, default 18 us): over
+  // every aside_sample_gets Gets served by the host or a prefetch window,
+  // the time spent in them is compared with what the pages served would
+  // have cost on a miss (miss_cost each). When tmem costs more, the guest
+  // stands aside (invalidates its private pools, sets
+  // TMEM_GUEST_STANDING_ASIDE, then sends no puts, gets or private-pool
+  // invalidates) for aside_probe_interval, doubling up to 64x while it
+  // keeps not paying, then resumes and measures again. 0: never.
+  std::chrono::nanoseconds miss_cost{0};
+  uint32_t aside_sample_gets = 1024;
+  std::chrono::milliseconds aside_probe_interval{1000};
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -118,6 +137,8 @@ struct GuestCounters {
   uint64_t gets_skipped_never_sent = 0;
   uint64_t host_stalls = 0;  // times Gets timed out into the stalled state
   uint64_t invalidates = 0;  // Invalidate*() calls
+  // Of invalidates: the filter says nothing of the key was ever sent.
+  uint64_t invalidates_skipped_never_sent = 0;
   uint64_t invalidates_for_dropped_puts = 0;  // INVAL_PAGE for unsent puts
   // Unsent puts of keys the filter says were never sent: nothing to kill.
   uint64_t drop_invalidates_avoided = 0;
@@ -138,6 +159,17 @@ struct GuestCounters {
   uint64_t sqes_posted = 0;
   uint64_t completions_reaped = 0;
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
+  // Batched gets.
+  uint64_t get_batches = 0;      // GET_BATCH entries sent
+  uint64_t prefetch_used = 0;    // of gets_hit: served from a window
+  uint64_t prefetch_unused = 0;  // prefetched pages dropped unread
+  // Of gets_miss_local: a batch said the host had no such page.
+  uint64_t gets_negative_cached = 0;
+  // Standing aside (TmemGuestOptions::miss_cost).
+  uint64_t stood_aside = 0;                // times the guest stood aside
+  uint64_t gets_skipped_aside = 0;         // of gets_miss_local
+  uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
+  uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
 };
 
 // Calls fn(name, field) for every counter in declaration order; `c` may be
@@ -158,6 +190,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("gets_skipped_stalled", c.gets_skipped_stalled);
   fn("host_stalls", c.host_stalls);
   fn("invalidates", c.invalidates);
+  fn("invalidates_skipped_never_sent", c.invalidates_skipped_never_sent);
   fn("invalidates_for_dropped_puts", c.invalidates_for_dropped_puts);
   fn("drop_invalidates_avoided", c.drop_invalidates_avoided);
   fn("flush_fallbacks", c.flush_fallbacks);
@@ -171,6 +204,14 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("sqes_posted", c.sqes_posted);
   fn("completions_reaped", c.completions_reaped);
   fn("errors", c.errors);
+  fn("get_batches", c.get_batches);
+  fn("prefetch_used", c.prefetch_used);
+  fn("prefetch_unused", c.prefetch_unused);
+  fn("gets_negative_cached", c.gets_negative_cached);
+  fn("stood_aside", c.stood_aside);
+  fn("gets_skipped_aside", c.gets_skipped_aside);
+  fn("puts_skipped_aside", c.puts_skipped_aside);
+  fn("invalidates_skipped_aside", c.invalidates_skipped_aside);
 }
 
 // (name, value) pairs in declaration order, for reports.
@@ -209,9 +250,10 @@ class TmemGuest {
   // Never blocks. The page is copied before Put returns.
   void Put(PoolHandle pool, const ObjectId& oid, uint64_t index, Page page);
   // true: hit, `out` holds the page (a private pool forgets it). false:
-  // miss, `out` unspecified.
+  // miss, `out` unspecified. pages_to_end: pages the object has from index
+  // on (the file's end; 0: unknown), bounding a batched get.
   bool Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
-           MutablePage out);
+           MutablePage out, uint32_t pages_to_end = 0);
   // Never block, never lost.
   void InvalidatePage(PoolHandle pool, const ObjectId& oid, uint64_t index);
   void InvalidateObject(PoolHandle pool, const ObjectId& oid);
@@ -221,149 +263,42 @@ class TmemGuest {
 
   const GuestCounters& counters() const { return counters_; }
   // For tests and reports.
-  bool attached() const { return attached_ && !broken_; }
-  uint64_t guest_generation() const { return guest_generation_; }
-  uint64_t host_generation() const { return host_generation_; }
-  uint32_t free_slots() const {
-    return static_cast<uint32_t>(free_slots_.size());
+  bool attached() const { return core_.attached && !core_.broken; }
+  uint64_t guest_generation() const { return core_.guest_generation; }
+  uint64_t host_generation() const { return core_.host_generation; }
+  uint32_t free_slots() const { return core_.nfree_slots; }
+  uint32_t slots_usable() const { return core_.slots_usable; }
+  uint32_t in_flight() const { return core_.pending_cap - core_.nfree_pending; }
+  uint32_t invalidate_reserve() const { return core_.reserve; }
+  uint32_t prefetch_windows() const { return core_.nwin; }
+  bool standing_aside() const { return core_.aside; }
+  // The last sample's guest time per page served (see miss_cost).
+  uint64_t get_ns_per_hit() const { return core_.get_ns_per_hit; }
+  bool flush_pending() const {
+    return (core_.flush_bits | core_.wanted_bits) != 0;
   }
-  uint32_t slots_usable() const { return slots_usable_; }
-  uint32_t in_flight() const {
-    return static_cast<uint32_t>(pending_.size() - free_pending_.size());
-  }
-  uint32_t invalidate_reserve() const { return reserve_; }
-  bool flush_pending() const { return (flush_bits_ | wanted_bits_) != 0; }
   // The host pool id behind a handle, or -1 while it has none.
-  int host_pool_id(PoolHandle pool) const;
+  int host_pool_id(PoolHandle pool);
 
  private:
-  using Clock = std::chrono::steady_clock;
-  enum class PoolState : uint8_t { kUnused, kNone, kCreating, kReady, kFailed };
-  struct Pool {
-    PoolState state = PoolState::kUnused;
-    bool shared = false;
-    Uuid uuid{};
-    uint16_t host_id = 0;       // valid in kReady
-    uint64_t incarnation = 0;   // which kReady: NOENT of an older one is moot
-    uint64_t create_tag = 0;    // valid in kCreating
-    int32_t refusal = TMEM_OK;  // the host's status in kFailed
-    Clock::time_point retry_after{};
-    // Shared pools only: an invalidate could not reach the host while the
-    // pool was not joined; INVAL_POOL it as soon as it is.
-    bool inval_on_ready = false;
-    // Private pools: Bloom filter of keys sent to the host since it last
-    // held nothing of this pool. Empty: no filter (always "maybe sent").
-    std::vector<uint64_t> sent;
-  };
-  // One per SQE from post to reaped CQE; the tag's low bits index it.
-  struct Pending {
-    uint64_t tag = 0;  // 0: free
-    uint8_t opcode = 0;
-    uint32_t slot = 0;  // kNoSlot when the op has none
-    PoolHandle pool = -1;
-    uint64_t incarnation = 0;
-    uint64_t epoch = 0;
-  };
-  enum class Need { kPut, kGet, kControl, kInvalidate };
-  enum class WaitResult { kDone, kTimeout, kLost };
-
   TmemGuest(GuestDevice* device, const TmemGuestOptions& options);
-
-  // Channel state.
-  bool EnsureAttached();
-  absl::Status Attach();
-  void Detach();
-  void GuestReset(uint64_t lost_bits);
-  void HostFault(const char* what);
-  bool HostChanged() const;
-
-  // Ring.
-  bool HaveRoom(Need need);
-  // Writes and publishes `sqe`; returns its tag, or 0 if the host reset
-  // meanwhile and the entry was not published.
-  uint64_t Post(tmem_sqe& sqe, uint32_t slot, PoolHandle pool);
-  void MaybeDoorbell();
-  void Reap();
-  void Complete(const tmem_cqe& cqe);
-  void OpFailed(const Pending& p, int32_t status);
-  // Reaps until done() (spin, then sleep on the interrupt); kLost when
-  // the channel reset or broke meanwhile.
-  WaitResult WaitUntil(const std::function<bool()>& done,
-                       Clock::time_point deadline);
-
-  // Pools.
   absl::StatusOr<PoolHandle> NewHandle(bool shared, const Uuid& uuid);
-  // The host pool id of a usable pool; otherwise starts (re)creating it
-  // when `create` and returns -1.
-  int Resolve(PoolHandle pool, bool create);
-  void StartCreate(PoolHandle pool);
-  void VoidPools(bool shared_lost_invalidates);
+  // Copies the core's counters into counters_ (after every public call).
+  void SyncCounters();
 
-  // Flush barrier and invalidates.
-  bool Flagged(int host_id) const;
-  // Notices the host's ack of the pending barrier.
-  void CheckFlushDone();
-  // Flushes pools whose barrier had to wait (after a reap).
-  void FlushWanted();
-  void RequestFlush(uint64_t pool_bits);
-  void IssueInvalidate(uint8_t opcode, PoolHandle pool, int host_id,
-                       const ObjectId* oid, uint64_t index);
-  void Invalidate(uint8_t opcode, PoolHandle pool, const ObjectId* oid,
-                  uint64_t index);
-  // A put of this key is not sent: kill the host's older version, if the
-  // host may hold one.
-  void DropPut(PoolHandle pool, int host_id, const ObjectId& oid,
-               uint64_t index);
-  // The host holds nothing of these pools any more (or will, before any
-  // later op reaches them): their sent-key filters start empty.
-  void ForgetSent(uint64_t host_id_bits);
-  bool Admit();
-  // A Get timed out: counts towards the stalled-host breaker.
-  void NoteGetTimeout();
+  static const tmem_core_ops kOps;
 
   GuestDevice* device_;
   TmemGuestOptions options_;
-  GuestRegion region_;
+  tmem_core_config config_{};
+  tmem_core core_{};
   GuestCounters counters_;
-
-  bool attached_ = false;
-  bool broken_ = false;      // host indices corrupt: wait for a host reset
-  bool have_rings_ = false;  // ring state below belongs to rings_generation_
-  uint64_t rings_generation_ = 0;
-  uint64_t host_generation_ = 0;
-  uint64_t guest_generation_ = 0;
-  uint32_t features_ = 0;  // accepted (offered and understood)
-  uint64_t epoch_ = 0;     // bumped whenever host pool ids go void
-
-  uint32_t sq_tail_ = 0;  // next SQE index we write
-  uint32_t cq_head_ = 0;  // next CQE index we read
-  uint32_t reserve_ = 1;
-  uint32_t doorbell_batch_ = 1;  // posted_doorbell_batch in force
-  uint32_t unrung_ = 0;          // entries posted since the host last knew
-  std::vector<Pending> pending_;
+  // Tables the core works in (it allocates nothing).
+  std::vector<tmem_core_pending> pending_;
   std::vector<uint32_t> free_pending_;
   std::vector<uint32_t> free_slots_;
-  uint32_t slots_usable_ = 0;
-  uint64_t next_serial_ = 1;
-  uint64_t next_incarnation_ = 1;
-
-  // The Get being waited for (0: none).
-  uint64_t wait_tag_ = 0;
-  uint8_t* wait_out_ = nullptr;
-  bool wait_done_ = false;
-  bool wait_hit_ = false;
-
-  std::array<Pool, TMEM_MAX_POOLS> pools_{};
-
-  uint64_t flush_bits_ = 0;   // requested in the header, not yet done
-  uint64_t flush_seq_ = 0;    // the flush_request_seq of that request
-  uint64_t wanted_bits_ = 0;  // need a flush once the pending one is done
-  uint32_t hint_credit_ = 0;  // admission accumulator (Bresenham)
-
-  // Stalled-host breaker (see TmemGuestOptions::stall_after_timeouts).
-  uint32_t consecutive_timeouts_ = 0;
-  uint32_t stall_sq_head_ = 0;         // sq_head when the stall began
-  Clock::time_point stalled_until_{};  // next probe; past: not stalled
+  // Each handle's sent-keys filter (private pools), owned here.
+  std::array<std::vector<unsigned long>, TMEM_MAX_POOLS> filters_;
 };
 
 }  // namespace tmem

@@ -80,6 +80,7 @@ void FakeHost::WriteHeader() {
   StoreRelaxed(&h->slots_offset, slots_offset_);
   StoreRelaxed(&h->slot_count, options_.slot_count);
   StoreRelaxed(&h->host_generation, tmem_u64{generation_});
+  StoreRelaxed(&h->host_peer_id, options_.host_peer_id);
   StoreRelaxed(&h->host_flags,
                options_.needs_doorbell ? TMEM_HOST_NEEDS_DOORBELL : 0u);
   StoreRelaxed(&h->admission_hint, TMEM_ADMIT_ALL);
@@ -123,6 +124,14 @@ void FakeHost::DropAll() {
   shared_.reset();
   shared_by_uuid_.clear();
   pages_.clear();
+}
+
+void FakeHost::DoorbellPeer(uint32_t peer, int vector) {
+  if (peer != options_.host_peer_id) {
+    ++wrong_peer_doorbells_;
+    return;
+  }
+  Doorbell(vector);
 }
 
 void FakeHost::Doorbell(int vector) {
@@ -221,6 +230,25 @@ tmem_cqe FakeHost::Execute(const tmem_sqe& sqe) {
   if ((sqe.opcode == TMEM_OP_PUT || sqe.opcode == TMEM_OP_GET) &&
       sqe.slot >= options_.slot_count) {
     cqe.status = TMEM_ERR_INVAL;
+    return cqe;
+  }
+  if (sqe.opcode == TMEM_OP_GET_BATCH) {
+    // Only when offered, on private pools, within the slots.
+    if ((options_.features & TMEM_FEAT_GET_BATCH) == 0 ||
+        shared_.test(sqe.pool) || sqe.count == 0 ||
+        sqe.count > TMEM_GET_BATCH_MAX ||
+        uint64_t{sqe.slot} + sqe.count > options_.slot_count) {
+      cqe.status = TMEM_ERR_INVAL;
+      return cqe;
+    }
+    for (uint32_t k = 0; k < sqe.count; ++k) {
+      auto it = pages_.find(Key{sqe.pool, oid, sqe.index + k});
+      if (it == pages_.end()) continue;
+      std::memcpy(Slot(sqe.slot + k), it->second.data(), TMEM_PAGE_SIZE);
+      pages_.erase(it);  // exclusive, as a single GET
+      cqe.result |= 1u << k;
+    }
+    batch_pages_.fetch_add(sqe.count);
     return cqe;
   }
   const Key key{sqe.pool, oid, sqe.index};

@@ -43,6 +43,7 @@ struct FakeHostOptions {
   uint64_t host_generation = 100;
   bool needs_doorbell = true;
   bool publish_ready = true;  // false: host_state stays INIT
+  uint32_t host_peer_id = 0;  // the ivshmem peer the guest must ring
 };
 
 class FakeHost final : public GuestDevice {
@@ -56,6 +57,9 @@ class FakeHost final : public GuestDevice {
   uint8_t* shm_base() const override { return base_; }
   uint64_t shm_size() const override { return options_.region_bytes; }
   void Doorbell(int vector) override;
+  // Only doorbells to options().host_peer_id reach this host; others are
+  // counted in wrong_peer_doorbells() (QEMU would send them elsewhere).
+  void DoorbellPeer(uint32_t peer, int vector) override;
   int interrupt_fd(int vector) const override {
     return vector == 0 ? interrupt_fd_ : -1;
   }
@@ -86,6 +90,9 @@ class FakeHost final : public GuestDevice {
   }
   const tmem_sqe& sqe_at(uint32_t index) const;
   uint64_t doorbells() const { return doorbells_.load(); }
+  // Pages asked for by GET_BATCH entries (TMEM_FEAT_GET_BATCH offered).
+  uint64_t batch_pages() const { return batch_pages_.load(); }
+  uint64_t wrong_peer_doorbells() const { return wrong_peer_doorbells_.load(); }
   uint64_t op_count(uint8_t opcode) const { return op_counts_[opcode]; }
   uint64_t flushes_applied() const { return flushes_applied_; }
   uint64_t guest_generation_changes() const { return generation_changes_; }
@@ -127,6 +134,8 @@ class FakeHost final : public GuestDevice {
   std::map<Key, std::vector<uint8_t>> pages_;
 
   std::atomic<uint64_t> doorbells_{0};
+  std::atomic<uint64_t> batch_pages_{0};
+  std::atomic<uint64_t> wrong_peer_doorbells_{0};
   std::array<uint64_t, TMEM_OP_MAX> op_counts_{};
   uint64_t flushes_applied_ = 0;
   uint64_t generation_changes_ = 0;

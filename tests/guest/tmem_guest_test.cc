@@ -257,6 +257,20 @@ TEST(TmemGuestDoorbellTest, RingsOnlyWhenTheHostAsks) {
   EXPECT_EQ(guest->counters().doorbells, host.doorbells());
 }
 
+TEST(TmemGuestDoorbellTest, RingsThePeerTheHostNames) {
+  FakeHostOptions o;
+  o.host_peer_id = 3;  // ABI v2: a migratable host is not peer 0
+  FakeHost host(o);
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Put(pool, kFile, 1, MakePage(1));
+  Page out{};
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  EXPECT_GT(host.doorbells(), 0u);
+  EXPECT_EQ(host.wrong_peer_doorbells(), 0u);
+  EXPECT_EQ(guest->counters().doorbells, host.doorbells());
+}
+
 TEST(TmemGuestDoorbellTest, PutsToASleepingHostRingOncePerBatch) {
   FakeHost host;
   auto guest = MustCreateWithDoorbellBatch(&host, 4);
@@ -453,7 +467,8 @@ class FlushBarrierTest : public ::testing::Test {
       if (guest_->in_flight() < 14) {
         guest_->Put(pool_, kFile, i, MakePage(i));
       } else {
-        guest_->InvalidatePage(pool_, kFile, 1000 + i);
+        // Keys that were put: invalidates of never-sent keys cost nothing.
+        guest_->InvalidatePage(pool_, kFile, i % 14);
       }
     }
     ASSERT_EQ(guest_->counters().flush_fallbacks, 0u);
@@ -542,6 +557,9 @@ TEST(TmemGuestFlushTest, WithoutBarrierSupportTheGuestResetsItsGeneration) {
   FakeHost host(o);
   auto guest = MustCreate(&host);
   const int pool = *guest->InitFs();
+  // Sent keys: invalidates of never-sent keys cost no ring entry.
+  guest->Put(pool, kFile, 1, MakePage(1));
+  guest->Put(pool, kFile, 2, MakePage(2));
   guest->Poll();
   host.paused = true;
   while (guest->in_flight() < 16) guest->InvalidatePage(pool, kFile, 1);

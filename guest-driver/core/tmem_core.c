@@ -1,0 +1,1827 @@
+// SPDX-License-Identifier: (GPL-2.0 OR MIT)
+/*
+ * tmem_core.c - the guest ring protocol of proto/tmem_abi.h (see
+ * tmem_core.h for the contract). Built into tmem_ivshmem.ko and into the
+ * userspace guest library; nothing here allocates or sleeps except through
+ * ops->wait in get and new_handle, with the lock released.
+ */
+#include "tmem_core.h"
+
+#define TAG_INDEX_BITS 16
+#define TAG_INDEX_MASK ((1ull << TAG_INDEX_BITS) - 1)
+#define MAX_PENDING (1u << TAG_INDEX_BITS)
+#define NO_SLOT U32_MAX
+#define FEATURES_UNDERSTOOD \
+	(TMEM_FEAT_SHARED_POOLS | TMEM_FEAT_ADMISSION_HINT | TMEM_FEAT_FLUSH_BARRIER)
+
+enum pool_state { POOL_UNUSED, POOL_NONE, POOL_CREATING, POOL_READY, POOL_FAILED };
+/*
+ * WIN_FETCHING: its GET_BATCH is in flight (the host owns the slots).
+ * WIN_DELIVERING: completed, its waiter has yet to copy the first page.
+ */
+enum window_state { WIN_FREE, WIN_FETCHING, WIN_DELIVERING, WIN_READY };
+enum waiter_state { WAIT_NONE, WAITING, DONE_HIT, DONE_MISS, ABANDONED };
+enum need { NEED_PUT, NEED_GET, NEED_CONTROL, NEED_INVALIDATE };
+
+static void windows_reset(struct tmem_core *c);
+static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
+			    s32 status, u32 result);
+
+/* --- platform ------------------------------------------------------------ */
+
+static u64 now(struct tmem_core *c)
+{
+	return c->ops->now_ns(c->ops_ctx);
+}
+
+static void lock(struct tmem_core *c, unsigned long *flags)
+{
+	c->ops->lock(c->ops_ctx, flags);
+}
+
+static void unlock(struct tmem_core *c, unsigned long flags)
+{
+	c->ops->unlock(c->ops_ctx, flags);
+}
+
+/* --- shared memory accessors ---------------------------------------------
+ *
+ * Memory ordering (proto/tmem_abi.h): an acquire load of a host-written
+ * index or state pairs with the host's release store, so the entries, slots
+ * and header fields it wrote before are visible; a release store of a guest
+ * index publishes the entries and slot bytes written before it.
+ */
+/* Acquire: pairs with the host's release store (see above). */
+#define ld_acquire(p) smp_load_acquire(p)
+/* Release: publishes what was written before (see above). */
+#define st_release(p, v) smp_store_release(p, v)
+
+static inline struct tmem_shm_header *hdr(struct tmem_core *c)
+{
+	return (struct tmem_shm_header *)c->shm;
+}
+
+static u32 host_state(struct tmem_core *c)
+{
+	return ld_acquire(&hdr(c)->host_state);
+}
+
+static u64 host_gen(struct tmem_core *c)
+{
+	return ld_acquire(&hdr(c)->host_generation);
+}
+
+static u32 sq_head(struct tmem_core *c)
+{
+	return ld_acquire(&hdr(c)->sq_head.value);
+}
+
+static u32 cq_tail(struct tmem_core *c)
+{
+	return ld_acquire(&hdr(c)->cq_tail.value);
+}
+
+static u64 flush_done_seq(struct tmem_core *c)
+{
+	return ld_acquire(&hdr(c)->flush_done_seq);
+}
+
+/* Inside the region: slot < g.slot_count, validated to fit. */
+static void *slot_addr(struct tmem_core *c, u32 slot)
+{
+	return c->shm + c->g.slots_offset + (u64)slot * TMEM_PAGE_SIZE;
+}
+
+static int read_geometry(struct tmem_core *c, struct tmem_core_geometry *g)
+{
+	struct tmem_shm_header *h = hdr(c);
+	u32 magic, version, header_size;
+	u64 region_size, sq_end, cq_end, slots_end;
+
+	if (ld_acquire(&h->host_state) != TMEM_HOST_STATE_READY)
+		return -EAGAIN;
+	magic = READ_ONCE(h->magic);
+	version = READ_ONCE(h->version);
+	header_size = READ_ONCE(h->header_size);
+	region_size = READ_ONCE(h->region_size);
+	g->features_host = READ_ONCE(h->features_host);
+	g->host_generation = READ_ONCE(h->host_generation);
+	g->host_peer_id = READ_ONCE(h->host_peer_id);
+	g->sq_offset = READ_ONCE(h->sq_offset);
+	g->sq_entries = READ_ONCE(h->sq_entries);
+	g->cq_offset = READ_ONCE(h->cq_offset);
+	g->cq_entries = READ_ONCE(h->cq_entries);
+	g->slots_offset = READ_ONCE(h->slots_offset);
+	g->slot_count = READ_ONCE(h->slot_count);
+	/* Seqlock-style: order the reads above before the re-check. */
+	smp_rmb();
+	if (READ_ONCE(h->host_state) != TMEM_HOST_STATE_READY ||
+	    READ_ONCE(h->host_generation) != g->host_generation)
+		return -EAGAIN;
+	if (magic != TMEM_ABI_MAGIC || version != TMEM_ABI_VERSION)
+		return -EPROTO;
+	if (header_size != sizeof(struct tmem_shm_header) ||
+	    region_size != c->shm_size)
+		return -EPROTO;
+	sq_end = (u64)g->sq_offset + (u64)g->sq_entries * sizeof(struct tmem_sqe);
+	cq_end = (u64)g->cq_offset + (u64)g->cq_entries * sizeof(struct tmem_cqe);
+	slots_end = (u64)g->slots_offset + (u64)g->slot_count * TMEM_PAGE_SIZE;
+	if (!is_power_of_2(g->sq_entries) || !is_power_of_2(g->cq_entries) ||
+	    g->slot_count == 0 || g->sq_offset < sizeof(struct tmem_shm_header) ||
+	    g->sq_offset % 8 || g->cq_offset < sq_end || g->cq_offset % 8 ||
+	    g->slots_offset < cq_end || slots_end > c->shm_size ||
+	    (u64)g->sq_entries + g->cq_entries > MAX_PENDING ||
+	    g->host_peer_id > 0xffff)
+		return -EPROTO;
+	return 0;
+}
+
+/* --- channel state ------------------------------------------------------- */
+
+static bool host_changed(struct tmem_core *c)
+{
+	return host_state(c) != TMEM_HOST_STATE_READY ||
+	       host_gen(c) != c->host_generation;
+}
+
+static u64 new_generation(struct tmem_core *c, u64 previous)
+{
+	u64 g;
+
+	do {
+		g = c->ops->random_u64(c->ops_ctx);
+	} while (g == 0 || g == previous);
+	return g;
+}
+
+static void void_pools(struct tmem_core *c, bool shared_lost_invalidates)
+{
+	u32 i;
+
+	c->epoch++;
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		struct tmem_core_pool *p = &c->pools[i];
+
+		if (p->state == POOL_UNUSED)
+			continue;
+		/*
+		 * Other members keep a shared pool (and this VM's pages in it)
+		 * alive: if our invalidates may have been lost with the ring,
+		 * wipe the pool when we join it again.
+		 */
+		if (shared_lost_invalidates && p->shared && p->state != POOL_NONE)
+			p->inval_on_ready = true;
+		p->state = POOL_NONE;
+	}
+}
+
+static void reset_pending(struct tmem_core *c)
+{
+	u32 i;
+
+	c->rings_gen++;
+	for (i = 0; i < c->pending_cap; i++)
+		c->pending[i].tag = 0;
+	c->nfree_pending = 0;
+	for (i = c->pending_cap; i > 0; i--)
+		c->free_pending[c->nfree_pending++] = i - 1;
+	c->nfree_slots = 0;
+	for (i = c->area_base; i > 0; i--)
+		c->free_slots[c->nfree_slots++] = i - 1;
+	windows_reset(c);
+}
+
+static void store_guest_generation(struct tmem_core *c)
+{
+	st_release(&hdr(c)->guest_generation, c->guest_generation);
+}
+
+static int attach(struct tmem_core *c)
+{
+	struct tmem_core_geometry g;
+	const struct tmem_core_config *cfg = c->cfg;
+	bool same_rings;
+	u32 avail;
+	int err;
+
+	err = read_geometry(c, &g);
+	if (err)
+		return err;
+	same_rings = c->have_rings && g.host_generation == c->rings_generation &&
+		     g.sq_entries == c->g.sq_entries &&
+		     g.cq_entries == c->g.cq_entries &&
+		     g.slot_count == c->g.slot_count;
+	if (same_rings && c->broken)
+		return -EAGAIN; /* the host has not reset the rings it corrupted */
+	if (!same_rings) {
+		/*
+		 * New rings: the host executes none of our old entries any
+		 * more, so every slot and tag is free again.
+		 */
+		c->g = g;
+		c->pending_cap = min(g.sq_entries + g.cq_entries, c->pending_max);
+		avail = min(g.slot_count, c->slots_max);
+		/*
+		 * The prefetch area: whole windows above the ordinary slots,
+		 * at most half of all, only if the host offers GET_BATCH.
+		 * Ordinary slots: at most one per entry in flight.
+		 */
+		c->nwin = 0;
+		if ((g.features_host & TMEM_FEAT_GET_BATCH) && cfg->batch_pages > 1)
+			c->nwin = min3(cfg->prefetch_windows, TMEM_CORE_MAX_WINDOWS,
+				       avail / 2 / TMEM_GET_BATCH_MAX);
+		c->slots_usable = min(avail - c->nwin * TMEM_GET_BATCH_MAX, c->pending_cap);
+		c->area_base = c->slots_usable;
+		reset_pending(c);
+		c->reserve = cfg->invalidate_reserve ? cfg->invalidate_reserve :
+			     max(1u, g.sq_entries / 8);
+		c->reserve = min(c->reserve, g.sq_entries - 1);
+		c->doorbell_batch = cfg->doorbell_batch ? cfg->doorbell_batch :
+				    max(1u, min(g.sq_entries, c->slots_usable) / 16);
+		c->unrung = 0;
+		/* Adopt the tail the host (re)wrote, repaired if impossible. */
+		c->sq_tail = READ_ONCE(hdr(c)->sq_tail.value);
+		if (c->sq_tail - sq_head(c) > g.sq_entries) {
+			c->sq_tail = sq_head(c);
+			st_release(&hdr(c)->sq_tail.value, c->sq_tail);
+		}
+		/*
+		 * Completions already there belong to a previous guest; a
+		 * random serial keeps later ones for its entries from matching.
+		 */
+		c->cq_head = cq_tail(c);
+		st_release(&hdr(c)->cq_head.value, c->cq_head);
+		c->next_serial = (c->ops->random_u64(c->ops_ctx) >> 32) | 1;
+		c->flush_bits = 0;
+		c->wanted_bits = 0;
+		c->flush_seq = 0;
+		c->consecutive_timeouts = 0;
+		c->stalled_until_ns = 0;
+		c->have_rings = true;
+		c->rings_generation = g.host_generation;
+	}
+	c->g.host_peer_id = g.host_peer_id;
+	st_release(&hdr(c)->guest_flags, c->aside ? TMEM_GUEST_STANDING_ASIDE : 0);
+	c->features = g.features_host & FEATURES_UNDERSTOOD;
+	if (c->nwin)
+		c->features |= g.features_host & TMEM_FEAT_GET_BATCH;
+	st_release(&hdr(c)->features_guest, c->features);
+	/* A fresh generation: the host forgets whatever this VM had. */
+	c->guest_generation = new_generation(c, c->guest_generation);
+	store_guest_generation(c);
+	c->host_generation = g.host_generation;
+	c->attached = true;
+	c->broken = false;
+	void_pools(c, false);
+	return 0;
+}
+
+static void detach(struct tmem_core *c)
+{
+	c->attached = false;
+	c->c.host_resets_seen++;
+	/* The host may have discarded entries we posted. */
+	void_pools(c, true);
+	c->wanted_bits = 0;
+}
+
+/* Attached and usable: 0; else -ENODEV, -EAGAIN (not READY) or -EPROTO. */
+static int ensure_attached_err(struct tmem_core *c)
+{
+	int err;
+
+	if (!c->present)
+		return -ENODEV;
+	if (c->attached) {
+		if (!host_changed(c))
+			return c->broken ? -EAGAIN : 0;
+		detach(c);
+	}
+	if (host_state(c) != TMEM_HOST_STATE_READY)
+		return -EAGAIN;
+	err = attach(c);
+	if (err == -EPROTO)
+		c->c.errors++;
+	return err;
+}
+
+static bool ensure_attached(struct tmem_core *c)
+{
+	return ensure_attached_err(c) == 0;
+}
+
+static void host_fault(struct tmem_core *c)
+{
+	/* A reset rewrites indices after RESET: that is a host change. */
+	if (host_changed(c)) {
+		detach(c);
+		return;
+	}
+	c->c.errors++;
+	c->broken = true;
+	void_pools(c, true);
+}
+
+/* --- ring ---------------------------------------------------------------- */
+
+static u32 in_flight(struct tmem_core *c)
+{
+	return c->pending_cap - c->nfree_pending;
+}
+
+static bool have_room(struct tmem_core *c, enum need need)
+{
+	u32 used, limit;
+
+	if (!c->attached || c->broken || c->nfree_pending == 0)
+		return false;
+	if ((need == NEED_PUT || need == NEED_GET) && c->nfree_slots == 0)
+		return false; /* a GET_BATCH brings its slots: NEED_CONTROL */
+	used = c->sq_tail - sq_head(c);
+	if (used > c->g.sq_entries) {
+		host_fault(c);
+		return false;
+	}
+	limit = need == NEED_INVALIDATE ? c->g.sq_entries :
+		c->g.sq_entries - c->reserve;
+	return used < limit;
+}
+
+static void maybe_doorbell(struct tmem_core *c)
+{
+	smp_mb(); /* publish sq_tail before reading host_flags (Dekker) */
+	if (READ_ONCE(hdr(c)->host_flags) & TMEM_HOST_NEEDS_DOORBELL) {
+		c->ops->doorbell(c->ops_ctx,
+				 (c->g.host_peer_id << 16) | TMEM_VEC_SUBMIT);
+		c->c.doorbells++;
+	}
+	c->unrung = 0;
+}
+
+/*
+ * Nothing waits for a put or an invalidate: a sleeping host is woken once
+ * per doorbell_batch of them (a doorbell is a VM exit); its timer re-check
+ * or the next waited-on entry (ring order) takes the rest.
+ */
+static bool waited_on(const struct tmem_sqe *sqe)
+{
+	if (sqe->flags & TMEM_SQE_F_IRQ)
+		return true;
+	switch (sqe->opcode) {
+	case TMEM_OP_PUT:
+	case TMEM_OP_INVAL_PAGE:
+	case TMEM_OP_INVAL_OBJECT:
+	case TMEM_OP_INVAL_POOL:
+		return false;
+	default:
+		return true;
+	}
+}
+
+static void free_entry(struct tmem_core *c, u32 index)
+{
+	c->pending[index].tag = 0;
+	c->free_pending[c->nfree_pending++] = index;
+}
+
+/* Writes and publishes @sqe; returns its tag, or 0 if not published. */
+static u64 post(struct tmem_core *c, struct tmem_sqe *sqe, u32 slot, int pool)
+{
+	u32 index = c->free_pending[--c->nfree_pending];
+	u64 tag = (c->next_serial++ << TAG_INDEX_BITS) | index;
+	struct tmem_core_pending *p = &c->pending[index];
+	struct tmem_sqe *at;
+
+	p->tag = tag;
+	p->opcode = sqe->opcode;
+	p->slot = slot;
+	p->pool = pool;
+	p->incarnation = pool >= 0 ? c->pools[pool].incarnation : 0;
+	p->epoch = c->epoch;
+	p->waiter = WAIT_NONE;
+	sqe->tag = tag;
+	at = (struct tmem_sqe *)(c->shm + c->g.sq_offset) +
+	     (c->sq_tail & (c->g.sq_entries - 1));
+	memcpy(at, sqe, sizeof(*sqe));
+	if (host_changed(c)) {
+		/*
+		 * A reset rewrote sq_tail: never store an old-based tail over
+		 * it. Unpublished, the entry is nobody's.
+		 */
+		free_entry(c, index);
+		if (slot != NO_SLOT)
+			c->free_slots[c->nfree_slots++] = slot;
+		return 0;
+	}
+	c->sq_tail++;
+	st_release(&hdr(c)->sq_tail.value, c->sq_tail);
+	c->c.sqes_posted++;
+	if (waited_on(sqe) || ++c->unrung >= c->doorbell_batch) {
+		maybe_doorbell(c);
+	} else {
+		/* Only a counter hangs on this read: no Dekker barrier needed. */
+		if (READ_ONCE(hdr(c)->host_flags) & TMEM_HOST_NEEDS_DOORBELL)
+			c->c.doorbells_deferred++;
+		else
+			c->unrung = 0; /* the host is polling: it sees them */
+	}
+	return tag;
+}
+
+static void op_failed(struct tmem_core *c, const struct tmem_core_pending *p,
+		      s32 status)
+{
+	struct tmem_core_pool *pool;
+
+	if (p->epoch != c->epoch)
+		return; /* from before a reset: the host forgot those pools */
+	c->c.errors++;
+	if (status == TMEM_ERR_NOENT && p->pool >= 0) {
+		/* The host forgot this pool: make it again on next use. */
+		pool = &c->pools[p->pool];
+		if (pool->state == POOL_READY &&
+		    pool->incarnation == p->incarnation)
+			pool->state = POOL_NONE;
+	}
+}
+
+static void complete_cqe(struct tmem_core *c, const struct tmem_cqe *cqe)
+{
+	u64 index = cqe->tag & TAG_INDEX_MASK;
+	struct tmem_core_pending *p;
+	struct tmem_core_pool *pool;
+	s32 status = cqe->status;
+	u32 result = cqe->result;
+
+	if (cqe->tag == 0 || index >= c->pending_cap ||
+	    c->pending[index].tag != cqe->tag) {
+		c->c.stale_completions++;
+		return;
+	}
+	c->c.completions_reaped++;
+	p = &c->pending[index];
+	switch (p->opcode) {
+	case TMEM_OP_PUT:
+		/* The host copied the page out before completing. */
+		c->free_slots[c->nfree_slots++] = p->slot;
+		if (status == TMEM_ERR_DROPPED)
+			c->c.puts_dropped_by_host++;
+		else if (status != TMEM_OK)
+			op_failed(c, p, status);
+		free_entry(c, index);
+		break;
+	case TMEM_OP_GET:
+		if (status == TMEM_OK && result > 1)
+			c->c.errors++;
+		else if (status != TMEM_OK)
+			op_failed(c, p, status);
+		if (p->waiter == WAITING) {
+			/* The waiter copies the page and frees slot and entry. */
+			p->waiter = (status == TMEM_OK && result == 1) ?
+				    DONE_HIT : DONE_MISS;
+			break;
+		}
+		/* A timed-out get's page is simply not delivered. */
+		c->free_slots[c->nfree_slots++] = p->slot;
+		free_entry(c, index);
+		break;
+	case TMEM_OP_GET_BATCH:
+		if (p->waiter == WAITING) {
+			/* The waiter copies its page and frees the entry. */
+			batch_completed(c, p, status, result);
+			break;
+		}
+		batch_completed(c, p, status, result);
+		free_entry(c, index);
+		break;
+	case TMEM_OP_NEW_POOL:
+		pool = &c->pools[p->pool];
+		/* Voided (reset) or superseded since it was posted: ignore. */
+		if (pool->state == POOL_CREATING && pool->create_tag == cqe->tag) {
+			if (status == TMEM_OK && result < TMEM_MAX_POOLS) {
+				pool->state = POOL_READY;
+				pool->host_id = result;
+				pool->incarnation = c->next_incarnation++;
+				/* A private pool is born empty. */
+				if (pool->sent)
+					bitmap_zero(pool->sent, pool->sent_bits);
+				c->c.pools_created++;
+			} else {
+				pool->state = POOL_FAILED;
+				/*
+				 * Hostile input: only a negative status is a
+				 * refusal; new_handle returns it as an error.
+				 */
+				pool->refusal = status < 0 ? status : TMEM_ERR_INVAL;
+				pool->retry_after_ns = now(c) +
+						       READ_ONCE(c->cfg->pool_retry_ns);
+				c->c.errors++;
+			}
+		}
+		free_entry(c, index);
+		break;
+	default:
+		if (status != TMEM_OK)
+			op_failed(c, p, status);
+		free_entry(c, index);
+		break;
+	}
+}
+
+/* --- prefetch windows (batched gets) -------------------------------------- */
+
+static u32 window_slot(struct tmem_core *c, u32 w)
+{
+	return c->area_base + w * TMEM_GET_BATCH_MAX;
+}
+
+/* Forgets a readable window's pages (a delivering one stays in use). */
+static void window_drop(struct tmem_core *c, struct tmem_core_window *w)
+{
+	c->c.prefetch_unused += hweight32(w->present);
+	w->present = 0;
+	w->missing = 0;
+	if (w->state == WIN_READY)
+		w->state = WIN_FREE;
+}
+
+/* New rings: the host uses none of the slots any more. */
+static void windows_reset(struct tmem_core *c)
+{
+	u32 i;
+
+	for (i = 0; i < TMEM_CORE_MAX_WINDOWS; i++) {
+		c->c.prefetch_unused += hweight32(c->win[i].present);
+		c->win[i].present = 0;
+		c->win[i].missing = 0;
+		c->win[i].state = WIN_FREE;
+	}
+}
+
+static bool flagged(struct tmem_core *c, int host_id);
+
+static bool same_oid(const u32 *a, const u32 *b)
+{
+	return !memcmp(a, b, TMEM_OBJECT_WORDS * sizeof(u32));
+}
+
+/*
+ * Drops what the windows know of handle h's key (oid, index), of its object
+ * (index U64_MAX), or of the whole pool (oid NULL): every put and invalidate
+ * calls this before anything else, so no get can read a prefetched copy
+ * that a later put or invalidate made stale. A window still fetching
+ * remembers it and drops those pages when its CQE comes.
+ */
+static void windows_kill(struct tmem_core *c, int h, const u32 *oid, u64 index)
+{
+	struct tmem_core_window *w;
+	u32 i, bit;
+
+	for (i = 0; i < c->nwin; i++) {
+		w = &c->win[i];
+		if (w->state == WIN_FREE || w->pool != h)
+			continue;
+		if (oid && !same_oid(w->oid, oid))
+			continue;
+		if (!oid || index == U64_MAX) {
+			if (w->state == WIN_FETCHING)
+				w->doomed = true;
+			else
+				window_drop(c, w);
+			continue;
+		}
+		if (index < w->first || index - w->first >= w->count)
+			continue;
+		bit = 1u << (index - w->first);
+		if (w->state == WIN_FETCHING) {
+			w->killed |= bit;
+		} else {
+			if (w->present & bit)
+				c->c.prefetch_unused++;
+			w->present &= ~bit;
+			w->missing &= ~bit;
+		}
+	}
+}
+
+/* Pools flushed by host id (barrier, INVAL_POOL from flush_wanted). */
+static void windows_kill_host_ids(struct tmem_core *c, u64 host_id_bits)
+{
+	u32 i;
+	int h;
+
+	for (i = 0; i < c->nwin; i++) {
+		h = c->win[i].pool;
+		if (c->win[i].state != WIN_FREE && h >= 0 &&
+		    c->pools[h].state == POOL_READY &&
+		    ((host_id_bits >> c->pools[h].host_id) & 1))
+			windows_kill(c, h, NULL, 0);
+	}
+}
+
+/* A GET_BATCH's CQE: the window becomes readable, or is dropped. */
+static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
+			    s32 status, u32 result)
+{
+	struct tmem_core_window *w = &c->win[p->slot];
+	u32 mask = w->count >= 32 ? ~0u : (1u << w->count) - 1;
+	u32 bits = status == TMEM_OK ? result & mask : 0;
+	struct tmem_core_pool *pool = &c->pools[w->pool];
+	bool valid;
+
+	if (status != TMEM_OK)
+		op_failed(c, p, status);
+	/* A host that refuses batches gets plain gets from now on. */
+	if (status == TMEM_ERR_INVAL)
+		c->features &= ~TMEM_FEAT_GET_BATCH;
+	if (status == TMEM_OK && (result & ~mask))
+		c->c.errors++; /* hits outside the window: ignored */
+	if (p->waiter == WAITING)
+		p->waiter = (bits & 1) ? DONE_HIT : DONE_MISS;
+	/* The first page is the waiter's (or nobody's, if it gave up). */
+	if (p->waiter != DONE_HIT && (bits & 1))
+		c->c.prefetch_unused++;
+	bits &= ~1u;
+	valid = !w->doomed && w->epoch == c->epoch && pool->state == POOL_READY &&
+		pool->incarnation == w->incarnation && c->attached && !c->broken;
+	if (!valid) {
+		c->c.prefetch_unused += hweight32(bits);
+		bits = 0;
+	}
+	c->c.prefetch_unused += hweight32(bits & w->killed);
+	w->present = bits & ~w->killed;
+	w->missing = valid ? ~bits & mask & ~w->killed & ~1u : 0;
+	/* Until the waiter copied its page, the window's slot 0 is in use. */
+	if (p->waiter == DONE_HIT || p->waiter == DONE_MISS)
+		w->state = WIN_DELIVERING;
+	else
+		w->state = (w->present | w->missing) ? WIN_READY : WIN_FREE;
+}
+
+/*
+ * Serves a get from a window: 1 hit (page copied), 0 a remembered miss,
+ * -1 the windows know nothing of this key.
+ */
+static int window_serve(struct tmem_core *c, int h, const u32 *oid, u64 index,
+			void *page)
+{
+	struct tmem_core_pool *pool = &c->pools[h];
+	struct tmem_core_window *w;
+	u32 i, k;
+
+	for (i = 0; i < c->nwin; i++) {
+		w = &c->win[i];
+		if (w->state != WIN_READY || w->pool != h || index < w->first ||
+		    index - w->first >= w->count || !same_oid(w->oid, oid))
+			continue;
+		if (w->epoch != c->epoch || pool->state != POOL_READY ||
+		    pool->incarnation != w->incarnation || flagged(c, pool->host_id)) {
+			/* A reset, re-created pool or flush: all of it is void. */
+			window_drop(c, w);
+			continue;
+		}
+		k = index - w->first;
+		w->lru = ++c->lru_clock;
+		if (w->present & (1u << k)) {
+			/* Exclusive: the host forgot it; this copy is the last. */
+			c->ops->copy_from_slot(c->ops_ctx, page,
+					       slot_addr(c, window_slot(c, i) + k));
+			w->present &= ~(1u << k);
+			c->c.prefetch_used++;
+			return 1;
+		}
+		if (w->missing & (1u << k)) {
+			w->missing &= ~(1u << k);
+			c->c.gets_negative_cached++;
+			return 0;
+		}
+	}
+	return -1;
+}
+
+/* A window to fetch into (free, or the least recently used), or -1. */
+static int window_pick(struct tmem_core *c)
+{
+	int best = -1;
+	u32 i;
+
+	for (i = 0; i < c->nwin; i++) {
+		if (c->win[i].state == WIN_FREE)
+			return i;
+		if (c->win[i].state == WIN_READY &&
+		    (best < 0 || c->win[i].lru < c->win[best].lru))
+			best = i;
+	}
+	if (best >= 0)
+		window_drop(c, &c->win[best]);
+	return best;
+}
+
+static void flush_wanted(struct tmem_core *c);
+
+static void reap(struct tmem_core *c)
+{
+	u32 tail;
+	struct tmem_cqe cqe;
+	const struct tmem_cqe *ring;
+
+	if (!c->attached || c->broken)
+		return;
+	tail = cq_tail(c);
+	if (tail - c->cq_head > c->g.cq_entries) {
+		host_fault(c);
+		return;
+	}
+	if (tail != c->cq_head) {
+		ring = (const struct tmem_cqe *)(c->shm + c->g.cq_offset);
+		while (c->cq_head != tail) {
+			/* One copy: validated below as a snapshot. */
+			memcpy(&cqe, &ring[c->cq_head & (c->g.cq_entries - 1)],
+			       sizeof(cqe));
+			c->cq_head++;
+			complete_cqe(c, &cqe);
+		}
+		/* As in post: never write an old-based index over a reset. */
+		if (host_changed(c))
+			return;
+		st_release(&hdr(c)->cq_head.value, c->cq_head);
+	}
+	if (c->flush_bits && flush_done_seq(c) == c->flush_seq) {
+		WRITE_ONCE(hdr(c)->flush_request, 0);
+		c->flush_bits = 0;
+	}
+	flush_wanted(c);
+}
+
+/* --- pools --------------------------------------------------------------- */
+
+static void start_create(struct tmem_core *c, int h)
+{
+	struct tmem_core_pool *p = &c->pools[h];
+	struct tmem_sqe sqe = {};
+	u64 tag;
+
+	if (p->shared && !(c->features & TMEM_FEAT_SHARED_POOLS)) {
+		p->state = POOL_FAILED;
+		p->refusal = TMEM_ERR_PERM;
+		p->retry_after_ns = now(c) + READ_ONCE(c->cfg->pool_retry_ns);
+		return;
+	}
+	if (!have_room(c, NEED_CONTROL)) {
+		reap(c);
+		if (!have_room(c, NEED_CONTROL))
+			return; /* next use tries again */
+	}
+	sqe.opcode = TMEM_OP_NEW_POOL;
+	/* IRQ: init_fs may be waiting for it. */
+	sqe.flags = TMEM_SQE_F_IRQ | (p->shared ? TMEM_SQE_F_SHARED : 0);
+	if (p->shared)
+		memcpy(sqe.oid, p->uuid, sizeof(p->uuid));
+	tag = post(c, &sqe, NO_SLOT, h);
+	if (!tag)
+		return;
+	p->state = POOL_CREATING;
+	p->create_tag = tag;
+}
+
+static bool valid_handle(struct tmem_core *c, int h)
+{
+	return h >= 0 && h < (int)TMEM_MAX_POOLS && c->pools[h].state != POOL_UNUSED;
+}
+
+static void issue_invalidate(struct tmem_core *c, u8 opcode, int h,
+			     int host_id, const u32 *oid, u64 index);
+
+/* The host pool id of a usable pool, or -1 (then maybe starts creating it). */
+static int resolve(struct tmem_core *c, int h, bool create)
+{
+	struct tmem_core_pool *p;
+
+	if (!valid_handle(c, h)) {
+		c->c.errors++; /* a caller bug: no such handle */
+		return -1;
+	}
+	p = &c->pools[h];
+	switch (p->state) {
+	case POOL_READY:
+		if (p->inval_on_ready) {
+			p->inval_on_ready = false;
+			issue_invalidate(c, TMEM_OP_INVAL_POOL, h, p->host_id,
+					 NULL, 0);
+			/* A reap in there may have voided the pool again. */
+			if (p->state != POOL_READY)
+				return -1;
+		}
+		return p->host_id;
+	case POOL_NONE:
+		if (create)
+			start_create(c, h);
+		return -1;
+	case POOL_FAILED:
+		if (create && now(c) >= p->retry_after_ns)
+			start_create(c, h);
+		return -1;
+	default:
+		return -1;
+	}
+}
+
+/* --- sent-keys filter ------------------------------------------------------ */
+
+static u64 mix64(u64 x)
+{
+	x += 0x9e3779b97f4a7c15ull;
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+	x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+	return x ^ (x >> 31);
+}
+
+/* Hash of an object id; of a page when @index is not U64_MAX. */
+static u64 key_hash(const u32 *oid, u64 index)
+{
+	u64 h = mix64(index);
+	u32 i;
+
+	for (i = 0; i < TMEM_OBJECT_WORDS; i += 2)
+		h = mix64(h ^ (oid[i] | (u64)oid[i + 1] << 32));
+	return h;
+}
+
+static void mark_sent(struct tmem_core_pool *p, u64 hash)
+{
+	if (!p->sent)
+		return;
+	__set_bit(hash & (p->sent_bits - 1), p->sent);
+	__set_bit((hash >> 32) & (p->sent_bits - 1), p->sent);
+}
+
+static bool maybe_sent(const struct tmem_core_pool *p, u64 hash)
+{
+	if (!p->sent)
+		return true;
+	return test_bit(hash & (p->sent_bits - 1), p->sent) &&
+	       test_bit((hash >> 32) & (p->sent_bits - 1), p->sent);
+}
+
+/* Could the host hold this page (index) or object (index U64_MAX)? */
+static bool host_may_hold(struct tmem_core *c, int h, const u32 *oid, u64 index)
+{
+	struct tmem_core_pool *p = &c->pools[h];
+
+	/* Shared pools: other VMs' puts of a key are invisible to us. */
+	return p->shared || maybe_sent(p, key_hash(oid, index));
+}
+
+/*
+ * The host holds nothing of these pools any more (or will not, before any
+ * later op reaches them): their filters start empty.
+ */
+static void forget_sent(struct tmem_core *c, u64 host_id_bits)
+{
+	u32 i;
+
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		struct tmem_core_pool *p = &c->pools[i];
+
+		if (p->state == POOL_READY && p->sent &&
+		    ((host_id_bits >> p->host_id) & 1))
+			bitmap_zero(p->sent, p->sent_bits);
+	}
+}
+
+/* --- flush barrier and invalidates ---------------------------------------- */
+
+static bool flagged(struct tmem_core *c, int host_id)
+{
+	return ((c->flush_bits | c->wanted_bits) >> host_id) & 1;
+}
+
+static void guest_reset(struct tmem_core *c, u64 lost_bits)
+{
+	u32 i;
+
+	/*
+	 * Last resort for an invalidate that cannot be queued or barriered: a
+	 * new guest generation makes the host forget this VM. A shared pool
+	 * outlives us on the host: wipe it when it is joined again.
+	 */
+	lost_bits |= c->wanted_bits;
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		struct tmem_core_pool *p = &c->pools[i];
+
+		if (p->shared && p->state == POOL_READY &&
+		    ((lost_bits >> p->host_id) & 1))
+			p->inval_on_ready = true;
+	}
+	c->guest_generation = new_generation(c, c->guest_generation);
+	store_guest_generation(c);
+	c->c.guest_resets++;
+	void_pools(c, false);
+	c->wanted_bits = 0;
+	maybe_doorbell(c);
+}
+
+static void request_flush(struct tmem_core *c, u64 bits)
+{
+	u64 seq;
+
+	if (!(c->features & TMEM_FEAT_FLUSH_BARRIER)) {
+		guest_reset(c, bits);
+		return;
+	}
+	/*
+	 * Flagged from now on: nothing of these pools is posted until a
+	 * barrier or INVAL_POOL ahead in ring order has wiped them.
+	 */
+	forget_sent(c, bits);
+	windows_kill_host_ids(c, bits);
+	if (c->flush_bits) {
+		/*
+		 * One barrier at a time: the host acks a seq, not bits, so bits
+		 * added to a barrier being completed could be acked unflushed.
+		 */
+		c->wanted_bits |= bits;
+		return;
+	}
+	seq = c->sq_tail;
+	if (seq == flush_done_seq(c)) {
+		/* The host would take it as done: never risk a lost invalidate. */
+		guest_reset(c, bits);
+		return;
+	}
+	WRITE_ONCE(hdr(c)->flush_request, READ_ONCE(hdr(c)->flush_request) | bits);
+	/* Release: a host that acquires the seq also sees the bits. */
+	st_release(&hdr(c)->flush_request_seq, seq);
+	c->flush_bits = bits;
+	c->flush_seq = seq;
+	maybe_doorbell(c);
+}
+
+/* Pools that needed a flush while one was pending, right after a reap. */
+static void flush_wanted(struct tmem_core *c)
+{
+	u64 bits;
+	struct tmem_sqe sqe;
+
+	if (c->flush_bits || !c->wanted_bits || !c->attached || c->broken)
+		return;
+	bits = c->wanted_bits;
+	c->wanted_bits = 0;
+	while (bits) {
+		int id = __ffs64(bits);
+
+		if (!have_room(c, NEED_INVALIDATE)) {
+			if (c->attached && !c->broken)
+				request_flush(c, bits);
+			return;
+		}
+		memset(&sqe, 0, sizeof(sqe));
+		sqe.opcode = TMEM_OP_INVAL_POOL;
+		sqe.pool = id;
+		post(c, &sqe, NO_SLOT, -1);
+		forget_sent(c, 1ull << id);
+		bits &= bits - 1;
+	}
+}
+
+static void check_flush_done(struct tmem_core *c)
+{
+	if (c->flush_bits && flush_done_seq(c) == c->flush_seq) {
+		/* Acked: the host ignores the bits until the seq moves again. */
+		WRITE_ONCE(hdr(c)->flush_request, 0);
+		c->flush_bits = 0;
+	}
+	if (!c->flush_bits && c->wanted_bits)
+		reap(c);
+}
+
+/* Ring full: give a busy host a few microseconds (IRQs may be off). */
+static bool wait_for_room(struct tmem_core *c)
+{
+	u64 deadline = now(c) + READ_ONCE(c->cfg->ring_full_spin_ns);
+
+	while (now(c) < deadline) {
+		cpu_relax();
+		reap(c);
+		if (!c->attached || c->broken)
+			return false;
+		if (have_room(c, NEED_INVALIDATE))
+			return true;
+	}
+	return false;
+}
+
+static void issue_invalidate(struct tmem_core *c, u8 opcode, int h,
+			     int host_id, const u32 *oid, u64 index)
+{
+	struct tmem_sqe sqe = {};
+
+	if (flagged(c, host_id))
+		return; /* the pending flush covers it */
+	if (!have_room(c, NEED_INVALIDATE)) {
+		reap(c);
+		/* A reset or fault in the reap voided everything anyway. */
+		if (!c->attached || c->broken || flagged(c, host_id))
+			return;
+		if (!have_room(c, NEED_INVALIDATE) && !wait_for_room(c)) {
+			if (!c->attached || c->broken || flagged(c, host_id))
+				return;
+			c->c.flush_fallbacks++;
+			request_flush(c, 1ull << host_id);
+			return;
+		}
+	}
+	sqe.opcode = opcode;
+	sqe.pool = host_id;
+	sqe.index = index;
+	if (oid)
+		memcpy(sqe.oid, oid, sizeof(sqe.oid));
+	post(c, &sqe, NO_SLOT, h);
+	if (opcode == TMEM_OP_INVAL_POOL)
+		forget_sent(c, 1ull << host_id);
+}
+
+/* An unsent put must still kill the host's older page of its key. */
+static void drop_put(struct tmem_core *c, int h, int host_id, const u32 *oid,
+		     u64 index)
+{
+	if (!host_may_hold(c, h, oid, index)) {
+		c->c.drop_invalidates_avoided++;
+		return;
+	}
+	c->c.invalidates_for_dropped_puts++;
+	issue_invalidate(c, TMEM_OP_INVAL_PAGE, h, host_id, oid, index);
+}
+
+static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
+		       u64 index)
+{
+	int id;
+
+	c->c.invalidates++;
+	/* Aside: a private pool was wiped, nothing of it was sent since. */
+	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
+		c->c.invalidates_skipped_aside++;
+		return;
+	}
+	/* Before anything else: a prefetched copy must never outlive this. */
+	if (valid_handle(c, h))
+		windows_kill(c, h, oid,
+			     opcode == TMEM_OP_INVAL_PAGE ? index : U64_MAX);
+	if (!ensure_attached(c)) {
+		/*
+		 * The next attach writes a new guest generation: the host drops
+		 * this VM's pages. Shared pools hold other VMs' pages too.
+		 */
+		if (valid_handle(c, h) && c->pools[h].shared)
+			c->pools[h].inval_on_ready = true;
+		return;
+	}
+	id = resolve(c, h, false);
+	if (id < 0) {
+		/* Not on the host in this generation: it holds none of ours. */
+		if (valid_handle(c, h) && c->pools[h].shared)
+			c->pools[h].inval_on_ready = true;
+		return;
+	}
+	if (oid && !host_may_hold(c, h, oid,
+				  opcode == TMEM_OP_INVAL_PAGE ? index : U64_MAX)) {
+		c->c.invalidates_skipped_never_sent++;
+		return;
+	}
+	check_flush_done(c);
+	issue_invalidate(c, opcode, h, id, oid, index);
+}
+
+static bool admit(struct tmem_core *c)
+{
+	u32 hint;
+
+	if (!(c->features & TMEM_FEAT_ADMISSION_HINT))
+		return true;
+	hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
+	if (hint == TMEM_ADMIT_ALL)
+		return true;
+	/* Bresenham: exactly hint of every TMEM_ADMIT_ALL puts go out. */
+	c->hint_credit += hint;
+	if (c->hint_credit >= TMEM_ADMIT_ALL) {
+		c->hint_credit -= TMEM_ADMIT_ALL;
+		return true;
+	}
+	return false;
+}
+
+/* --- entry points ---------------------------------------------------------- */
+
+void tmem_core_init(struct tmem_core *c, const struct tmem_core_ops *ops,
+		    void *ops_ctx, const struct tmem_core_config *cfg)
+{
+	memset(c, 0, sizeof(*c));
+	c->ops = ops;
+	c->ops_ctx = ops_ctx;
+	c->cfg = cfg;
+	c->next_incarnation = 1;
+}
+
+int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
+		   struct tmem_core_pending *pending, u32 *free_pending,
+		   u32 pending_max, u32 *free_slots, u32 slots_max)
+{
+	unsigned long flags;
+	int err;
+
+	lock(c, &flags);
+	c->shm = shm;
+	c->shm_size = size;
+	c->pending = pending;
+	c->free_pending = free_pending;
+	c->pending_max = min(pending_max, MAX_PENDING);
+	c->free_slots = free_slots;
+	c->slots_max = slots_max;
+	c->have_rings = false;
+	c->attached = false;
+	c->broken = false;
+	c->present = true;
+	/* A new device is a new host: measure whether it pays afresh. */
+	c->aside = false;
+	c->aside_backoff_ns = 0;
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+	err = ensure_attached_err(c);
+	unlock(c, flags);
+	return err;
+}
+
+void tmem_core_unbind(struct tmem_core *c)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	c->present = false;
+	if (c->attached)
+		detach(c);
+	c->have_rings = false;
+	c->rings_gen++;
+	c->pending = NULL;
+	c->free_pending = NULL;
+	c->free_slots = NULL;
+	c->pending_cap = 0;
+	c->pending_max = 0;
+	c->nfree_pending = 0;
+	c->nfree_slots = 0;
+	c->slots_max = 0;
+	unlock(c, flags);
+}
+
+int tmem_core_try_attach(struct tmem_core *c)
+{
+	unsigned long flags;
+	int err;
+
+	lock(c, &flags);
+	err = ensure_attached_err(c);
+	unlock(c, flags);
+	return err;
+}
+
+struct pool_wait {
+	struct tmem_core *c;
+	struct tmem_core_pool *p;
+};
+
+static bool pool_created(void *arg)
+{
+	struct pool_wait *w = arg;
+	unsigned long flags;
+	bool done;
+
+	lock(w->c, &flags);
+	if (w->c->attached)
+		reap(w->c);
+	done = w->p->state != POOL_CREATING;
+	unlock(w->c, flags);
+	return done;
+}
+
+int tmem_core_new_handle(struct tmem_core *c, bool shared, const u8 *uuid,
+			 unsigned long *sent, u32 sent_bits,
+			 unsigned long **old_sent)
+{
+	unsigned long flags;
+	struct tmem_core_pool *p;
+	struct pool_wait w;
+	u64 deadline, t;
+	int h, ret;
+
+	*old_sent = sent;
+	lock(c, &flags);
+	for (h = 0; h < (int)TMEM_MAX_POOLS; h++)
+		if (c->pools[h].state == POOL_UNUSED)
+			break;
+	if (h == (int)TMEM_MAX_POOLS) {
+		unlock(c, flags);
+		return TMEM_CORE_ERR_NO_HANDLE;
+	}
+	p = &c->pools[h];
+	/* The handle's old filter (after release_handle) goes back. */
+	*old_sent = p->sent;
+	memset(p, 0, sizeof(*p));
+	p->sent = sent;
+	p->sent_bits = sent_bits;
+	p->state = POOL_NONE;
+	p->shared = shared;
+	if (shared)
+		memcpy(p->uuid, uuid, sizeof(p->uuid));
+	if (!ensure_attached(c)) {
+		unlock(c, flags);
+		return h; /* made on first use */
+	}
+	if (shared && !(c->features & TMEM_FEAT_SHARED_POOLS)) {
+		p->state = POOL_UNUSED;
+		unlock(c, flags);
+		return TMEM_CORE_ERR_NO_SHARED;
+	}
+	start_create(c, h);
+	unlock(c, flags);
+
+	w.c = c;
+	w.p = p;
+	deadline = now(c) + READ_ONCE(c->cfg->pool_create_timeout_ns);
+	while (!pool_created(&w)) {
+		t = now(c);
+		if (t >= deadline)
+			break;
+		c->ops->wait(c->ops_ctx, pool_created, &w, deadline - t);
+	}
+	lock(c, &flags);
+	ret = h;
+	if (p->state == POOL_FAILED) {
+		ret = p->refusal;
+		p->state = POOL_UNUSED;
+	}
+	unlock(c, flags);
+	return ret;
+}
+
+void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
+		   const void *page)
+{
+	unsigned long flags;
+	struct tmem_sqe sqe = {};
+	u64 t0 = now(c);
+	u32 slot;
+	int id;
+
+	lock(c, &flags);
+	/*
+	 * Standing aside: private pools were wiped and hold nothing; a shared
+	 * pool's older page still dies (drop_put below).
+	 */
+	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
+		c->c.puts_skipped_aside++;
+		c->c.puts_skipped_by_hint++;
+		goto out;
+	}
+	/* Sent or not, this put makes a prefetched copy of the key stale. */
+	if (valid_handle(c, h))
+		windows_kill(c, h, oid, index);
+	if (!ensure_attached(c)) {
+		c->c.puts_dropped_no_pool++;
+		goto out;
+	}
+	/*
+	 * Nobody waits for a put's CQE, but the host stops consuming when
+	 * the CQ is full: reap once half of it may be in use.
+	 */
+	if (in_flight(c) >= c->g.cq_entries / 2)
+		reap(c);
+	id = resolve(c, h, true);
+	if (id < 0 && valid_handle(c, h) && c->pools[h].state == POOL_CREATING) {
+		reap(c); /* its NEW_POOL may have completed already */
+		id = resolve(c, h, false);
+	}
+	if (id < 0) {
+		/* No host pool in this generation: the host holds nothing. */
+		c->c.puts_dropped_no_pool++;
+		goto out;
+	}
+	check_flush_done(c);
+	if (flagged(c, id)) {
+		/* The barrier drops older versions of this key too. */
+		c->c.puts_dropped_flush_pending++;
+		goto out;
+	}
+	if (c->aside || !admit(c)) {
+		c->c.puts_skipped_aside += c->aside;
+		c->c.puts_skipped_by_hint++;
+		drop_put(c, h, id, oid, index);
+		goto out;
+	}
+	if (!have_room(c, NEED_PUT)) {
+		reap(c);
+		id = resolve(c, h, false);
+		if (id < 0 || !have_room(c, NEED_PUT) || flagged(c, id)) {
+			c->c.puts_dropped_ring_full++;
+			if (id >= 0)
+				drop_put(c, h, id, oid, index);
+			goto out;
+		}
+	}
+	slot = c->free_slots[--c->nfree_slots];
+	/* Ours until its CQE: nobody reads it before the SQE is published. */
+	c->ops->copy_to_slot(c->ops_ctx, slot_addr(c, slot), page);
+	sqe.opcode = TMEM_OP_PUT; /* no IRQ: nobody waits for a put */
+	sqe.pool = id;
+	sqe.slot = slot;
+	sqe.index = index;
+	memcpy(sqe.oid, oid, sizeof(sqe.oid));
+	if (!post(c, &sqe, slot, h)) {
+		c->c.puts_dropped_no_pool++; /* the host reset meanwhile */
+		goto out;
+	}
+	mark_sent(&c->pools[h], key_hash(oid, index));
+	mark_sent(&c->pools[h], key_hash(oid, U64_MAX));
+	c->c.puts_sent++;
+out:
+	c->c.put_ns += now(c) - t0;
+	unlock(c, flags);
+}
+
+static void note_get_timeout(struct tmem_core *c)
+{
+	u32 limit = READ_ONCE(c->cfg->stall_after_timeouts);
+	u32 head = sq_head(c);
+
+	if (!limit)
+		return;
+	/* Timeouts while the host keeps consuming: slow, not dead. */
+	if (c->consecutive_timeouts > 0 && head != c->stall_sq_head)
+		c->consecutive_timeouts = 0;
+	c->stall_sq_head = head;
+	if (++c->consecutive_timeouts < limit)
+		return;
+	if (c->consecutive_timeouts == limit)
+		c->c.host_stalls++;
+	c->stalled_until_ns = now(c) + READ_ONCE(c->cfg->stall_probe_ns);
+}
+
+struct get_ticket {
+	struct tmem_core *c;
+	u64 tag;
+	u64 rings_gen;
+	u32 index;
+	u32 interrupt_waits;
+	bool lost;
+};
+
+/* Under the lock: reaps, then tells whether the get's CQE is in. */
+static bool get_done(struct get_ticket *t)
+{
+	struct tmem_core *c = t->c;
+	struct tmem_core_pending *p;
+
+	if (c->rings_gen != t->rings_gen || !c->attached || c->broken) {
+		t->lost = true;
+		return true;
+	}
+	reap(c);
+	if (c->rings_gen != t->rings_gen || !c->attached || c->broken ||
+	    host_changed(c)) {
+		t->lost = true;
+		return true;
+	}
+	p = &c->pending[t->index];
+	if (p->tag != t->tag) {
+		t->lost = true;
+		return true;
+	}
+	return p->waiter == DONE_HIT || p->waiter == DONE_MISS;
+}
+
+static bool get_done_locked(void *arg)
+{
+	struct get_ticket *t = arg;
+	unsigned long flags;
+	bool done;
+
+	lock(t->c, &flags);
+	done = get_done(t);
+	unlock(t->c, flags);
+	return done;
+}
+
+/* Without the lock: spin, then sleep, until the CQE, a reset or deadline. */
+static bool wait_get(struct tmem_core *c, struct get_ticket *t)
+{
+	u64 t_now = now(c);
+	u64 spin_until = t_now + READ_ONCE(c->cfg->get_spin_ns);
+	u64 deadline = t_now + READ_ONCE(c->cfg->get_timeout_ns);
+
+	for (;;) {
+		if (get_done_locked(t))
+			return false;
+		t_now = now(c);
+		if (t_now >= deadline)
+			return true;
+		if (t_now < spin_until) {
+			cpu_relax();
+			continue;
+		}
+		if (c->ops->wait(c->ops_ctx, get_done_locked, t, deadline - t_now))
+			t->interrupt_waits++; /* counted under the lock later */
+	}
+}
+
+/* Pages to ask for from index on (1: a plain GET). */
+static u32 batch_size(struct tmem_core *c, int h, const u32 *oid, u64 index,
+		      u32 max_pages)
+{
+	u32 n = min(READ_ONCE(c->cfg->batch_pages), TMEM_GET_BATCH_MAX);
+
+	if (!c->nwin || c->pools[h].shared || !(c->features & TMEM_FEAT_GET_BATCH))
+		return 1;
+	if (max_pages && max_pages < n)
+		n = max_pages;
+	if (index > U64_MAX - TMEM_GET_BATCH_MAX)
+		return 1;
+	/* Pages never sent are misses for sure: do not ask for a tail of them. */
+	while (n > 1 && !host_may_hold(c, h, oid, index + n - 1))
+		n--;
+	return n;
+}
+
+static u64 post_batch(struct tmem_core *c, int h, int id, const u32 *oid,
+		      u64 index, u32 count, int win)
+{
+	struct tmem_core_window *w = &c->win[win];
+	struct tmem_sqe sqe = {};
+	u64 tag;
+
+	sqe.opcode = TMEM_OP_GET_BATCH;
+	sqe.flags = TMEM_SQE_F_IRQ;
+	sqe.pool = id;
+	sqe.slot = window_slot(c, win);
+	sqe.index = index;
+	sqe.count = count;
+	memcpy(sqe.oid, oid, sizeof(sqe.oid));
+	/* The window's slots are not on the free list: post must not free them. */
+	tag = post(c, &sqe, NO_SLOT, h);
+	if (!tag)
+		return 0;
+	c->pending[tag & TAG_INDEX_MASK].slot = win;
+	memcpy(w->oid, oid, sizeof(w->oid));
+	w->first = index;
+	w->count = count;
+	w->pool = h;
+	w->epoch = c->epoch;
+	w->incarnation = c->pools[h].incarnation;
+	w->lru = ++c->lru_clock;
+	w->present = 0;
+	w->missing = 0;
+	w->killed = 0;
+	w->doomed = false;
+	w->state = WIN_FETCHING;
+	c->c.get_batches++;
+	return tag;
+}
+
+/* --- never slower: stand aside when tmem costs more than it saves --------- */
+
+static void stand_aside(struct tmem_core *c)
+{
+	struct tmem_core_pool *p;
+	u32 i;
+
+	/*
+	 * Private pools: wipe them (ring order puts the INVAL_POOL before
+	 * anything later), so no per-key invalidate is owed while aside.
+	 * Shared pools hold other VMs' pages: they keep their invalidates.
+	 */
+	for (i = 0; i < TMEM_MAX_POOLS; i++) {
+		p = &c->pools[i];
+		if (p->state == POOL_READY && !p->shared)
+			issue_invalidate(c, TMEM_OP_INVAL_POOL, i, p->host_id, NULL, 0);
+		if (p->state != POOL_UNUSED)
+			windows_kill(c, i, NULL, 0);
+	}
+	c->aside = true;
+	c->aside_until_ns = now(c) + c->aside_backoff_ns;
+	c->c.stood_aside++;
+	if (c->attached) {
+		st_release(&hdr(c)->guest_flags, TMEM_GUEST_STANDING_ASIDE);
+		/* Nothing follows that would ring for the INVAL_POOLs. */
+		if (c->unrung)
+			maybe_doorbell(c);
+	}
+}
+
+static void resume(struct tmem_core *c)
+{
+	c->aside = false;
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+	if (c->attached)
+		st_release(&hdr(c)->guest_flags, 0);
+}
+
+/* Standing aside now? Resumes (to measure again) once the time is up. */
+static bool standing_aside(struct tmem_core *c)
+{
+	if (!c->aside)
+		return false;
+	if (now(c) < c->aside_until_ns)
+		return true;
+	resume(c);
+	return false;
+}
+
+/* A get served by the host or a window took ns: close samples, decide. */
+static void account_get(struct tmem_core *c, u64 ns, bool hit)
+{
+	const struct tmem_core_config *cfg = c->cfg;
+	u64 miss_cost = READ_ONCE(cfg->miss_cost_ns);
+	u64 base = max(READ_ONCE(cfg->aside_probe_ns), 1ull);
+
+	c->sample_ns += ns;
+	c->sample_hits += hit;
+	if (++c->sample_gets < max(READ_ONCE(cfg->aside_sample_gets), 1u))
+		return;
+	c->get_ns_per_hit = c->sample_ns / max(c->sample_hits, 1ull);
+	if (c->attached) {
+		WRITE_ONCE(hdr(c)->guest_get_ns, c->get_ns_per_hit);
+		WRITE_ONCE(hdr(c)->guest_miss_ns, miss_cost);
+	}
+	if (miss_cost && c->sample_ns > c->sample_hits * miss_cost) {
+		/* Each time it still does not pay, look again later. */
+		c->aside_backoff_ns = c->aside_backoff_ns ?
+				      min(c->aside_backoff_ns * 2, base * 64) : base;
+		stand_aside(c);
+	} else {
+		c->aside_backoff_ns = 0;
+	}
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+}
+
+/* The guest's own view, for the host to show (never trusted there). */
+static void publish_prefetch_counts(struct tmem_core *c)
+{
+	if (!c->nwin || !c->attached)
+		return;
+	WRITE_ONCE(hdr(c)->guest_prefetch_used, c->c.prefetch_used);
+	WRITE_ONCE(hdr(c)->guest_prefetch_unused, c->c.prefetch_unused);
+}
+
+int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
+		  u32 max_pages, void *page)
+{
+	unsigned long flags;
+	struct tmem_sqe sqe = {};
+	struct get_ticket t = { .c = c };
+	struct tmem_core_pending *p;
+	struct tmem_core_window *w;
+	u64 t0 = now(c);
+	bool hit = false, timed_out;
+	u32 slot, count;
+	int id, served, win;
+
+	lock(c, &flags);
+	if (standing_aside(c)) {
+		c->c.gets_skipped_aside++;
+		goto miss_local;
+	}
+	if (!ensure_attached(c))
+		goto miss_local;
+	reap(c); /* frees slots, completes barriers and pool creations */
+	if (c->stalled_until_ns && now(c) < c->stalled_until_ns) {
+		if (sq_head(c) == c->stall_sq_head) {
+			c->c.gets_skipped_stalled++;
+			goto miss_local;
+		}
+		c->stalled_until_ns = 0; /* the host moved: it is back */
+		c->consecutive_timeouts = 0;
+	}
+	/* Prefetched by an earlier batch: no round trip, hit or miss. */
+	if (c->nwin && valid_handle(c, h) && !c->pools[h].shared) {
+		served = window_serve(c, h, oid, index, page);
+		if (served == 1) {
+			hit = true;
+			c->c.gets_hit++;
+			account_get(c, now(c) - t0, true);
+			goto out;
+		}
+		if (served == 0)
+			goto miss_local;
+	}
+	/*
+	 * A key never sent cannot be there (no false negatives): a streaming
+	 * reader's page-cache misses never wait on the host.
+	 */
+	if (c->cfg->skip_unsent_gets && valid_handle(c, h) &&
+	    !host_may_hold(c, h, oid, index)) {
+		c->c.gets_skipped_never_sent++;
+		goto miss_local;
+	}
+	id = resolve(c, h, true);
+	if (id < 0 || flagged(c, id))
+		goto miss_local;
+	count = batch_size(c, h, oid, index, max_pages);
+	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c) : -1;
+	if (win >= 0) {
+		t.tag = post_batch(c, h, id, oid, index, count, win);
+	} else {
+		if (!have_room(c, NEED_GET))
+			goto miss_local;
+		slot = c->free_slots[--c->nfree_slots];
+		sqe.opcode = TMEM_OP_GET;
+		sqe.flags = TMEM_SQE_F_IRQ;
+		sqe.pool = id;
+		sqe.slot = slot;
+		sqe.index = index;
+		memcpy(sqe.oid, oid, sizeof(sqe.oid));
+		t.tag = post(c, &sqe, slot, h);
+	}
+	if (!t.tag)
+		goto miss_local;
+	t.index = t.tag & TAG_INDEX_MASK;
+	t.rings_gen = c->rings_gen;
+	c->pending[t.index].waiter = WAITING;
+	unlock(c, flags);
+
+	timed_out = wait_get(c, &t);
+
+	lock(c, &flags);
+	if (c->rings_gen == t.rings_gen && c->pending[t.index].tag == t.tag) {
+		p = &c->pending[t.index];
+		if (p->waiter == DONE_HIT || p->waiter == DONE_MISS) {
+			/* A reset noticed meanwhile makes it a miss, to be safe. */
+			hit = !t.lost && p->waiter == DONE_HIT;
+			if (p->opcode == TMEM_OP_GET_BATCH) {
+				w = &c->win[p->slot];
+				if (hit)
+					c->ops->copy_from_slot(c->ops_ctx, page,
+							       slot_addr(c, window_slot(c, p->slot)));
+				w->state = (w->present | w->missing) ? WIN_READY : WIN_FREE;
+			} else {
+				if (hit)
+					c->ops->copy_from_slot(c->ops_ctx, page,
+							       slot_addr(c, p->slot));
+				c->free_slots[c->nfree_slots++] = p->slot;
+			}
+			free_entry(c, t.index);
+			timed_out = false;
+		} else {
+			/* Timed out: the completion frees slot and entry later. */
+			p->waiter = ABANDONED;
+		}
+	}
+	if (timed_out) {
+		note_get_timeout(c);
+		c->c.gets_timeout++;
+	} else if (!t.lost) {
+		c->consecutive_timeouts = 0;
+	}
+	if (hit)
+		c->c.gets_hit++;
+	else
+		c->c.gets_miss++;
+	if (t.lost)
+		c->c.gets_miss_local++;
+	c->c.interrupt_waits += t.interrupt_waits;
+	account_get(c, now(c) - t0, hit);
+	goto out;
+
+miss_local:
+	c->c.gets_miss++;
+	c->c.gets_miss_local++;
+out:
+	publish_prefetch_counts(c);
+	c->c.get_ns += now(c) - t0;
+	unlock(c, flags);
+	return hit;
+}
+
+void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
+			       u64 index)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	invalidate(c, TMEM_OP_INVAL_PAGE, h, oid, index);
+	unlock(c, flags);
+}
+
+void tmem_core_invalidate_object(struct tmem_core *c, int h, const u32 *oid)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	invalidate(c, TMEM_OP_INVAL_OBJECT, h, oid, 0);
+	unlock(c, flags);
+}
+
+void tmem_core_invalidate_pool(struct tmem_core *c, int h)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	invalidate(c, TMEM_OP_INVAL_POOL, h, NULL, 0);
+	unlock(c, flags);
+}
+
+void tmem_core_release_handle(struct tmem_core *c, int h)
+{
+	unsigned long flags;
+	struct tmem_sqe sqe = {};
+	struct tmem_core_pool *p;
+
+	lock(c, &flags);
+	c->c.invalidates++;
+	if (!valid_handle(c, h))
+		goto out;
+	p = &c->pools[h];
+	windows_kill(c, h, NULL, 0);
+	if (ensure_attached(c) && p->state == POOL_READY) {
+		check_flush_done(c);
+		if (!p->shared && !flagged(c, p->host_id) &&
+		    have_room(c, NEED_CONTROL)) {
+			sqe.opcode = TMEM_OP_DESTROY_POOL;
+			sqe.pool = p->host_id;
+			post(c, &sqe, NO_SLOT, -1);
+		} else {
+			/* Shared pools outlive us; a full ring gets the barrier. */
+			issue_invalidate(c, TMEM_OP_INVAL_POOL, h, p->host_id,
+					 NULL, 0);
+		}
+	}
+	p->state = POOL_UNUSED;
+out:
+	unlock(c, flags);
+}
+
+void tmem_core_poll(struct tmem_core *c)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	if (ensure_attached(c))
+		reap(c);
+	unlock(c, flags);
+}
+
+void tmem_core_interrupt(struct tmem_core *c)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	c->c.interrupts++;
+	if (c->present && c->attached)
+		reap(c);
+	unlock(c, flags);
+}
+
+int tmem_core_host_pool_id(struct tmem_core *c, int h)
+{
+	unsigned long flags;
+	int id = -1;
+
+	lock(c, &flags);
+	if (valid_handle(c, h) && c->pools[h].state == POOL_READY &&
+	    c->attached && !c->broken)
+		id = c->pools[h].host_id;
+	unlock(c, flags);
+	return id;
+}
+
+void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
+{
+	unsigned long flags;
+	u32 i;
+
+	memset(s, 0, sizeof(*s));
+	lock(c, &flags);
+	s->present = c->present;
+	s->attached = c->attached;
+	s->broken = c->broken;
+	s->host_generation = c->host_generation;
+	s->guest_generation = c->guest_generation;
+	if (c->present) {
+		s->host_state = host_state(c);
+		s->admission_hint = READ_ONCE(hdr(c)->admission_hint);
+	}
+	s->in_flight = c->attached ? in_flight(c) : 0;
+	s->free_slots = c->nfree_slots;
+	s->slots_usable = c->slots_usable;
+	s->invalidate_reserve = c->reserve;
+	s->flush_pending = (c->flush_bits | c->wanted_bits) != 0;
+	s->prefetch_windows = c->nwin;
+	s->standing_aside = c->aside;
+	s->get_ns_per_hit = c->get_ns_per_hit;
+	s->miss_cost_ns = READ_ONCE(c->cfg->miss_cost_ns);
+	for (i = 0; i < c->nwin; i++)
+		s->prefetched += hweight32(c->win[i].present);
+	unlock(c, flags);
+}

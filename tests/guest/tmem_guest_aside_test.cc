@@ -1,0 +1,218 @@
+// The guest core's "never slower" and "cheap when off" behaviour, through
+// TmemGuest against FakeHost: standing aside when tmem costs more per page
+// served than a miss (TmemGuestOptions::miss_cost), what it sends then
+// (nothing for private pools), resuming to measure again, and a frontend
+// told "off" (admission hint 0) sending nothing for keys it never sent.
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "gtest/gtest.h"
+#include "guest-driver/userspace/tmem_guest.h"
+#include "tests/guest/fake_host.h"
+
+namespace tmem {
+namespace {
+
+using testing::FakeHost;
+using testing::FakeHostOptions;
+using Page = std::array<uint8_t, TMEM_PAGE_SIZE>;
+
+constexpr TmemGuest::ObjectId kFile = {1, 2, 3, 4, 5, 6};
+
+template <typename T>
+T Load(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+
+Page MakePage(uint64_t seed) {
+  Page p;
+  p.fill(static_cast<uint8_t>(seed * 7 + 1));
+  return p;
+}
+
+FakeHostOptions Host() {
+  FakeHostOptions o;
+  o.sq_entries = 64;
+  o.cq_entries = 64;
+  o.slot_count = 48;
+  return o;
+}
+
+TmemGuestOptions Options(std::chrono::nanoseconds miss_cost) {
+  TmemGuestOptions o;
+  o.get_timeout = std::chrono::milliseconds(200);
+  o.attach_timeout = std::chrono::milliseconds(200);
+  o.pool_create_timeout = std::chrono::milliseconds(200);
+  o.miss_cost = miss_cost;
+  o.aside_sample_gets = 8;
+  o.aside_probe_interval = std::chrono::milliseconds(50);
+  return o;
+}
+
+std::unique_ptr<TmemGuest> MustCreate(FakeHost* host,
+                                      const TmemGuestOptions& o) {
+  auto g = TmemGuest::Create(host, o);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? std::move(*g) : nullptr;
+}
+
+uint64_t Ops(const FakeHost& host) {
+  uint64_t n = 0;
+  for (uint8_t op = TMEM_OP_PUT; op < TMEM_OP_MAX; ++op) {
+    n += host.op_count(op);
+  }
+  return n;
+}
+
+// A get round trip (tens of microseconds here) always costs more than a
+// 1 ns miss: after one sample of 8 gets the guest stands aside.
+class AsideTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    guest_ = MustCreate(&host_, Options(std::chrono::nanoseconds(1)));
+    ASSERT_NE(guest_, nullptr);
+    pool_ = *guest_->InitFs();
+    for (uint64_t i = 0; i < 16; ++i) guest_->Put(pool_, kFile, i, MakePage(i));
+    host_.Step();  // puts wait for a doorbell batch
+    guest_->Poll();
+    ASSERT_EQ(host_.page_count(), 16u);
+    for (uint64_t i = 0; i < 8; ++i) {
+      ASSERT_TRUE(guest_->Get(pool_, kFile, i, out_));
+    }
+  }
+
+  FakeHost host_{Host()};
+  std::unique_ptr<TmemGuest> guest_;
+  int pool_ = -1;
+  Page out_{};
+};
+
+TEST_F(AsideTest, StandsAsideWhenAPageServedCostsMoreThanAMiss) {
+  EXPECT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside, 1u);
+  tmem_shm_header* h = host_.header();
+  EXPECT_EQ(Load(&h->guest_flags), TMEM_GUEST_STANDING_ASIDE);
+  EXPECT_GT(Load(&h->guest_get_ns), 1u);
+  EXPECT_EQ(Load(&h->guest_miss_ns), 1u);
+  EXPECT_EQ(guest_->get_ns_per_hit(), Load(&h->guest_get_ns));
+  // Exactly as the ABI says: it invalidated its pool first (and rang).
+  EXPECT_EQ(host_.op_count(TMEM_OP_INVAL_POOL), 1u);
+  EXPECT_EQ(host_.page_count(), 0u);
+}
+
+TEST_F(AsideTest, AsideItSendsNothing) {
+  host_.Step();
+  const uint64_t ops = Ops(host_);
+  const uint32_t tail = Load(&host_.header()->sq_tail.value);
+  for (uint64_t i = 0; i < 100; ++i) {
+    guest_->Put(pool_, kFile, 100 + i, MakePage(i));
+    EXPECT_FALSE(guest_->Get(pool_, kFile, 8 + i % 8, out_));
+    guest_->InvalidatePage(pool_, kFile, 100 + i);
+  }
+  guest_->InvalidateObject(pool_, kFile);
+  EXPECT_EQ(Load(&host_.header()->sq_tail.value), tail);
+  EXPECT_EQ(Ops(host_), ops);
+  const GuestCounters& c = guest_->counters();
+  EXPECT_EQ(c.puts_skipped_aside, 100u);
+  EXPECT_EQ(c.gets_skipped_aside, 100u);
+  EXPECT_EQ(c.invalidates_skipped_aside, 101u);
+}
+
+TEST_F(AsideTest, ResumesAfterTheProbeIntervalAndStaysExact) {
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  // Keys put before standing aside were wiped: a miss, never stale.
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 9, out_));
+  EXPECT_FALSE(guest_->standing_aside());
+  EXPECT_EQ(Load(&host_.header()->guest_flags), 0u);
+  guest_->Put(pool_, kFile, 9, MakePage(99));
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 9, out_));
+  EXPECT_EQ(out_, MakePage(99));
+  // Still not paying: the next sample stands aside again.
+  for (uint64_t i = 0; i < 8; ++i) {
+    guest_->Put(pool_, kFile, 200 + i, MakePage(i));
+    guest_->Get(pool_, kFile, 200 + i, out_);
+  }
+  EXPECT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside, 2u);
+}
+
+TEST(AsideDecisionTest, StaysWhenTmemPays) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::seconds(1)));
+  const int pool = *guest->InitFs();
+  Page out{};
+  for (uint64_t i = 0; i < 64; ++i) {
+    guest->Put(pool, kFile, i, MakePage(i));
+    ASSERT_TRUE(guest->Get(pool, kFile, i, out));
+  }
+  EXPECT_FALSE(guest->standing_aside());
+  EXPECT_EQ(guest->counters().stood_aside, 0u);
+  EXPECT_GT(Load(&host.header()->guest_get_ns), 0u);
+  EXPECT_LT(Load(&host.header()->guest_get_ns), 1'000'000'000u);
+}
+
+TEST(AsideDecisionTest, AHostThatNeverHitsIsNotWorthAskingFor) {
+  FakeHost host(Host());
+  // Every key was sent, but the host kept none (refused or evicted): each
+  // get pays a round trip for nothing.
+  auto guest = MustCreate(&host, Options(std::chrono::microseconds(18)));
+  const int pool = *guest->InitFs();
+  host.drop_puts = true;
+  for (uint64_t i = 0; i < 16; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  Page out{};
+  for (uint64_t i = 0; i < 16; ++i)
+    EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+  EXPECT_TRUE(guest->standing_aside());
+}
+
+TEST(AsideDecisionTest, SharedPoolsKeepTheirInvalidates) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(1)));
+  const int priv = *guest->InitFs();
+  const int shared = *guest->InitSharedFs(TmemGuest::Uuid{5});
+  Page out{};
+  for (uint64_t i = 0; i < 8; ++i) {
+    guest->Put(priv, kFile, i, MakePage(i));
+    guest->Get(priv, kFile, i, out);
+  }
+  ASSERT_TRUE(guest->standing_aside());
+  const uint64_t before = host.op_count(TMEM_OP_INVAL_PAGE);
+  guest->InvalidatePage(shared, kFile, 3);  // other VMs may hold it
+  host.Step();
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_PAGE), before + 1);
+  EXPECT_EQ(host.op_count(TMEM_OP_INVAL_POOL), 1u) << "only the private pool";
+}
+
+// Issue 13: with the host's valve off (admission hint 0) a streaming guest
+// sent 98k invalidates. Keys it never sent need no invalidate and no get.
+TEST(CheapWhenOffTest, HintZeroSendsNothingForKeysNeverSent) {
+  FakeHost host(Host());
+  host.SetAdmissionHint(0);
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(0)));
+  const int pool = *guest->InitFs();
+  host.Step();
+  const uint64_t ops = Ops(host);
+  Page out{};
+  for (uint64_t i = 0; i < 1000; ++i) {
+    const TmemGuest::ObjectId oid = {
+        static_cast<uint32_t>(i / 100), 0, 0, 0, 0, 0};
+    EXPECT_FALSE(guest->Get(pool, oid, i, out));  // page-cache miss
+    guest->Put(pool, oid, i, MakePage(i));        // eviction, not admitted
+    guest->InvalidatePage(pool, oid, i);          // truncate
+    if (i % 100 == 99) guest->InvalidateObject(pool, oid);  // unlink
+  }
+  host.Step();
+  EXPECT_EQ(Ops(host), ops) << "no entry crossed the ring";
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.puts_skipped_by_hint, 1000u);
+  EXPECT_EQ(c.drop_invalidates_avoided, 1000u);
+  EXPECT_EQ(c.gets_skipped_never_sent, 1000u);
+  EXPECT_EQ(c.invalidates_skipped_never_sent, 1010u);
+}
+
+}  // namespace
+}  // namespace tmem
