@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "backend/page_charge.h"
 #include "backend/tmem_store.h"
 #include "tests/test_pages.h"
 
@@ -357,7 +358,7 @@ CyclicResult CyclicReread(Valve& v, FakeHost& host, VmId vm, uint64_t keys,
 }
 
 // What a VM's share of the cap holds here: 1 MiB of raw pages.
-constexpr size_t kReachPages = (1 << 20) / (kPageSize + kPageMetadataCharge);
+constexpr size_t kReachPages = (1 << 20) / (kPageSize + kPageEntryCharge);
 
 std::unique_ptr<TmemStore> OneMiBStore() {
   StoreOptions so;
