@@ -150,6 +150,11 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
   opts.policy = policy;
   opts.region_bytes = options_.region_bytes;
   opts.ring_entries = options_.ring_entries;
+  // The listener was bound in a private directory and renamed into place,
+  // so its bound name is not where it lives: the VM's path under the
+  // socket directory is (the one path AddVm picks for a VM of this name).
+  opts.server.socket_path =
+      absl::StrCat(options_.socket_dir, "/", name, ".sock");
   opts.server.host_peer_id = options_.host_peer_id;
   opts.fd_store = options_.fd_store;
   // The generation tells the guest its pool ids and filters are void: this

@@ -1121,6 +1121,7 @@ void tmem_core_init(struct tmem_core *c, const struct tmem_core_ops *ops,
 	c->ops_ctx = ops_ctx;
 	c->cfg = cfg;
 	c->next_incarnation = 1;
+	c->last_get_pool = -1;
 }
 
 int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
@@ -1435,12 +1436,16 @@ static bool wait_get(struct tmem_core *c, struct get_ticket *t)
 
 /* Pages to ask for from index on (1: a plain GET). */
 static u32 batch_size(struct tmem_core *c, int h, const u32 *oid, u64 index,
-		      u32 max_pages)
+		      u32 max_pages, bool sequential)
 {
 	u32 n = min(READ_ONCE(c->cfg->batch_pages), TMEM_GET_BATCH_MAX);
 
 	if (!c->nwin || c->pools[h].shared || !(c->features & TMEM_FEAT_GET_BATCH))
 		return 1;
+	if (!sequential) {
+		c->c.gets_not_sequential++;
+		return 1;
+	}
 	if (max_pages && max_pages < n)
 		n = max_pages;
 	if (index > U64_MAX - TMEM_GET_BATCH_MAX)
@@ -1584,11 +1589,18 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	struct tmem_core_pending *p;
 	struct tmem_core_window *w;
 	u64 t0 = now(c);
-	bool hit = false, timed_out;
+	bool hit = false, timed_out, sequential;
 	u32 slot, count;
 	int id, served, win;
 
 	lock(c, &flags);
+	/* A file's first page starts a sequential read as often as not. */
+	sequential = index == 0 ||
+		     (c->last_get_pool == h && c->last_get_index + 1 == index &&
+		      !memcmp(c->last_get_oid, oid, sizeof(c->last_get_oid)));
+	c->last_get_pool = h;
+	c->last_get_index = index;
+	memcpy(c->last_get_oid, oid, sizeof(c->last_get_oid));
 	if (standing_aside(c)) {
 		c->c.gets_skipped_aside++;
 		goto miss_local;
@@ -1628,7 +1640,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	id = resolve(c, h, true);
 	if (id < 0 || flagged(c, id))
 		goto miss_local;
-	count = batch_size(c, h, oid, index, max_pages);
+	count = batch_size(c, h, oid, index, max_pages, sequential);
 	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c) : -1;
 	if (win >= 0) {
 		t.tag = post_batch(c, h, id, oid, index, count, win);

@@ -140,6 +140,7 @@ struct tmem_core_counters {
 	u64 errors;
 	/* Batched gets. */
 	u64 get_batches;		/* GET_BATCH entries sent */
+	u64 gets_not_sequential;	/* plain GET: not the next page of the last */
 	u64 prefetch_used;		/* of gets_hit: served from a window */
 	u64 prefetch_unused;		/* prefetched pages dropped unread */
 	u64 gets_negative_cached;	/* of gets_miss_local: the batch said miss */
@@ -266,6 +267,16 @@ struct tmem_core {
 	u32 nwin;
 	u32 area_base;
 	u64 lru_clock;
+	/*
+	 * The last get's key: a batch is asked for only when this get follows
+	 * it (same pool and object, next index) or reads a file's first page,
+	 * i.e. the page cache is reading a file sequentially. A batch takes its pages from the host
+	 * (exclusive), so prefetching for random reads would throw away pages
+	 * that later gets would have hit.
+	 */
+	int last_get_pool;
+	u32 last_get_oid[TMEM_OBJECT_WORDS];
+	u64 last_get_index;
 
 	/* Never slower: the current sample and the standing-aside state. */
 	bool aside;

@@ -257,6 +257,7 @@ void TmemGuest::SyncCounters() {
   c.completions_reaped = k.completions_reaped;
   c.errors = k.errors;
   c.get_batches = k.get_batches;
+  c.gets_not_sequential = k.gets_not_sequential;
   c.prefetch_used = k.prefetch_used;
   c.prefetch_unused = k.prefetch_unused;
   c.gets_negative_cached = k.gets_negative_cached;

@@ -161,6 +161,9 @@ struct GuestCounters {
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
   // Batched gets.
   uint64_t get_batches = 0;      // GET_BATCH entries sent
+  // Plain GETs because the get did not follow the last one (random
+  // access): batches are for sequential reads only.
+  uint64_t gets_not_sequential = 0;
   uint64_t prefetch_used = 0;    // of gets_hit: served from a window
   uint64_t prefetch_unused = 0;  // prefetched pages dropped unread
   // Of gets_miss_local: a batch said the host had no such page.
@@ -205,6 +208,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("completions_reaped", c.completions_reaped);
   fn("errors", c.errors);
   fn("get_batches", c.get_batches);
+  fn("gets_not_sequential", c.gets_not_sequential);
   fn("prefetch_used", c.prefetch_used);
   fn("prefetch_unused", c.prefetch_unused);
   fn("gets_negative_cached", c.gets_negative_cached);

@@ -324,8 +324,14 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
         absl::StrCat("handed-over listening socket (fd ", listen_fd.get(),
                      ") is not bound to a path"));
   }
-  const std::string path(addr.sun_path,
-                         strnlen(addr.sun_path, sizeof(addr.sun_path)));
+  // The path it serves is the configured one: the socket was bound in a
+  // private directory and renamed into place, so its bound name
+  // (getsockname) is that directory's, long gone.
+  const std::string path =
+      !options.socket_path.empty()
+          ? options.socket_path
+          : std::string(addr.sun_path,
+                        strnlen(addr.sun_path, sizeof(addr.sun_path)));
   // The restarted tmemd polls these from its own epoll loop.
   for (int fd : {listen_fd.get(), client.get()}) {
     if (fd < 0) continue;

@@ -182,12 +182,12 @@ absl::StatusOr<std::unique_ptr<SharedRegion>> SharedRegion::Adopt(
     close(fd);
     return absl::ErrnoToStatus(err, "mmap of the handed-over shared region");
   }
-  // Reset draws a new random generation: nothing the old process wrote
-  // is taken for ours.
+  // Published under the caller's (fresh, random) generation: nothing the
+  // old process wrote is taken for ours.
   std::unique_ptr<SharedRegion> region(new SharedRegion(
       fd, static_cast<uint8_t*>(base), *layout, host_generation));
   region->host_peer_id_ = host_peer_id;
-  region->Reset(/*fresh_host=*/true);
+  region->ResetTo(host_generation, /*fresh_host=*/true);
   return region;
 }
 
@@ -249,6 +249,10 @@ void SharedRegion::WriteHeader() {
 }
 
 void SharedRegion::Reset(bool fresh_host) {
+  ResetTo(NewHostGeneration(host_generation_), fresh_host);
+}
+
+void SharedRegion::ResetTo(uint64_t host_generation, bool fresh_host) {
   tmem_shm_header* h = header();
   // RESET first, so a guest still running sees the channel going away
   // before it sees indices jump back to zero. The release fence orders the
@@ -268,7 +272,7 @@ void SharedRegion::Reset(bool fresh_host) {
   const tmem_u32 admission_hint =
       __atomic_load_n(&h->admission_hint, __ATOMIC_RELAXED);
 
-  host_generation_ = NewHostGeneration(host_generation_);
+  host_generation_ = host_generation;
   WriteHeader();  // ring indices and flush fields back to zero
   if (!fresh_host) {
     StoreRelaxed(&h->host_flags, host_flags);

@@ -72,6 +72,8 @@ class SharedRegion {
   void Reset(bool fresh_host = false);
 
  private:
+  // Reset under `host_generation` (Adopt publishes the caller's).
+  void ResetTo(uint64_t host_generation, bool fresh_host);
   SharedRegion(int fd, uint8_t* base, const RegionLayout& layout,
                uint64_t host_generation);
   void WriteHeader();

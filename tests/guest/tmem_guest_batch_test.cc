@@ -126,6 +126,23 @@ TEST_F(BatchTest, TheFileEndBoundsTheBatch) {
   EXPECT_EQ(RoundTrips(), 2u);
 }
 
+// A batch takes its pages from the host (exclusive), so random reads must
+// not batch: a prefetched page nobody reads is a page lost. Only a get
+// that follows the last one (or reads a file's first page) asks for more.
+TEST_F(BatchTest, RandomGetsArePlainAndLeaveTheRestOnTheHost) {
+  PutRange(kFile, 0, 64);
+  for (uint64_t i : {40u, 7u, 55u, 20u}) {
+    ASSERT_TRUE(guest_->Get(pool_, kFile, i, out_)) << i;
+    EXPECT_EQ(out_, MakePage(kFile, i, 1)) << i;
+  }
+  EXPECT_EQ(host_.op_count(TMEM_OP_GET_BATCH), 0u);
+  EXPECT_EQ(guest_->counters().gets_not_sequential, 4u);
+  EXPECT_EQ(host_.page_count(), 60u) << "only the four pages read left";
+  // The page after the last one read: a sequential reader, batch from it.
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 21, out_));
+  EXPECT_EQ(host_.op_count(TMEM_OP_GET_BATCH), 1u);
+}
+
 TEST_F(BatchTest, NeverSentTailIsNotAskedFor) {
   PutRange(kFile, 0, 10);
   ASSERT_TRUE(guest_->Get(pool_, kFile, 0, out_));
