@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
 /*
  * tmem_core.h - the guest side of the tmemd ring protocol (proto/tmem_abi.h),
- * once, for the Linux module (tmem_ivshmem.c) and the userspace library
+ * once, for the Linux module (tmem_ivshmem_main.c) and the userspace library
  * (TmemGuest). Kernel-style C that the kernel compiles as is.
  *
  * Contract (cleancache semantics):
