@@ -94,7 +94,8 @@ class RingConsumer {
   uint64_t region_generation_ = 0;
   // Where a GET_BATCH decodes its pages before copying them to the guest
   // (128 KiB: on the heap, not the worker's stack).
-  using BatchPages = std::array<uint8_t, TMEM_GET_BATCH_MAX * TMEM_PAGE_SIZE>;
+  using BatchPages =
+      std::array<uint8_t, size_t{TMEM_GET_BATCH_MAX} * TMEM_PAGE_SIZE>;
   std::unique_ptr<BatchPages> batch_pages_;
 };
 
