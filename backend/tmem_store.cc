@@ -688,8 +688,9 @@ class TmemStore::Impl {
     }
     // Every page of one object lives in one shard.
     Shard& shard = ShardFor(pool, oid);
-    std::array<PageEntry, TmemStore::kMaxGetRun>
-        taken;  // NOLINT(*-member-init)
+    // Only the entries of hits are read (bit k of `hits`).
+    // NOLINTNEXTLINE(*-member-init)
+    std::array<PageEntry, TmemStore::kMaxGetRun> taken;
     uint64_t hits = 0;
     {
       MutexLock lock(&shard.mu);

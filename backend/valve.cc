@@ -437,7 +437,7 @@ void Valve::Tick(const CpuSample& sample) {
     }
     for (const auto& owned : owned_) {
       VmState* s = owned.get();
-      double page_bytes = static_cast<double>(kPageSize + kPageEntryCharge);
+      auto page_bytes = static_cast<double>(kPageSize + kPageEntryCharge);
       uint64_t held = 0;
       if (absl::StatusOr<VmStats> vs = store_->GetVmStats(s->id); vs.ok()) {
         held = vs->counters[static_cast<int>(Counter::kPagesHeld)];

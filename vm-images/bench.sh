@@ -1,70 +1,203 @@
 #!/usr/bin/env bash
-# Real-guest re-read benchmark: a TCG guest with little RAM re-reads a
-# working set larger than its RAM (3 passes over tmemtest_files files of
-# tmemtest_pages pages), once with tmem_ivshmem attached to tmemd and once
-# without tmem (no device, module not loaded). Prints MB/s of passes 2-3 and
-# the ratio. TCG makes absolute numbers small; compare ratios only.
+# Real-guest benchmark (issue 13): a TCG guest with little RAM runs the
+# workloads a user runs, once with tmem_ivshmem attached to tmemd and once
+# without tmem (no device, module not loaded), in one run, and prints per
+# row MB/s with and without, the ratio, and the guest's time per get and per
+# put (from tmem_ivshmem's debugfs counters). TCG makes absolute numbers
+# small; the ratios are what count.
 #
-# Usage: vm-images/bench.sh --tmemd PATH [--mem MIB] [--pages N] [--files N]
-#          [--extra "tmem_ivshmem.PARAM=V ..."] [--tmemd-config FILE]
+# Rows (guest disk cache=none,aio=native unless said otherwise):
+#   seq             sequential re-read of files larger than guest RAM
+#                   (MB/s of passes 2-3)
+#   rand            random 4 KiB reads (no readahead) over a file larger
+#                   than guest RAM (MB/s of passes 2-3)
+#   stream-adaptive a streaming read, never re-read, tmemd's cap far below
+#                   the data set (8 MiB), valve mode adaptive
+#   stream-off      the same with the host's valve mode off
+#   seq-writeback   seq with cache=writeback (host page cache under the disk)
+# Each row's guest with tmem runs at the same time as its guest without
+# (same host load for both; tmemd's CPU is part of what tmem costs).
+#
+# Usage: vm-images/bench.sh --tmemd PATH [--smoke] [--mem MIB]
+#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback]
+#          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
+# --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
+# minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
+# is verified) or a run did not finish; targets are reported, not enforced
+# (TCG timing on a shared machine is noise; compare ratios of one run).
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 pages=24576 files=2 extra="" tconf=()
+tmemd="" mem=128 smoke=0 extra="" keep="" rows=""
 while (($#)); do
   case "$1" in
     --tmemd) tmemd="$2"; shift 2 ;;
     --mem) mem="$2"; shift 2 ;;
-    --pages) pages="$2"; shift 2 ;;
-    --files) files="$2"; shift 2 ;;
+    --smoke) smoke=1; shift ;;
+    --rows) rows="$2"; shift 2 ;;
     --extra) extra="$2"; shift 2 ;;
-    --tmemd-config) tconf=(--config "$2"); shift 2 ;;
+    --keep) keep="$2"; shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
 [[ -x "${tmemd}" ]] || die "--tmemd PATH is required"
+if ((smoke)); then
+  : "${rows:=seq,rand,stream-adaptive}"
+  seq_files=2 seq_pages=20480 rand_pages=40960 rand_reads=4000
+  stream_files=2 stream_pages=24576
+else
+  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback}"
+  seq_files=2 seq_pages=24576 rand_pages=49152 rand_reads=16000
+  stream_files=3 stream_pages=32768
+fi
+has_row() { [[ ",${rows}," == *",$1,"* ]]; }
 images="$("${VM_DIR}/build-all.sh")" || die "could not build the guest images"
 eval "${images}"
-work="$(mktemp -d /tmp/tmem-bench.XXXXXX)"
-tmemd_pid=""
-trap '[[ -n "${tmemd_pid}" ]] && kill "${tmemd_pid}" 2>/dev/null; wait 2>/dev/null; rm -rf "${work}"' EXIT
+# Disk images must be on a filesystem that takes O_DIRECT (not tmpfs).
+work="$(mktemp -d "${TMPDIR:-/var/tmp}/tmem-bench.XXXXXX")"
+cleanup() {
+  local pids
+  pids="$(jobs -p)"
+  [[ -n "${pids}" ]] && kill ${pids} 2>/dev/null
+  wait 2>/dev/null
+  if [[ -n "${keep}" ]]; then
+    mkdir -p "${keep}" && cp "${work}"/*.log "${keep}/" 2>/dev/null
+  fi
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+failed=0
 
-run() { # run NAME with_tmem
-  local name="$1" with="$2" sockarg=() append
-  truncate -s 1G "${work}/disk.img"
-  mkfs.ext4 -q -F "${work}/disk.img"
-  append="tmemtest=bench tmemtest_pages=${pages} tmemtest_files=${files} ${extra}"
+# boot NAME WITH_TMEM DISK_CACHE WORKLOADS [TMEMD ARGS...]: one guest, in
+# its own directory (disk image, tmemd socket). Run two at once (with and
+# without tmem, see `pair`), so both see the same load on a shared host.
+boot() {
+  local name="$1" with="$2" cache="$3" workloads="$4" sockarg=() append
+  local dir="${work}/${name}" tmemd_pid=""
+  shift 4
+  mkdir -p "${dir}"
+  truncate -s 2G "${dir}/disk.img"
+  mkfs.ext4 -q -F "${dir}/disk.img"
+  append="tmemtest=bench tmemtest_workloads=${workloads} tmemtest_pages=${seq_pages}"
+  append+=" tmemtest_files=${seq_files} tmemtest_rand_pages=${rand_pages}"
+  append+=" tmemtest_rand_reads=${rand_reads} tmemtest_stream_pages=${stream_pages}"
+  append+=" tmemtest_stream_files=${stream_files} ${extra}"
   if ((with)); then
-    "${tmemd}" "${tconf[@]}" --vm guest --socket-dir "${work}" >"${work}/tmemd-${name}.log" 2>&1 &
+    "${tmemd}" "$@" --vm guest --socket-dir "${dir}" --control-socket '' \
+      >"${work}/tmemd-${name}.log" 2>&1 &
     tmemd_pid=$!
-    for _ in $(seq 100); do [[ -S "${work}/guest.sock" ]] && break; sleep 0.1; done
-    sockarg=(--socket "${work}/guest.sock")
+    for _ in $(seq 100); do [[ -S "${dir}/guest.sock" ]] && break; sleep 0.1; done
+    [[ -S "${dir}/guest.sock" ]] || vmlog "${name}: tmemd did not start"
+    sockarg=(--socket "${dir}/guest.sock")
   else
     append+=" tmemtest_module=0"
   fi
   local t0=${SECONDS}
-  "${VM_DIR}/run-guest.sh" "${sockarg[@]}" --disk "${work}/disk.img" --mem "${mem}" \
-    --serial "${work}/serial-${name}.log" --timeout 900 --append "${append}" || true
-  vmlog "${name}: guest ran $((SECONDS - t0)) s"
-  if [[ -n "${tmemd_pid}" ]]; then kill -TERM "${tmemd_pid}"; wait "${tmemd_pid}"; tmemd_pid=""; fi
-  rm -f "${work}/disk.img"
+  "${VM_DIR}/run-guest.sh" "${sockarg[@]}" --disk "${dir}/disk.img" --mem "${mem}" \
+    --disk-cache "${cache}" --serial "${work}/serial-${name}.log" --timeout 1500 \
+    --append "${append}" || true
+  vmlog "${name}: guest ran $((SECONDS - t0)) s (host load $(cut -d' ' -f1-3 /proc/loadavg))"
+  if [[ -n "${tmemd_pid}" ]]; then kill -TERM "${tmemd_pid}"; wait "${tmemd_pid}"; fi
+  rm -rf "${dir}"
 }
-# MB/s of passes 2 and 3: total pages read / total ms.
+# pair BOOT_A_ARGS... -- BOOT_B_ARGS...: both boots at once.
+pair() {
+  local a=() b=()
+  while [[ "$1" != -- ]]; do a+=("$1"); shift; done
+  shift
+  b=("$@")
+  boot "${a[@]}" &
+  local pa=$!
+  boot "${b[@]}" &
+  wait "${pa}" $!
+}
+finished() {
+  grep -aq 'TMEMTEST DONE fails=0' "${work}/serial-$1.log" 2>/dev/null && return 0
+  vmlog "$1: the guest did not finish cleanly:"
+  grep -a 'TMEMTEST .*FAIL\|TMEMTEST DONE' "${work}/serial-$1.log" 2>/dev/null | head -n 5 >&2
+  failed=1
+}
+
+# rate NAME WORKLOAD: MB/s of the measured passes (2-3; stream: its one).
 rate() {
-  grep -a 'CHECK bench-pass[23]-' "${work}/serial-$1.log" | grep ' PASS ' |
+  local passes='pass[23]'
+  [[ "$2" == stream ]] && passes='pass1'
+  grep -a "CHECK bench-$2-${passes}-" "${work}/serial-$1.log" | grep ' PASS ' |
     awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") p += kv[2]; if (kv[1] == "ms") m += kv[2] } }
          END { if (m > 0) printf "%.1f", p * 4096 / 1e6 / (m / 1000); else print "0" }'
 }
-run with-tmem 1
-run without-tmem 0
-on=$(rate with-tmem)
-off=$(rate without-tmem)
-grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && die "a bench pass failed verification"
-vmlog "working set: ${files} x ${pages} pages = $((files * pages * 4 / 1024)) MiB, guest RAM ${mem} MiB"
-vmlog "re-read (passes 2-3): with tmem ${on} MB/s, without ${off} MB/s, ratio $(echo "scale=2; ${on} / ${off}" | bc)"
-ctrs="$(grep -a 'COUNTERS bench-pass3' "${work}/serial-with-tmem.log" | cut -d' ' -f4-)"
-val() { grep -o "\b$1=[0-9]*" <<<"${ctrs}" | cut -d= -f2; }
-puts=$(val cc_puts) gets=$(( $(val cc_succ_gets) + $(val cc_failed_gets) ))
-vmlog "guest time per op (wall, TCG): put $(( $(val put_ns) / (puts > 0 ? puts : 1) )) ns over ${puts} puts; get $(( $(val get_ns) / (gets > 0 ? gets : 1) )) ns over ${gets} gets ($(val gets_hit) hits, $(val gets_skipped_never_sent) answered locally)"
-vmlog "guest counters with tmem: ${ctrs}"
-vmlog "tmemd: $(grep -a 'event=final_stats' "${work}/tmemd-with-tmem.log" | tail -n1)"
+# counter NAME PHASE FIELD: a debugfs counter at a COUNTERS line.
+counter() {
+  grep -a "COUNTERS $2 " "${work}/serial-$1.log" | tail -n1 | grep -o "\b$3=[0-9]*" | cut -d= -f2
+}
+# delta NAME FROM TO FIELD
+delta() {
+  local a b
+  a=$(counter "$1" "$2" "$4") b=$(counter "$1" "$3" "$4")
+  echo $(( ${b:-0} - ${a:-0} ))
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b / 1000; else print "-" }'; }
+
+table=()
+# row LABEL WORKLOAD WITH_BOOT WITHOUT_BOOT TARGET
+row() {
+  local label="$1" wl="$2" on_boot="$3" off_boot="$4" target="$5" from to
+  from="bench-${wl}-warm" to="bench-${wl}-end"
+  [[ "${wl}" == stream ]] && from="bench-${wl}-start"
+  local on off puts gets hits local_miss put_ns get_ns sent
+  on=$(rate "${on_boot}" "${wl}") off=$(rate "${off_boot}" "${wl}")
+  puts=$(delta "${on_boot}" "${from}" "${to}" puts_sent)
+  hits=$(delta "${on_boot}" "${from}" "${to}" gets_hit)
+  gets=$(( $(delta "${on_boot}" "${from}" "${to}" gets_hit) + $(delta "${on_boot}" "${from}" "${to}" gets_miss) ))
+  local_miss=$(delta "${on_boot}" "${from}" "${to}" gets_miss_local)
+  put_ns=$(delta "${on_boot}" "${from}" "${to}" put_ns)
+  get_ns=$(delta "${on_boot}" "${from}" "${to}" get_ns)
+  sent=$((gets - local_miss))
+  table+=("| ${label} | ${on} | ${off} | $(ratio "${on}" "${off}") | ${target} | ${hits} / ${sent} / ${gets} | $(per "${get_ns}" "${sent}") | ${puts} | $(per "${put_ns}" "${puts}") |")
+}
+
+# Boots: each row's with-tmem guest runs at the same time as its
+# without-tmem guest.
+wls=""; has_row seq && wls+="seq,"; has_row rand && wls+="rand,"
+if [[ -n "${wls}" ]]; then
+  pair none-with 1 none "${wls%,}" -- none-without 0 none "${wls%,}"
+  finished none-with; finished none-without
+fi
+if has_row stream-adaptive; then
+  pair stream-adaptive 1 none stream --memory-cap 8MiB --mode adaptive \
+    -- stream-without 0 none stream
+  finished stream-adaptive; finished stream-without
+fi
+if has_row stream-off; then
+  pair stream-off 1 none stream --memory-cap 8MiB --mode off \
+    -- stream-without2 0 none stream
+  finished stream-off; finished stream-without2
+fi
+if has_row seq-writeback; then
+  pair wb-with 1 writeback seq -- wb-without 0 writeback seq
+  finished wb-with; finished wb-without
+fi
+grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
+
+has_row seq && row "seq re-read, cache=none" seq none-with none-without ">= 1.0"
+has_row rand && row "random 4 KiB re-read, cache=none" rand none-with none-without ">= 2.0"
+has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream stream-adaptive stream-without ">= 0.97"
+has_row stream-off && row "stream once, cap 8 MiB, mode off" stream stream-off stream-without2 ">= 0.99"
+has_row seq-writeback && row "seq re-read, cache=writeback" seq wb-with wb-without ">= 0.95"
+
+vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, rand ${rand_pages} pages x ${rand_reads} reads/pass, stream ${stream_files} x ${stream_pages} pages"
+{
+  echo
+  echo "| row | with tmem MB/s | without MB/s | ratio | target | get hits / sent / all | guest us per get sent | puts sent | guest us per put |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  printf '%s\n' "${table[@]}"
+  echo
+} >&2
+for b in none-with stream-adaptive stream-off wb-with; do
+  [[ -f "${work}/tmemd-${b}.log" ]] || continue
+  vmlog "tmemd ${b}: $(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | tail -n1 |
+    tr ' ' '\n' | grep -E '^(gets_hit|gets_miss|admission|reuse|valve_compressed|valve_raw|valve_dropped_[a-z]+|valve_ghost_hits(_far)?|valve_throttle_events|doorbells|poll_rounds|interrupts|get_batches|guest_[a-z_]+)=' | tr '\n' ' ')"
+done
+exit "${failed}"

@@ -8,9 +8,13 @@
 #          [--mem MIB] [--smp N] [--append "ARGS"] [--serial FILE]
 #          [--timeout SECS] [--accel auto|tcg|kvm] [--monitor-pipe PATH]
 #          [--migratable] [--incoming unix:PATH] [--qmp PATH]
+#          [--disk-cache none|writeback]
 # --migratable: the device is master=on (QEMU then migrates it); tmemd must
 # run with --host-peer-id 1 and the guest driver ring peer 1.
 # --incoming: start as a live-migration destination; --qmp: a QMP socket.
+# --disk-cache: none (default) is what production hosts run, cache=none,
+# aio=native (O_DIRECT to the host device, no host page cache under the
+# guest); writeback puts the host page cache under the guest's disk.
 # --monitor-pipe: HMP monitor on the FIFOs PATH.in / PATH.out (e.g. for
 # device_del tmem0 / chardev-add / device_add: hot re-plug of the device).
 # Without --serial the console is this terminal. Exits with QEMU's status
@@ -18,7 +22,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-socket="" disk="" mem=160 smp=1 append="" serial="" timeout_s=0
+socket="" disk="" mem=160 smp=1 append="" serial="" timeout_s=0 disk_cache=none
 accel="${TMEM_VM_ACCEL:-auto}" monpipe="" master="" incoming="" qmp=""
 while (($#)); do
   case "$1" in
@@ -34,7 +38,8 @@ while (($#)); do
     --migratable) master=",master=on"; shift ;;
     --incoming) incoming="$2"; shift 2 ;;
     --qmp) qmp="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --disk-cache) disk_cache="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -70,8 +75,13 @@ args=(-machine "pc,accel=${accel}" -m "${mem}" -smp "${smp}" -nographic -no-rebo
       -kernel "${KERNEL}" -initrd "${INITRD}" -net none
       -append "console=ttyS0 panic=-1 ${append}")
 [[ "${accel}" == tcg ]] && args+=(-cpu max)
+case "${disk_cache}" in
+  none) drive_cache="cache=none,aio=native" ;;
+  writeback) drive_cache="cache=writeback" ;;
+  *) die "--disk-cache must be none or writeback, not '${disk_cache}'" ;;
+esac
 if [[ -n "${disk}" ]]; then
-  args+=(-drive "file=${disk},format=raw,if=virtio,cache=writeback")
+  args+=(-drive "file=${disk},format=raw,if=virtio,${drive_cache}")
 fi
 if [[ -n "${socket}" ]]; then
   args+=(-chardev "socket,path=${socket},id=tm0"
@@ -91,7 +101,7 @@ if [[ -n "${monpipe}" ]]; then
 elif [[ -n "${serial}" ]]; then
   args+=(-monitor none)
 fi
-vmlog "qemu (${accel}, ${mem} MiB, ${smp} vCPU)${socket:+ with tmem on ${socket}}${disk:+, disk ${disk}}"
+vmlog "qemu (${accel}, ${mem} MiB, ${smp} vCPU)${socket:+ with tmem on ${socket}}${disk:+, disk ${disk} (${drive_cache})}"
 if ((timeout_s > 0)); then
   exec timeout --foreground -k 5 "${timeout_s}" qemu-system-x86_64 "${args[@]}"
 fi

@@ -463,7 +463,8 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
     const uint32_t budget =
         std::min({available, cq_room, max_entries - out.consumed});
     uint32_t done = 0;
-    for (; done < budget; ++done) {
+    bool waited_on = false;
+    for (; done < budget && !waited_on; ++done) {
       flush_if_reached();
       tmem_sqe sqe;  // NOLINT(*-member-init): filled by the copy
       // Relies on: (sq_head_ & sq_mask) < sq_entries, and the SQ inside the
@@ -472,7 +473,14 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
                     sizeof(sqe));
       const Completion c = executor.Execute(sqe);
       // Honoured even on an error completion: the guest may be waiting.
-      if ((sqe.flags & TMEM_SQE_F_IRQ) != 0) out.interrupt = true;
+      // And it ends this drain right after the entry: the guest is blocked
+      // on it (a get), so its interrupt goes out now rather than after the
+      // puts queued behind it are compressed (up to a batch of them, ~7 us
+      // each). The worker drains again at once (`more`).
+      if ((sqe.flags & TMEM_SQE_F_IRQ) != 0) {
+        out.interrupt = true;
+        waited_on = true;
+      }
       const tmem_cqe cqe{sqe.tag, c.status, c.result};
       // Relies on: cq_used < cq_entries (cq_room > 0), so this CQE is one
       // the guest has reaped, and the CQ inside the mapping.
@@ -491,6 +499,10 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
     }
     flush_if_reached();
     out.consumed += done;
+    if (waited_on) {
+      out.more = available > done;
+      return out;
+    }
     if (done == 0) {
       // Entries left that we could have taken but for max_entries (a full
       // CQ is not "more": only the guest reaping can unblock it).

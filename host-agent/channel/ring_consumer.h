@@ -61,7 +61,10 @@ class RingConsumer {
     uint32_t consumed = 0;   // SQEs completed
     bool interrupt = false;  // some completed SQE carried TMEM_SQE_F_IRQ
     bool reset = false;      // the channel was reset during this drain
-    bool more = false;       // stopped at max_entries with entries left
+    bool more = false;       // stopped with entries left: at max_entries,
+                             // or right after an entry the guest waits on
+                             // (TMEM_SQE_F_IRQ), so its interrupt is sent
+                             // before the rest of the batch runs
   };
   // Processes up to `max_entries` SQEs.
   DrainResult Drain(uint32_t max_entries);
@@ -91,7 +94,8 @@ class RingConsumer {
   uint64_t region_generation_ = 0;
   // Where a GET_BATCH decodes its pages before copying them to the guest
   // (128 KiB: on the heap, not the worker's stack).
-  using BatchPages = std::array<uint8_t, TMEM_GET_BATCH_MAX * TMEM_PAGE_SIZE>;
+  using BatchPages =
+      std::array<uint8_t, size_t{TMEM_GET_BATCH_MAX} * TMEM_PAGE_SIZE>;
   std::unique_ptr<BatchPages> batch_pages_;
 };
 

@@ -683,6 +683,32 @@ TEST_F(RingConsumerTest, IrqFlagRequestsInterrupt) {
   EXPECT_EQ(ch_->guest->Reap().size(), 4u);
 }
 
+// A guest blocked on an entry (a get, TMEM_SQE_F_IRQ) gets its interrupt
+// before the puts queued behind it are done: the drain ends right after it.
+TEST_F(RingConsumerTest, DrainStopsRightAfterAnEntryTheGuestWaitsOn) {
+  ch_->guest->Post(Sqe(TMEM_OP_NOP, 1));
+  tmem_sqe irq = Sqe(TMEM_OP_NOP, 2);
+  irq.flags = TMEM_SQE_F_IRQ;
+  ch_->guest->Post(irq);
+  for (uint64_t t = 3; t <= 5; ++t) ch_->guest->Post(Sqe(TMEM_OP_NOP, t));
+  RingConsumer::DrainResult r = ch_->consumer->Drain(64);
+  EXPECT_EQ(r.consumed, 2u);
+  EXPECT_TRUE(r.interrupt);
+  EXPECT_TRUE(r.more);
+  std::vector<tmem_cqe> cqes = ch_->guest->Reap();
+  ASSERT_EQ(cqes.size(), 2u);
+  EXPECT_EQ(cqes[1].tag, 2u);
+  r = ch_->consumer->Drain(64);
+  EXPECT_EQ(r.consumed, 3u);
+  EXPECT_FALSE(r.interrupt);
+  EXPECT_FALSE(r.more);
+  // The last entry of the ring: nothing more after it.
+  ch_->guest->Post(irq);
+  r = ch_->consumer->Drain(64);
+  EXPECT_EQ(r.consumed, 1u);
+  EXPECT_FALSE(r.more);
+}
+
 TEST_F(RingConsumerTest, MaxEntriesBoundsADrain) {
   for (uint64_t t = 0; t < 5; ++t) ch_->guest->Post(Sqe(TMEM_OP_NOP, t));
   EXPECT_EQ(ch_->consumer->Pending(), 5u);

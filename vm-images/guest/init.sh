@@ -51,6 +51,14 @@ counters() {
 		pools_created doorbells interrupts errors put_ns get_ns; do
 		line="$line $f=$(ctr $f)"
 	done
+	# Whatever else the driver counts (newer drivers add fields), by name.
+	for f in "$D"/*; do
+		n=${f##*/}
+		case " $line " in *" $n="*) continue ;; esac
+		v=$(cat "$f" 2>/dev/null | head -n 1)
+		case "$v" in ''|*[!0-9]*) continue ;; esac
+		line="$line $n=$v"
+	done
 	for f in puts succ_gets failed_gets invalidates; do
 		line="$line cc_$f=$(cat $CC/$f 2>/dev/null || echo 0)"
 	done
@@ -93,14 +101,57 @@ check mount $? "ext4 on /dev/vda"
 [ "$FAILS" = 0 ] || finish
 
 if [ "$MODE" = bench ]; then
-	# Re-read throughput of a working set larger than RAM (tmem or not).
-	i=1
-	while [ $i -le "$NFILES" ]; do gen /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
-	drop
-	for pass in 1 2 3; do
-		i=1
-		while [ $i -le "$NFILES" ]; do verify bench-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
-		counters bench-pass$pass
+	# Workloads (tmemtest_workloads, comma-separated; vm-images/bench.sh
+	# parses the CHECK lines' ok= and ms= and the COUNTERS around each):
+	#   seq     files larger than RAM together, re-read sequentially
+	#           (passes 2-3 measured; pass 1 warms tmem)
+	#   rand    single 4 KiB pages at random over a file larger than RAM,
+	#           without readahead (passes 2-3 measured)
+	#   stream  files written, caches dropped, read once, never again
+	WORKLOADS=$(arg tmemtest_workloads seq)
+	RPAGES=$(arg tmemtest_rand_pages 49152)
+	RREADS=$(arg tmemtest_rand_reads 20000)
+	SPAGES=$(arg tmemtest_stream_pages 32768)
+	SFILES=$(arg tmemtest_stream_files 3)
+	for wl in $(echo "$WORKLOADS" | tr ',' ' '); do
+		case "$wl" in
+		seq)
+			i=1
+			while [ $i -le "$NFILES" ]; do gen /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
+			drop
+			counters bench-seq-start
+			for pass in 1 2 3; do
+				i=1
+				while [ $i -le "$NFILES" ]; do verify bench-seq-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
+				[ $pass = 1 ] && counters bench-seq-warm
+			done
+			counters bench-seq-end
+			;;
+		rand)
+			gen /mnt/r1 801 "$RPAGES"
+			drop
+			# Pass 1 reads every page once, in order: the working set is in
+			# the page cache or (evicted) offered to tmem before the
+			# measured random passes.
+			verify bench-rand-pass1-r1 /mnt/r1 801 "$RPAGES"
+			counters bench-rand-warm
+			for pass in 2 3; do
+				out=$(pagecheck randread /mnt/r1 801 "$RPAGES" "$RREADS" $pass)
+				check bench-rand-pass$pass-r1 $? "$(echo "$out" | grep '^pagecheck ok=' | sed 's/^pagecheck //')"
+			done
+			counters bench-rand-end
+			;;
+		stream)
+			i=1
+			while [ $i -le "$SFILES" ]; do gen /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
+			drop
+			counters bench-stream-start
+			i=1
+			while [ $i -le "$SFILES" ]; do verify bench-stream-pass1-s$i /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
+			counters bench-stream-end
+			;;
+		*) check "bench-workload-$wl" 1 "unknown workload" ;;
+		esac
 	done
 	finish
 fi
