@@ -184,15 +184,12 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Listen(
   // socket is never there with another mode (socket_file.h).
   if (absl::Status s = BindUnixSocket(
           sock.get(), path,
-          {options.socket_mode, options.socket_owner, options.socket_group});
+          {options.socket_mode, options.socket_owner, options.socket_group},
+          kListenBacklog);
       !s.ok()) {
     return s;
   }
   UnlinkOnExit unlink_on_error(path);
-  if (listen(sock.get(), kListenBacklog) != 0) {
-    return absl::ErrnoToStatus(
-        errno, absl::StrCat("listen on ivshmem socket ", path, " failed"));
-  }
 
   std::vector<int> doorbell_fds;
   std::vector<int> interrupt_fds;

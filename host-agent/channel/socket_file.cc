@@ -244,7 +244,7 @@ absl::Status PrivateSocketDir::Publish(const SocketFileMode& mode) {
 }
 
 absl::Status BindUnixSocket(int fd, const std::string& path,
-                            const SocketFileMode& mode) {
+                            const SocketFileMode& mode, int backlog) {
   absl::StatusOr<PrivateSocketDir> priv = PrivateSocketDir::Create(path);
   if (!priv.ok()) return priv.status();
   sockaddr_un addr{};
@@ -254,6 +254,10 @@ absl::Status BindUnixSocket(int fd, const std::string& path,
   if (bind(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::ErrnoToStatus(
         errno, absl::StrCat("bind for socket ", path, " failed"));
+  }
+  if (listen(fd, backlog) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("listen on socket ", path, " failed"));
   }
   return priv->Publish(mode);
 }

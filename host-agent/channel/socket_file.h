@@ -72,9 +72,12 @@ class PrivateSocketDir {
   std::string final_path_;
 };
 
-// Binds `fd` (an AF_UNIX socket) at `path` through a PrivateSocketDir.
+// Binds `fd` (an AF_UNIX stream socket) at `path` through a
+// PrivateSocketDir and listens on it (`backlog`) before the rename: the path
+// never exists without a listener behind it (QEMU refuses to start a VM
+// whose socket refuses the connection, and never retries).
 absl::Status BindUnixSocket(int fd, const std::string& path,
-                            const SocketFileMode& mode);
+                            const SocketFileMode& mode, int backlog = 64);
 
 }  // namespace tmem
 

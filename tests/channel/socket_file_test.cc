@@ -6,6 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -87,6 +89,23 @@ TEST_F(SocketFileTest, DirectoryOfAnotherUserIsRefused) {
   const absl::Status s = CheckSocketDirectory(d);
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(s.message().find("owned by uid 65534"), std::string::npos) << s;
+}
+
+// Regression: the socket was renamed into place before listen(), so a
+// client that saw the path (QEMU, tmem-scenario) could be refused.
+TEST_F(SocketFileTest, PublishedPathAcceptsConnectionsAtOnce) {
+  const std::string path = dir_ + "/at-once.sock";
+  const int fd = UnixSocket();
+  ASSERT_TRUE(BindUnixSocket(fd, path, {0600, {}, {}}).ok());
+  const int client = UnixSocket();
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+  EXPECT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0)
+      << std::strerror(errno);
+  close(client);
+  close(fd);
 }
 
 TEST_F(SocketFileTest, BoundSocketHasItsModeWhateverTheUmask) {
