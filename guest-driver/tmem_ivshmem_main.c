@@ -376,6 +376,9 @@ static void debugfs_setup(void)
 	COUNTER(prefetch_used);
 	COUNTER(prefetch_unused);
 	COUNTER(gets_negative_cached);
+	COUNTER(gets_not_sequential);
+	COUNTER(sqes_posted);
+	COUNTER(completions_reaped);
 	COUNTER(stood_aside);
 	COUNTER(gets_skipped_aside);
 	COUNTER(puts_skipped_aside);
