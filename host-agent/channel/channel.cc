@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     return vm.status();
   }
   std::unique_ptr<Channel> ch(new Channel(options, store, *vm));
+  const bool had_client = fds.client >= 0;
   // The region needs its own descriptor of the memfd: the server keeps one
   // to send QEMU at each handshake.
   const int shm_for_region =
@@ -72,6 +73,10 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     return server.status();  // ~Channel forgets the VM
   }
   ch->server_ = std::move(*server);
+  if (had_client && !ch->server_->connected() && options.fd_store != nullptr) {
+    // QEMU hung up while no tmemd watched: its stored end is dead too.
+    options.fd_store->Remove(ChannelFdName(options.vm_name, "client"));
+  }
   absl::StatusOr<std::unique_ptr<SharedRegion>> region =
       SharedRegion::Adopt(shm_for_region, options.ring_entries, host_generation,
                           static_cast<uint32_t>(options.server.host_peer_id));
@@ -143,6 +148,11 @@ Channel::~Channel() {
   if (options_.fd_store != nullptr && server_ != nullptr &&
       !keep_for_successor_) {
     for (const NamedFd& f : HandoffFds()) options_.fd_store->Remove(f.name);
+    // A connection that went away before is not in HandoffFds, but may
+    // still be stored (e.g. handed over already dead).
+    if (server_->client_fd() < 0) {
+      options_.fd_store->Remove(ChannelFdName(options_.vm_name, "client"));
+    }
   }
   // Tell an attached guest (which keeps its mapping) that nobody serves this
   // region any more, so it stops waiting on it (a successor re-initializes

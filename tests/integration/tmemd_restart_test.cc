@@ -219,6 +219,7 @@ TEST_F(TmemdRestartTest, SigkillRestartRecoversChannelsAndDropsGoneVms) {
   EXPECT_FALSE(PathExists(Sock("gone")));
   EXPECT_FALSE(systemd_.Has("gone/shm"));
   EXPECT_FALSE(systemd_.Has("gone/listen"));
+  EXPECT_FALSE(systemd_.Has("gone/client"));
   EXPECT_TRUE(systemd_.Has("a/client"));
   ReportRestartLatency(*next, "sigkill+fdstore", signalled);
   ExpectGuestResumed(*next, *guest, "a");
