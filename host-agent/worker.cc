@@ -199,8 +199,8 @@ bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
     }
     if (r.more) *more = true;
     if (r.interrupt) {
+      // NotifyGuest counts what it really sent (kInterruptsSent).
       ch->server().NotifyGuest(TMEM_VEC_COMPLETE);
-      ch->metrics().Inc(ChannelCounter::kInterruptsSent);
     }
     if (r.reset) {
       // A hostile guest can reset its channel thousands of times a second;
