@@ -76,7 +76,7 @@ static_assert(sizeof(std::pair<uint64_t, uint32_t>) == 16);
 // What RemovePage did: the removed entry, and the page (if any) that took
 // over charge bits the removed one paid.
 struct RemovedPage {
-  PageEntry entry;
+  PageEntry entry{};
   uint32_t heir = kNoEntry;
   uint8_t heir_gained = 0;  // ChargeBit bits the heir took over
 };

@@ -44,7 +44,7 @@ inline constexpr IntRange kPoorCompressionThreshold{
 inline constexpr IntRange kMaxEvictionsPerPut{"max_evictions_per_put", 1,
                                               1 << 20};
 // [channels]
-inline constexpr IntRange kRegionSize{"region_size (bytes)", 64 * 1024,
+inline constexpr IntRange kRegionSize{"region_size (bytes)", int64_t{64} << 10,
                                       int64_t{1} << 32};
 inline constexpr IntRange kRingEntries{"ring_entries", 8, 4096};
 inline constexpr IntRange kVectors{"vectors", 1, 16};
