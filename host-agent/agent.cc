@@ -88,17 +88,9 @@ void Agent::SetVmPolicyResolver(VmPolicyResolver resolver) {
   resolver_ = std::move(resolver);
 }
 
-absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
-                                    const VmPolicy& requested,
-                                    const std::string& socket_path) {
-  if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
-  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
-  if (vms_.contains(name)) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("VM '", name, "' already has a channel"));
-  }
+ChannelOptions Agent::ChannelOptionsFor(const std::string& name,
+                                        const VmPolicy& policy,
+                                        const std::string& socket_path) const {
   ChannelOptions opts;
   opts.vm_name = name;
   opts.policy = policy;
@@ -113,6 +105,21 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
   opts.server.socket_group = options_.socket_gid;
   opts.server.host_peer_id = options_.host_peer_id;
   opts.fd_store = options_.fd_store;
+  return opts;
+}
+
+absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
+                                    const VmPolicy& requested,
+                                    const std::string& socket_path) {
+  if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
+  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  std::lock_guard<std::mutex> lock(mu_);
+  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
+  if (vms_.contains(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("VM '", name, "' already has a channel"));
+  }
+  const ChannelOptions opts = ChannelOptionsFor(name, policy, socket_path);
   absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Create(
       opts, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
@@ -145,18 +152,10 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
     return absl::AlreadyExistsError(
         absl::StrCat("VM '", name, "' already has a channel"));
   }
-  ChannelOptions opts;
-  opts.vm_name = name;
-  opts.policy = policy;
-  opts.region_bytes = options_.region_bytes;
-  opts.ring_entries = options_.ring_entries;
   // The listener was bound in a private directory and renamed into place,
   // so its bound name is not where it lives: the VM's path under the
   // socket directory is (the one path AddVm picks for a VM of this name).
-  opts.server.socket_path =
-      absl::StrCat(options_.socket_dir, "/", name, ".sock");
-  opts.server.host_peer_id = options_.host_peer_id;
-  opts.fd_store = options_.fd_store;
+  const ChannelOptions opts = ChannelOptionsFor(name, policy, "");
   // The generation tells the guest its pool ids and filters are void: this
   // process holds none of the pages the old one stored.
   absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Restore(

@@ -160,6 +160,11 @@ class Agent {
   explicit Agent(AgentOptions options);
   VmInfo InfoLocked(const std::string& name, const VmEntry& e) const;
   // Registers a built channel with the valve and the least loaded worker.
+  // A channel's options from tmemd's; an empty `socket_path` is the VM's
+  // default, SOCKET_DIR/NAME.sock (AddVm and RestoreVm alike).
+  ChannelOptions ChannelOptionsFor(const std::string& name,
+                                   const VmPolicy& policy,
+                                   const std::string& socket_path) const;
   VmInfo InstallLocked(const std::string& name, const VmPolicy& policy,
                        std::unique_ptr<Channel> channel,
                        std::string_view event);
