@@ -160,7 +160,7 @@ struct GuestCounters {
   uint64_t completions_reaped = 0;
   uint64_t errors = 0;  // host error CQEs, corrupt indices, bad handles
   // Batched gets.
-  uint64_t get_batches = 0;      // GET_BATCH entries sent
+  uint64_t get_batches = 0;  // GET_BATCH entries sent
   // Plain GETs because the get did not follow the last one (random
   // access): batches are for sequential reads only.
   uint64_t gets_not_sequential = 0;

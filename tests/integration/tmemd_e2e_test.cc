@@ -3,7 +3,6 @@
 // the test only spawns processes, connects sockets and reads logs.
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
@@ -16,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 #include <string>
@@ -160,8 +160,8 @@ class TmemdE2eTest : public ::testing::Test {
   }
   std::unique_ptr<Process> Guestsim(const std::string& vm,
                                     const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {GUESTSIM_BIN, "--socket", Sock(vm),
-                                     "--progress-ms", "0", "--report",
+    std::vector<std::string> argv = {GUESTSIM_BIN,    "--socket", Sock(vm),
+                                     "--progress-ms", "0",        "--report",
                                      "json"};
     argv.insert(argv.end(), args.begin(), args.end());
     return std::make_unique<Process>(
