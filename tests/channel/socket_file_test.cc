@@ -29,7 +29,7 @@ class SocketFileTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string MakeDir(const std::string& name, mode_t mode) {
-    const std::string d = dir_ + "/" + name;
+    std::string d = dir_ + "/" + name;
     EXPECT_EQ(mkdir(d.c_str(), 0700), 0);
     EXPECT_EQ(chmod(d.c_str(), mode), 0);
     return d;
@@ -103,7 +103,7 @@ TEST_F(SocketFileTest, PublishedPathAcceptsConnectionsAtOnce) {
   std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
   EXPECT_EQ(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
             0)
-      << std::strerror(errno);
+      << "errno " << errno;
   close(client);
   close(fd);
 }
