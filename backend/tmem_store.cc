@@ -90,9 +90,7 @@ class TmemStore::Impl {
   };
 
   struct Vm {
-    // Changes only when a forgotten VM's struct is reused for a new VM
-    // (under op_mu exclusive); read lock-free by LookupVm.
-    std::atomic<VmId> id{0};
+    VmId id = 0;
     uint16_t slot = 0;
     std::string name;
     // Shared by page ops, exclusive for pool ops and ForgetVm, so a page op
@@ -149,53 +147,32 @@ class TmemStore::Impl {
       return absl::AlreadyExistsError(
           absl::StrCat("a VM named '", name, "' is already registered"));
     }
-    // The lowest free slot whose generation can still grow: a slot retires
-    // at generation 65535, so an id (slot, generation) is never issued twice
-    // and a stale handle never reaches a later VM (4096 x 65535 adds before
-    // RESOURCE_EXHAUSTED: 8 years at one VM start per second).
     int slot = -1;
-    bool free_slot_left = false;
     for (int i = 0; i < kMaxVms; ++i) {
-      if (slots_[i].load(std::memory_order_relaxed) != nullptr) continue;
-      free_slot_left = true;
-      if (generations_[i] == UINT16_MAX) continue;  // retired
-      slot = i;
-      break;
+      if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
+        slot = i;
+        break;
+      }
     }
     if (slot < 0) {
       return absl::ResourceExhaustedError(
-          free_slot_left
-              ? absl::StrCat("every free VM id has been used (", kMaxVms,
-                             " slots x 65535 generations); restart tmemd")
-              : absl::StrCat("too many VMs (", kMaxVms, "); forget one first"));
+          absl::StrCat("too many VMs (", kMaxVms, "); forget one first"));
     }
-    const VmId id = (static_cast<VmId>(++generations_[slot]) << 16) |
-                    static_cast<VmId>(slot);
-    // A slot's struct is reused, never freed: LookupVm may still hold a
-    // pointer to it, and reuse bounds the VM structs to kMaxVms however
-    // often VMs come and go.
-    std::unique_ptr<Vm>& owned = vm_structs_[slot];
-    if (owned == nullptr) owned = std::make_unique<Vm>();
-    Vm* raw = owned.get();
-    {
-      WriterMutexLock op_lock(&raw->op_mu);
-      raw->slot = static_cast<uint16_t>(slot);
-      raw->name = name;
-      raw->gone = false;
-      raw->pools.clear();
-      raw->eviction_bias.store(1, std::memory_order_relaxed);
-      raw->evict_cursor.store(0, std::memory_order_relaxed);
-      raw->counters.Reset();
-      ApplyPolicy(*raw, policy);
-      raw->id.store(id, std::memory_order_release);
-    }
+    auto vm = std::make_unique<Vm>();
+    vm->slot = static_cast<uint16_t>(slot);
+    vm->id = (static_cast<VmId>(++generations_[slot]) << 16) |
+             static_cast<VmId>(slot);
+    vm->name = name;
+    ApplyPolicy(*vm, policy);
+    Vm* raw = vm.get();
+    all_vms_.push_back(std::move(vm));
     by_name_[name] = raw;
     slots_[slot].store(raw, std::memory_order_release);
     int high = max_slot_.load(std::memory_order_relaxed);
     while (slot > high && !max_slot_.compare_exchange_weak(
                               high, slot, std::memory_order_relaxed)) {
     }
-    return id;
+    return raw->id;
   }
 
   absl::StatusOr<VmId> FindVm(const std::string& name) const {
@@ -204,15 +181,13 @@ class TmemStore::Impl {
     if (it == by_name_.end()) {
       return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
     }
-    return it->second->id.load(std::memory_order_relaxed);
+    return it->second->id;
   }
 
   std::vector<VmId> ListVms() const {
     MutexLock lock(&registry_mu_);
     std::vector<VmId> out;
-    for (const auto& [name, vm] : by_name_) {
-      out.push_back(vm->id.load(std::memory_order_relaxed));
-    }
+    for (const auto& [name, vm] : by_name_) out.push_back(vm->id);
     std::sort(out.begin(), out.end(),
               [](VmId a, VmId b) { return (a & 0xFFFF) < (b & 0xFFFF); });
     return out;
@@ -225,15 +200,8 @@ class TmemStore::Impl {
     const uint32_t slot = id & 0xFFFF;
     if (slot >= static_cast<uint32_t>(kMaxVms)) return UnknownVm(id);
     Vm* vm = slots_[slot].load(std::memory_order_acquire);
-    if (vm == nullptr || vm->id.load(std::memory_order_acquire) != id) {
-      return UnknownVm(id);
-    }
+    if (vm == nullptr || vm->id != id) return UnknownVm(id);
     return vm;
-  }
-
-  // The VM was forgotten, or its struct now serves a later VM.
-  static bool Gone(const Vm& vm, VmId id) ABSL_SHARED_LOCKS_REQUIRED(vm.op_mu) {
-    return vm.gone || vm.id.load(std::memory_order_relaxed) != id;
   }
 
   static absl::Status UnknownVm(VmId id) {
@@ -251,8 +219,6 @@ class TmemStore::Impl {
   absl::Status SetVmPolicy(VmId id, const VmPolicy& policy) {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
-    ReaderMutexLock op_lock(&(*vm)->op_mu);
-    if (Gone(**vm, id)) return UnknownVm(id);
     ApplyPolicy(**vm, policy);
     // A lowered quota holds from now on: evict the VM's oldest pages.
     while ((*vm)->charged() > policy.quota_bytes) {
@@ -264,8 +230,6 @@ class TmemStore::Impl {
   absl::Status SetEvictionBias(VmId id, uint32_t divisor) {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
-    ReaderMutexLock op_lock(&(*vm)->op_mu);
-    if (Gone(**vm, id)) return UnknownVm(id);
     (*vm)->eviction_bias.store(std::max<uint32_t>(divisor, 1),
                                std::memory_order_relaxed);
     return absl::OkStatus();
@@ -274,8 +238,6 @@ class TmemStore::Impl {
   absl::StatusOr<VmPolicy> GetVmPolicy(VmId id) const {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
-    ReaderMutexLock op_lock(&(*vm)->op_mu);
-    if (Gone(**vm, id)) return UnknownVm(id);
     VmPolicy p;
     p.quota_bytes = (*vm)->quota.load(std::memory_order_relaxed);
     p.weight = (*vm)->weight.load(std::memory_order_relaxed);
@@ -289,7 +251,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     WriterMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     vm.gone = true;
     // Every page the VM put, in any pool (its LRU lists enumerate them).
     for (auto& shard : shards_) {
@@ -330,7 +292,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     WriterMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     PoolId pid = 0;
     while (pid < static_cast<PoolId>(vm.pools.size()) &&
            vm.pools[pid] != nullptr) {
@@ -379,7 +341,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     WriterMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
     if (!pool.ok()) return pool.status();
     vm.pools[pid] = nullptr;
@@ -429,8 +391,7 @@ class TmemStore::Impl {
     const Vm* owner = slots_[entry.vm_slot].load(std::memory_order_acquire);
     if (owner == nullptr) return;
     options_.eviction_listener->OnEvicted(
-        owner->id.load(std::memory_order_relaxed),
-        KeyHash(shard.table.object(entry.object).oid, entry.index));
+        owner->id, KeyHash(shard.table.object(entry.object).oid, entry.index));
   }
 
   Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false)
@@ -527,7 +488,7 @@ class TmemStore::Impl {
         mode == PutMode::kDrop ? EncodedPage{} : Encode(page, mode, scratch);
 
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
     if (!found_pool.ok()) return found_pool.status();
     Pool& pool = **found_pool;
@@ -657,7 +618,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
     if (!found_pool.ok()) return found_pool.status();
     Pool& pool = **found_pool;
@@ -794,7 +755,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
     if (!pool.ok()) return pool.status();
     fn(vm, **pool);
@@ -999,9 +960,9 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (Gone(vm, id)) return UnknownVm(id);
+    if (vm.gone) return UnknownVm(id);
     VmStats s;
-    s.id = vm.id.load(std::memory_order_relaxed);
+    s.id = vm.id;
     s.name = vm.name;
     s.policy.quota_bytes = vm.quota.load(std::memory_order_relaxed);
     s.policy.weight = vm.weight.load(std::memory_order_relaxed);
@@ -1039,9 +1000,8 @@ class TmemStore::Impl {
 
   mutable Mutex registry_mu_;
   std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(registry_mu_){};
-  // One struct per slot, reused by the slot's next VM (see AddVm).
-  std::array<std::unique_ptr<Vm>, kMaxVms> vm_structs_
-      ABSL_GUARDED_BY(registry_mu_);
+  // Owns every VM ever added; see LookupVm for why none is freed early.
+  std::vector<std::unique_ptr<Vm>> all_vms_ ABSL_GUARDED_BY(registry_mu_);
   absl::flat_hash_map<std::string, Vm*> by_name_ ABSL_GUARDED_BY(registry_mu_);
   absl::flat_hash_map<Pool*, std::unique_ptr<Pool>> pools_
       ABSL_GUARDED_BY(registry_mu_);

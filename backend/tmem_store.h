@@ -50,14 +50,6 @@
 // ForgetVm) -> registry lock -> shard lock -> blob size-class lock -> SlabPool
 // lock. A shard lock is never held while taking another shard lock or any VM
 // op lock; eviction runs with no shard lock held by the evicting thread.
-// AddVm takes a free slot's op lock under the registry lock (to reset the
-// slot's reused VM struct); that is safe because whoever holds a forgotten
-// VM's op lock sees it gone and returns without taking the registry lock.
-//
-// VM ids: (slot, 16-bit generation); a slot retires at generation 65535, so
-// no id is issued twice (4096 x 65535 adds before RESOURCE_EXHAUSTED). A
-// forgotten VM's struct is reused by its slot's next VM, so VM churn does
-// not grow memory.
 // Compression and the copy into a blob slot run with no lock held.
 #ifndef TMEMD_BACKEND_TMEM_STORE_H_
 #define TMEMD_BACKEND_TMEM_STORE_H_
