@@ -19,6 +19,9 @@
 #include "absl/strings/string_view.h"
 #include "host-agent/log.h"
 
+// getenv/setenv/unsetenv/strerror below run at startup or right before
+// exec, while tmemd has one thread.
+// NOLINTBEGIN(concurrency-mt-unsafe)
 namespace tmem {
 namespace {
 
@@ -219,3 +222,4 @@ void NotifyReady() { sd_notify(0, "READY=1"); }
 void NotifyStopping() { sd_notify(0, "STOPPING=1"); }
 
 }  // namespace tmem
+// NOLINTEND(concurrency-mt-unsafe)

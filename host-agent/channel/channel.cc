@@ -49,8 +49,8 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
 }
 
 absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
-    const ChannelOptions& options, IvshmemServerFds fds, TmemStore* store,
-    uint64_t host_generation, PutAdvisor* advisor) {
+    const ChannelOptions& options, const IvshmemServerFds& fds,
+    TmemStore* store, uint64_t host_generation, PutAdvisor* advisor) {
   absl::StatusOr<VmId> vm = store->AddVm(options.vm_name, options.policy);
   if (!vm.ok()) {
     for (int fd : {fds.listen, fds.shm, fds.client}) {

@@ -52,8 +52,9 @@ class Channel {
   // Takes `fds` (closed on failure); options.server's socket settings are
   // not used (the socket already exists), its host_peer_id is.
   static absl::StatusOr<std::unique_ptr<Channel>> Restore(
-      const ChannelOptions& options, IvshmemServerFds fds, TmemStore* store,
-      uint64_t host_generation, PutAdvisor* advisor = nullptr);
+      const ChannelOptions& options, const IvshmemServerFds& fds,
+      TmemStore* store, uint64_t host_generation,
+      PutAdvisor* advisor = nullptr);
   ~Channel();
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;

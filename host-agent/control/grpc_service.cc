@@ -248,9 +248,8 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
     if (path.empty()) return absl::OkStatus();
     absl::StatusOr<PrivateSocketDir> priv = PrivateSocketDir::Create(path);
     if (!priv.ok()) {
-      return absl::Status(
-          priv.status().code(),
-          absl::StrCat("control socket: ", priv.status().message()));
+      return {priv.status().code(),
+              absl::StrCat("control socket: ", priv.status().message())};
     }
     int port = -1;
     if (absl::Status s =
@@ -261,8 +260,7 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
     }
     if (absl::Status s = priv->Publish({mode, std::nullopt, std::nullopt});
         !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("control socket: ", s.message()));
+      return {s.code(), absl::StrCat("control socket: ", s.message())};
     }
     return absl::OkStatus();
   };

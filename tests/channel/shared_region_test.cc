@@ -276,8 +276,8 @@ TEST(SharedRegionAdoptTest, AdoptReinitializesUnderANewGeneration) {
   h->host_flags = 0;
   const int fd = fcntl(old->fd(), F_DUPFD_CLOEXEC, 0);
   ASSERT_GE(fd, 0);
-  absl::StatusOr<std::unique_ptr<SharedRegion>> adopted =
-      SharedRegion::Adopt(fd, 256, /*host_generation=*/1000, /*peer=*/1);
+  absl::StatusOr<std::unique_ptr<SharedRegion>> adopted = SharedRegion::Adopt(
+      fd, 256, /*host_generation=*/1000, /*host_peer_id=*/1);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   const tmem_shm_header* a = (*adopted)->header();
   EXPECT_EQ(a->host_generation, 1000u);

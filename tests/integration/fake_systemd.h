@@ -121,7 +121,7 @@ class FakeSystemd {
       env.push_back("LISTEN_FDS=" + std::to_string(fds.size()));
       env.push_back("LISTEN_FDNAMES=" + names);
       // Filled in by the child: only it knows its pid before exec.
-      env.push_back("LISTEN_PID=0000000000");
+      env.emplace_back("LISTEN_PID=0000000000");
     }
     std::vector<char*> args;
     for (const std::string& a : argv)
