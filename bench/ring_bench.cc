@@ -7,7 +7,7 @@
 //                   [--extra_seconds S] [--sections put1,put4,get_poll,get_irq]
 //                   [--debug_rounds]
 //
-// What is compared (targets: /work/shared/design/facts.md):
+// What is compared (targets: ../shared/design/facts.md):
 //  1. Put throughput. The ring side is tmemd's real components in this
 //     process: one TmemStore, one Channel per guest (Channel::Create: sealed
 //     memfd region, ivshmem server on a UNIX socket in a temp dir), one

@@ -31,51 +31,8 @@ import tempfile
 import time
 
 VM_DIR = os.path.dirname(os.path.abspath(__file__))
-
-
-class Qmp:
-    def __init__(self, path, deadline=60.0):
-        end = time.time() + deadline
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(path)
-                break
-            except OSError:
-                if time.time() > end:
-                    raise
-                time.sleep(0.1)
-        self.buf = b""
-        self._read()
-        self.execute("qmp_capabilities")
-
-    def _read(self):
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("QMP closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def execute(self, cmd, **args):
-        msg = {"execute": cmd}
-        if args:
-            msg["arguments"] = args
-        self.sock.sendall(json.dumps(msg).encode() + b"\n")
-        while True:
-            r = self._read()
-            if "event" not in r:
-                return r
-
-
-def wait_for(cond, seconds):
-    end = time.time() + seconds
-    while time.time() < end:
-        if cond():
-            return True
-        time.sleep(0.1)
-    return cond()
+sys.path.insert(0, VM_DIR)
+from vmtest import Qmp, wait_for  # noqa: E402
 
 
 def last_value(path, event, key):

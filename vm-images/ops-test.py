@@ -28,6 +28,8 @@ import tempfile
 import time
 
 VM_DIR = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, VM_DIR)
+from vmtest import wait_for  # noqa: E402
 
 
 class FakeSystemd:
@@ -92,15 +94,6 @@ class FakeSystemd:
         for fd in high:
             os.close(fd)
         return proc
-
-
-def wait_for(cond, seconds):
-    end = time.time() + seconds
-    while time.time() < end:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return cond()
 
 
 def last_value(text, event, key):

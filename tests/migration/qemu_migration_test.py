@@ -36,51 +36,14 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "..", "vm-images"))
+from vmtest import Qmp  # noqa: E402
+
 QEMU = shutil.which("qemu-system-x86_64")
 HEADER_HOST_GENERATION = 48
 HEADER_HOST_PEER_ID = 56
 TMEM_ABI_MAGIC = 0x4D454D54
-
-
-class Qmp:
-    def __init__(self, path, deadline=30.0):
-        end = time.time() + deadline
-        while True:
-            try:
-                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self.sock.connect(path)
-                break
-            except OSError:
-                if time.time() > end:
-                    raise
-                time.sleep(0.05)
-        self.buf = b""
-        self._read()  # greeting
-        self.execute("qmp_capabilities")
-
-    def _read(self):
-        while b"\n" not in self.buf:
-            chunk = self.sock.recv(65536)
-            if not chunk:
-                raise RuntimeError("QMP connection closed")
-            self.buf += chunk
-        line, self.buf = self.buf.split(b"\n", 1)
-        return json.loads(line)
-
-    def execute(self, cmd, **args):
-        msg = {"execute": cmd}
-        if args:
-            msg["arguments"] = args
-        self.sock.sendall(json.dumps(msg).encode() + b"\n")
-        while True:
-            r = self._read()
-            if "event" in r:
-                continue
-            return r
-
-    def hmp(self, line):
-        r = self.execute("human-monitor-command", **{"command-line": line})
-        return r.get("return", "")
 
 
 class Host:
