@@ -158,9 +158,8 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
   const ChannelOptions opts = ChannelOptionsFor(name, policy, "");
   // The generation tells the guest its pool ids and filters are void: this
   // process holds none of the pages the old one stored.
-  absl::StatusOr<std::unique_ptr<Channel>> ch =
-      Channel::Restore(opts, std::move(fds), store_.get(),
-                       SharedRegion::NewHostGeneration(), valve_.get());
+  absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Restore(
+      opts, fds, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
     return absl::Status(
         ch.status().code(),

@@ -217,7 +217,7 @@ TEST_P(MetadataFloodQuotaTest, RealMemoryStaysWithinQuotaAtEveryStep) {
       shape.name, static_cast<unsigned long long>(peak_used),
       static_cast<unsigned long long>(peak_charged),
       static_cast<unsigned long long>(shape.quota_bytes),
-      static_cast<double>(peak_used) / shape.quota_bytes);
+      static_cast<double>(peak_used) / static_cast<double>(shape.quota_bytes));
 }
 
 INSTANTIATE_TEST_SUITE_P(
