@@ -25,6 +25,10 @@ class PutAdvisor {
   // tmem costs it more than it saves. Untrusted: it only ever makes the VM
   // admit less. Called when the flag changes.
   virtual void OnGuestStandingAside(uint32_t /*vm*/, bool /*aside*/) {}
+  // The guest's RAM in pages, as it says (guest_ram_pages; 0: not said).
+  // Untrusted: it only delays when the VM's reuse is judged, by at most
+  // what the VM's share of the cap holds. Called when it changes.
+  virtual void OnGuestRamPages(uint32_t /*vm*/, uint64_t /*pages*/) {}
   // The admission rate to publish in the VM's shared header, out of 65536
   // (TMEM_ADMIT_ALL).
   virtual uint32_t AdmissionHint(uint32_t /*vm*/) const { return 65536; }

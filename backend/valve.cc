@@ -105,6 +105,7 @@ struct Valve::VmState {
   std::atomic<bool> standing_aside{false};
   std::atomic<uint64_t> clock{0};  // guest evictions seen, x kClockUnit
   std::atomic<uint64_t> reach_pages{UINT64_MAX};  // set by Tick
+  std::atomic<uint64_t> guest_ram_pages{0};       // as the guest says
   std::atomic<int64_t> tokens{0};
   std::atomic<int64_t> share{0};
   std::atomic<uint64_t> cpu_used{0};
@@ -124,6 +125,25 @@ struct Valve::VmState {
   uint64_t last_cpu_used = 0;
   bool throttled = false;
   int periods_in_state = 0;
+  uint64_t clock_at_state = 0;  // `clock` at the last change of state
+
+  // Evictions since the last change of state.
+  uint64_t EvictionsInState() const {
+    return (clock.load(std::memory_order_relaxed) - clock_at_state) /
+           kClockUnit;
+  }
+  // Reuse can be judged once min(reach, 2 x guest RAM) evictions passed.
+  uint64_t JudgeAfterEvictions() const {
+    const uint64_t ram = guest_ram_pages.load(std::memory_order_relaxed);
+    if (ram == 0) return 0;
+    const uint64_t twice = ram > UINT64_MAX / 2 ? UINT64_MAX : ram * 2;
+    return std::min(twice, reach_pages.load(std::memory_order_relaxed));
+  }
+  void ChangeState(bool now_throttled) {
+    throttled = now_throttled;
+    periods_in_state = 0;
+    clock_at_state = clock.load(std::memory_order_relaxed);
+  }
 };
 
 Valve::Valve(const ValveOptions& options, const TmemStore* store)
@@ -497,17 +517,18 @@ void Valve::Tick(const CpuSample& sample) {
     if (!s->throttled) {
       // Judged only on enough evidence: min_samples admitted puts in the
       // window, and a state held for min_dwell_periods.
+      // And only once its puts could have come back (a re-read of more
+      // than the guest's RAM begins only after that many evictions).
       if (s->win_puts >= static_cast<double>(o.min_samples) &&
           ratio < o.throttle_below &&
-          s->periods_in_state >= o.min_dwell_periods) {
-        s->throttled = true;
-        s->periods_in_state = 0;
+          s->periods_in_state >= o.min_dwell_periods &&
+          s->EvictionsInState() >= s->JudgeAfterEvictions()) {
+        s->ChangeState(true);
         s->Count(ValveCounter::kThrottleEvents);
       }
     } else if (ratio > o.restore_above &&
                s->periods_in_state >= o.min_dwell_periods) {
-      s->throttled = false;
-      s->periods_in_state = 0;
+      s->ChangeState(false);
       s->Count(ValveCounter::kRestoreEvents);
     }
     claims.push_back(
@@ -588,6 +609,11 @@ void Valve::OnGuestStandingAside(uint32_t vm, bool aside) {
   if (s != nullptr) s->standing_aside.store(aside, std::memory_order_relaxed);
 }
 
+void Valve::OnGuestRamPages(uint32_t vm, uint64_t pages) {
+  VmState* s = Find(vm);
+  if (s != nullptr) s->guest_ram_pages.store(pages, std::memory_order_relaxed);
+}
+
 ValveVmStatus Valve::VmStatus(VmId vm) const {
   MutexLock lock(&mu_);
   ValveVmStatus out;
@@ -601,6 +627,9 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
   out.throttled = s->throttled;
   out.standing_aside = s->standing_aside.load(std::memory_order_relaxed);
   out.reach_pages = s->reach_pages.load(std::memory_order_relaxed);
+  out.guest_ram_pages = s->guest_ram_pages.load(std::memory_order_relaxed);
+  out.evictions_in_state = s->EvictionsInState();
+  out.judge_after_evictions = s->JudgeAfterEvictions();
   out.reuse_ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
   out.cpu_tokens_ns = s->tokens.load(std::memory_order_relaxed);
   out.cpu_share_ns = s->share.load(std::memory_order_relaxed);

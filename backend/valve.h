@@ -28,7 +28,12 @@
 //    throttle_below (with enough samples) is throttled to min_admission,
 //    a sampling rate that lets it recover once its pages return; above
 //    restore_above it gets full admission again. The gap between the two and
-//    min_dwell_periods keep it from flapping.
+//    min_dwell_periods keep it from flapping. A VM is judged only once its
+//    puts had a chance to come back: after twice the guest's RAM in
+//    evictions (the guest says its size, ABI v3), or its reach if less,
+//    since the last change of state. Before that, a guest re-reading a data
+//    set larger than its RAM has shown no reuse only because the re-read
+//    has not begun.
 //  * Guest stand-aside (ABI v2): a guest that measured tmem costing it more
 //    than it saves says so; it is admitted nothing while it does.
 //  * Modes (per VM, or the host default): off drops every put and tells the
@@ -122,6 +127,11 @@ struct ValveVmStatus {
   // reuse distance within which a ghost hit counts. UINT64_MAX without a
   // store.
   uint64_t reach_pages = UINT64_MAX;
+  uint64_t guest_ram_pages = 0;  // as the guest says (0: not said)
+  // Evictions since the last change of state, and how many must pass
+  // before reuse is judged (min(reach, 2 x guest RAM); 0 without RAM).
+  uint64_t evictions_in_state = 0;
+  uint64_t judge_after_evictions = 0;
   double reuse_ratio = 0;     // smoothed (hits + ghost hits) / admitted puts
   int64_t cpu_tokens_ns = 0;  // may be negative (debt)
   int64_t cpu_share_ns = 0;   // refill per period
@@ -181,6 +191,9 @@ class Valve final : public PutAdvisor, public EvictionListener {
   // A VM whose guest stands aside is admitted nothing (hint 0, every put
   // that still arrives dropped) until it says otherwise.
   void OnGuestStandingAside(uint32_t vm, bool aside) override;
+  // The guest's RAM in pages (0: unknown): reuse is judged only after
+  // min(reach, 2 x this) evictions since the VM's last change of state.
+  void OnGuestRamPages(uint32_t vm, uint64_t pages) override;
 
   // Periodic (every sample_period_ms): CPU budget from the sample, token
   // refill by weight with lending, reuse evaluation, admission rates.

@@ -35,9 +35,11 @@
 #include <linux/io.h>
 #include <linux/ktime.h>
 #include <linux/log2.h>
+#include <linux/mm.h>
 #include <linux/module.h>
 #include <linux/moduleparam.h>
 #include <linux/mutex.h>
+#include <linux/part_stat.h>
 #include <linux/pci.h>
 #include <linux/random.h>
 #include <linux/seq_file.h>
@@ -160,6 +162,10 @@ static unsigned int sent_filter_bits = 1u << 20;
 module_param(sent_filter_bits, uint, 0444);
 MODULE_PARM_DESC(sent_filter_bits,
 		 "bits of each private pool's sent-keys filter, a power of two (0: none)");
+static bool measure_miss_cost = true;
+module_param(measure_miss_cost, bool, 0644);
+MODULE_PARM_DESC(measure_miss_cost,
+		 "a miss costs what the block device's reads take per page, measured (else miss_cost_ns)");
 static bool use_irq = true;
 module_param(use_irq, bool, 0444);
 MODULE_PARM_DESC(use_irq, "use the MSI-X completion interrupt (else gets poll)");
@@ -278,6 +284,62 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
 	tmem_core_put(&core, h, key.u.key, index, page);
 }
 
+/*
+ * What a page-cache miss costs: the block device's read time per page read,
+ * from its I/O statistics, sampled at most every MISS_COST_PERIOD while gets
+ * arrive. Per page, the lower of two views: request latency (summed over
+ * requests, so overlapping readahead counts twice) and time the device was
+ * busy: a conservative cost makes the guest stand aside sooner, never later.
+ */
+#define MISS_COST_PERIOD (HZ / 10)
+#define MISS_COST_MIN_SECTORS (64 * (PAGE_SIZE >> 9)) /* 64 pages read */
+
+static struct {
+	spinlock_t lock;
+	dev_t dev;
+	unsigned long next;
+	u64 nsecs, sectors, ticks;
+	u64 estimate_ns;
+} miss_cost = { .lock = __SPIN_LOCK_UNLOCKED(miss_cost.lock) };
+
+static void sample_miss_cost(struct inode *inode)
+{
+	struct block_device *bdev = inode->i_sb->s_bdev;
+	struct hd_struct *part;
+	u64 nsecs, sectors, ticks, d_sec, lat, busy, per_page;
+	unsigned long flags;
+
+	if (!measure_miss_cost || !bdev || !bdev->bd_part ||
+	    time_before(jiffies, READ_ONCE(miss_cost.next)))
+		return;
+	if (!spin_trylock_irqsave(&miss_cost.lock, flags))
+		return;
+	part = bdev->bd_part;
+	nsecs = part_stat_read(part, nsecs[STAT_READ]);
+	sectors = part_stat_read(part, sectors[STAT_READ]);
+	ticks = part_stat_read(part, io_ticks);
+	if (miss_cost.dev != bdev->bd_dev || sectors < miss_cost.sectors) {
+		miss_cost.dev = bdev->bd_dev; /* a new baseline */
+	} else if (sectors - miss_cost.sectors >= MISS_COST_MIN_SECTORS) {
+		d_sec = sectors - miss_cost.sectors;
+		lat = div64_u64((nsecs - miss_cost.nsecs) * (PAGE_SIZE >> 9), d_sec);
+		busy = div64_u64(jiffies_to_nsecs(ticks - miss_cost.ticks) *
+				 (PAGE_SIZE >> 9), d_sec);
+		per_page = busy ? min(lat, busy) : lat;
+		miss_cost.estimate_ns = miss_cost.estimate_ns ?
+			(miss_cost.estimate_ns * 3 + per_page) / 4 : per_page;
+		tmem_core_set_miss_cost(&core, miss_cost.estimate_ns);
+	} else {
+		goto out; /* too few reads yet: keep the baseline */
+	}
+	miss_cost.nsecs = nsecs;
+	miss_cost.sectors = sectors;
+	miss_cost.ticks = ticks;
+out:
+	WRITE_ONCE(miss_cost.next, jiffies + MISS_COST_PERIOD);
+	spin_unlock_irqrestore(&miss_cost.lock, flags);
+}
+
 static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 			 struct page *page)
 {
@@ -285,6 +347,8 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	u32 max_pages = 0;
 	pgoff_t end;
 
+	if (inode)
+		sample_miss_cost(inode);
 	/* A batch stops at the file's end: pages past it cannot be read. */
 	if (inode) {
 		end = DIV_ROUND_UP(i_size_read(inode), PAGE_SIZE);
@@ -383,6 +447,7 @@ static void debugfs_setup(void)
 	COUNTER(gets_skipped_aside);
 	COUNTER(puts_skipped_aside);
 	COUNTER(invalidates_skipped_aside);
+	COUNTER(aside_samples_discarded);
 	COUNTER(put_ns);
 	COUNTER(get_ns);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);
@@ -557,6 +622,8 @@ static int __init tmem_init(void)
 {
 	int err;
 
+	/* The host judges our reuse only after about this many evictions. */
+	tmem_cfg.ram_pages = totalram_pages();
 	tmem_core_init(&core, &tmem_kernel_ops, NULL, &tmem_cfg);
 	debugfs_setup();
 	err = pci_register_driver(&tmem_driver);

@@ -87,6 +87,8 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"valve_ghost_hits", vc(ValveCounter::kGhostHits)},
          {"valve_ghost_hits_far", vc(ValveCounter::kGhostHitsFar)},
          {"valve_reach_pages", vm.valve.reach_pages},
+         {"valve_evictions_in_state", vm.valve.evictions_in_state},
+         {"valve_judge_after_evictions", vm.valve.judge_after_evictions},
          {"valve_throttle_events", vc(ValveCounter::kThrottleEvents)},
          {"valve_restore_events", vc(ValveCounter::kRestoreEvents)},
          {"valve_cpu_ns", vm.valve.cpu_used_ns},
@@ -114,6 +116,7 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"guest_miss_ns", vm.guest.miss_ns},
          {"guest_prefetch_used", vm.guest.prefetch_used},
          {"guest_prefetch_unused", vm.guest.prefetch_unused},
+         {"guest_ram_pages", vm.guest.ram_pages},
          {"restored", ch(ChannelCounter::kRestoredAcrossRestart)},
          {"foreign_regions", ch(ChannelCounter::kForeignRegions)}});
   }

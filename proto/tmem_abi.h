@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: (GPL-2.0 OR MIT) */
 /*
- * tmem_abi.h - the tmemd shared-memory data plane, version 2.
+ * tmem_abi.h - the tmemd shared-memory data plane, version 3.
  *
  * Plain C, included by the Linux guest module (tmem_ivshmem.ko), the
  * userspace guest library and tmemd. All fields are little-endian and
@@ -103,7 +103,7 @@ typedef uint64_t tmem_u64;
 #endif
 
 #define TMEM_ABI_MAGIC 0x4d454d54u /* "TMEM" little-endian */
-#define TMEM_ABI_VERSION 2u
+#define TMEM_ABI_VERSION 3u
 #define TMEM_PAGE_SIZE 4096u
 #define TMEM_MAX_POOLS 64u   /* per VM; fits the flush bitmap */
 #define TMEM_OBJECT_WORDS 6u /* cleancache filekey: u32 key[6] */
@@ -252,6 +252,17 @@ struct tmem_shm_header {
 	tmem_u64 guest_prefetch_used;   /* batched pages served from slots */
 	tmem_u64 guest_prefetch_unused; /* batched pages dropped unused */
 
+	/*
+	 * v3, guest-written, informational: the guest's RAM in 4 KiB pages
+	 * (0: not said). A page-cache re-read cannot come back before the
+	 * guest evicted about this many pages, so the host judges a VM's
+	 * reuse only after that many of its evictions (bounded by what the
+	 * VM's share of the cap can hold): a guest that lies delays only its
+	 * own throttling, within its quota and CPU share.
+	 */
+	tmem_u64 guest_ram_pages;
+	tmem_u8 pad2[56];
+
 	struct tmem_ring_index sq_head; /* host */
 	struct tmem_ring_index sq_tail; /* guest */
 	struct tmem_ring_index cq_head; /* guest */
@@ -261,7 +272,7 @@ struct tmem_shm_header {
 TMEM_STATIC_ASSERT(sizeof(struct tmem_sqe) == 64, "sqe is one cache line");
 TMEM_STATIC_ASSERT(sizeof(struct tmem_cqe) == 16, "cqe is 16 bytes");
 TMEM_STATIC_ASSERT(sizeof(struct tmem_ring_index) == 64, "index owns a line");
-TMEM_STATIC_ASSERT(sizeof(struct tmem_shm_header) == 448, "header layout");
+TMEM_STATIC_ASSERT(sizeof(struct tmem_shm_header) == 512, "header layout");
 TMEM_STATIC_ASSERT(sizeof(struct tmem_shm_header) <= TMEM_PAGE_SIZE,
 		   "header fits its page");
 

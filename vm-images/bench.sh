@@ -21,6 +21,7 @@
 # Usage: vm-images/bench.sh --tmemd PATH [--smoke] [--mem MIB]
 #          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
+#          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -28,7 +29,12 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 smoke=0 extra="" keep="" rows=""
+tmemd="" mem=128 smoke=0 extra="" keep="" rows="" tmemd_args=()
+# tmemd runs at the priority its systemd unit gives it (Nice= in
+# host-agent/tmemd.service): its data plane is latency-bound like a vhost
+# backend, and its CPU is bounded by the valve's budget, not by the scheduler.
+tmemd_nice="$(sed -n 's/^Nice=//p' "$(dirname "${BASH_SOURCE[0]}")/../host-agent/tmemd.service")"
+tmemd_nice="${tmemd_nice:-0}"
 while (($#)); do
   case "$1" in
     --tmemd) tmemd="$2"; shift 2 ;;
@@ -37,7 +43,9 @@ while (($#)); do
     --rows) rows="$2"; shift 2 ;;
     --extra) extra="$2"; shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    --tmemd-args) read -r -a tmemd_args <<<"$2"; shift 2 ;;
+    --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
+    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -84,7 +92,7 @@ boot() {
   append+=" tmemtest_rand_reads=${rand_reads} tmemtest_stream_pages=${stream_pages}"
   append+=" tmemtest_stream_files=${stream_files} ${extra}"
   if ((with)); then
-    "${tmemd}" "$@" --vm guest --socket-dir "${dir}" --control-socket '' \
+    nice -n "${tmemd_nice}" "${tmemd}" "${tmemd_args[@]}" "$@" --vm guest --socket-dir "${dir}" --control-socket '' \
       >"${work}/tmemd-${name}.log" 2>&1 &
     tmemd_pid=$!
     for _ in $(seq 100); do [[ -S "${dir}/guest.sock" ]] && break; sleep 0.1; done

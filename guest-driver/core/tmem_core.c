@@ -266,10 +266,12 @@ static int attach(struct tmem_core *c)
 	if (c->nwin)
 		c->features |= g.features_host & TMEM_FEAT_GET_BATCH;
 	st_release(&hdr(c)->features_guest, c->features);
+	WRITE_ONCE(hdr(c)->guest_ram_pages, cfg->ram_pages);
 	/* A fresh generation: the host forgets whatever this VM had. */
 	c->guest_generation = new_generation(c, c->guest_generation);
 	store_guest_generation(c);
 	c->host_generation = g.host_generation;
+	c->private_sent = false; /* the new generation: the host holds nothing */
 	c->attached = true;
 	c->broken = false;
 	void_pools(c, false);
@@ -1053,6 +1055,19 @@ static void drop_put(struct tmem_core *c, int h, int host_id, const u32 *oid,
 	issue_invalidate(c, TMEM_OP_INVAL_PAGE, h, host_id, oid, index);
 }
 
+/*
+ * Cheap when off: no put of ours reached a private pool since the host last
+ * forgot us (attach with a new generation; stand-aside's INVAL_POOLs), so
+ * the host holds nothing of ours there. A get, an invalidate, or a put the
+ * hint refuses then needs no hashing, no filter, no window scan and no
+ * reap: what a frontend told "send nothing" costs per page-cache event.
+ */
+static bool holds_nothing_private(struct tmem_core *c, int h)
+{
+	return !c->private_sent && valid_handle(c, h) && !c->pools[h].shared &&
+	       c->attached && !c->broken && !host_changed(c);
+}
+
 static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
 		       u64 index)
 {
@@ -1062,6 +1077,10 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
 	/* Aside: a private pool was wiped, nothing of it was sent since. */
 	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
 		c->c.invalidates_skipped_aside++;
+		return;
+	}
+	if (oid && holds_nothing_private(c, h)) {
+		c->c.invalidates_skipped_never_sent++;
 		return;
 	}
 	/* Before anything else: a prefetched copy must never outlive this. */
@@ -1093,7 +1112,15 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
 	issue_invalidate(c, opcode, h, id, oid, index);
 }
 
-static bool admit(struct tmem_core *c)
+/*
+ * Admission by readahead block: a hint of h admits h / TMEM_ADMIT_ALL of the
+ * puts, but whole blocks of TMEM_GET_BATCH_MAX pages of an object at a time
+ * (picked by a hash of the object and index / TMEM_GET_BATCH_MAX). A window
+ * the page cache reads again is then served wholly by tmem (one batched get)
+ * or wholly by the disk (one readahead request): a per-page sample would cut
+ * every disk read into fragments and pay a round trip per page besides.
+ */
+static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 {
 	u32 hint;
 
@@ -1102,13 +1129,7 @@ static bool admit(struct tmem_core *c)
 	hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
 	if (hint == TMEM_ADMIT_ALL)
 		return true;
-	/* Bresenham: exactly hint of every TMEM_ADMIT_ALL puts go out. */
-	c->hint_credit += hint;
-	if (c->hint_credit >= TMEM_ADMIT_ALL) {
-		c->hint_credit -= TMEM_ADMIT_ALL;
-		return true;
-	}
-	return false;
+	return (key_hash(oid, index / TMEM_GET_BATCH_MAX) >> 48) < hint;
 }
 
 /* --- entry points ---------------------------------------------------------- */
@@ -1275,6 +1296,14 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	int id;
 
 	lock(c, &flags);
+	if (holds_nothing_private(c, h) &&
+	    (c->features & TMEM_FEAT_ADMISSION_HINT) &&
+	    READ_ONCE(hdr(c)->admission_hint) == 0) {
+		c->c.puts_skipped_by_hint++;
+		c->c.drop_invalidates_avoided++;
+		unlock(c, flags);
+		return;
+	}
 	/*
 	 * Standing aside: private pools were wiped and hold nothing; a shared
 	 * pool's older page still dies (drop_put below).
@@ -1313,7 +1342,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_dropped_flush_pending++;
 		goto out;
 	}
-	if (c->aside || !admit(c)) {
+	if (c->aside || !admit(c, oid, index)) {
 		c->c.puts_skipped_aside += c->aside;
 		c->c.puts_skipped_by_hint++;
 		drop_put(c, h, id, oid, index);
@@ -1343,6 +1372,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	}
 	mark_sent(&c->pools[h], key_hash(oid, index));
 	mark_sent(&c->pools[h], key_hash(oid, U64_MAX));
+	if (!c->pools[h].shared)
+		c->private_sent = true;
 	c->c.puts_sent++;
 out:
 	c->c.put_ns += now(c) - t0;
@@ -1511,6 +1542,7 @@ static void stand_aside(struct tmem_core *c)
 			windows_kill(c, i, NULL, 0);
 	}
 	c->aside = true;
+	c->private_sent = false; /* the INVAL_POOLs above go first in the ring */
 	c->aside_until_ns = now(c) + c->aside_backoff_ns;
 	c->c.stood_aside++;
 	if (c->attached) {
@@ -1542,13 +1574,42 @@ static bool standing_aside(struct tmem_core *c)
 	return false;
 }
 
+/* What a miss costs: measured if the platform could, else configured. */
+static u64 miss_cost(struct tmem_core *c)
+{
+	u64 configured = READ_ONCE(c->cfg->miss_cost_ns);
+
+	if (!configured)
+		return 0; /* never stand aside */
+	return c->miss_cost_measured_ns ? c->miss_cost_measured_ns : configured;
+}
+
+/* The host admits every put of ours (not a sampling hint)? */
+static bool fully_admitted(struct tmem_core *c)
+{
+	return !(c->features & TMEM_FEAT_ADMISSION_HINT) ||
+	       READ_ONCE(hdr(c)->admission_hint) >= TMEM_ADMIT_ALL;
+}
+
 /* A get served by the host or a window took ns: close samples, decide. */
 static void account_get(struct tmem_core *c, u64 ns, bool hit)
 {
 	const struct tmem_core_config *cfg = c->cfg;
-	u64 miss_cost = READ_ONCE(cfg->miss_cost_ns);
+	u64 cost = miss_cost(c);
 	u64 base = max(READ_ONCE(cfg->aside_probe_ns), 1ull);
 
+	/*
+	 * While the host samples our puts, the few pages it holds come back
+	 * one round trip each, never in batches: what that costs says
+	 * nothing about tmem at full admission, so it decides nothing.
+	 */
+	if (c->attached && !fully_admitted(c)) {
+		c->c.aside_samples_discarded += c->sample_gets + 1;
+		c->sample_ns = 0;
+		c->sample_hits = 0;
+		c->sample_gets = 0;
+		return;
+	}
 	c->sample_ns += ns;
 	c->sample_hits += hit;
 	if (++c->sample_gets < max(READ_ONCE(cfg->aside_sample_gets), 1u))
@@ -1556,9 +1617,9 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit)
 	c->get_ns_per_hit = c->sample_ns / max(c->sample_hits, 1ull);
 	if (c->attached) {
 		WRITE_ONCE(hdr(c)->guest_get_ns, c->get_ns_per_hit);
-		WRITE_ONCE(hdr(c)->guest_miss_ns, miss_cost);
+		WRITE_ONCE(hdr(c)->guest_miss_ns, cost);
 	}
-	if (miss_cost && c->sample_ns > c->sample_hits * miss_cost) {
+	if (cost && c->sample_ns > c->sample_hits * cost) {
 		/* Each time it still does not pay, look again later. */
 		c->aside_backoff_ns = c->aside_backoff_ns ?
 				      min(c->aside_backoff_ns * 2, base * 64) : base;
@@ -1603,6 +1664,10 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	memcpy(c->last_get_oid, oid, sizeof(c->last_get_oid));
 	if (standing_aside(c)) {
 		c->c.gets_skipped_aside++;
+		goto miss_local;
+	}
+	if (c->cfg->skip_unsent_gets && holds_nothing_private(c, h)) {
+		c->c.gets_skipped_never_sent++;
 		goto miss_local;
 	}
 	if (!ensure_attached(c))
@@ -1808,6 +1873,15 @@ int tmem_core_host_pool_id(struct tmem_core *c, int h)
 	return id;
 }
 
+void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	c->miss_cost_measured_ns = ns_per_page;
+	unlock(c, flags);
+}
+
 void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
 {
 	unsigned long flags;
@@ -1832,7 +1906,7 @@ void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s)
 	s->prefetch_windows = c->nwin;
 	s->standing_aside = c->aside;
 	s->get_ns_per_hit = c->get_ns_per_hit;
-	s->miss_cost_ns = READ_ONCE(c->cfg->miss_cost_ns);
+	s->miss_cost_ns = miss_cost(c);
 	for (i = 0; i < c->nwin; i++)
 		s->prefetched += hweight32(c->win[i].present);
 	unlock(c, flags);

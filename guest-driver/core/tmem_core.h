@@ -91,12 +91,18 @@ struct tmem_core_config {
 	 * private pools, TMEM_GUEST_STANDING_ASIDE, then no puts, gets or
 	 * private invalidates) for aside_probe_ns, doubling up to 64x while
 	 * it keeps not paying, then resumes and measures again.
-	 * miss_cost_ns 0: never stand aside.
+	 * miss_cost_ns 0: never stand aside. A platform that can measure what
+	 * a miss costs (the kernel: the block device's read time per page)
+	 * reports it with tmem_core_set_miss_cost(); that replaces this
+	 * estimate. Gets made while the host admits only a sample of the puts
+	 * (admission hint below TMEM_ADMIT_ALL) are a reuse probe, not a
+	 * measure of cost: those samples are discarded.
 	 */
 	u64 miss_cost_ns;
 	u64 aside_probe_ns;
 	u32 aside_sample_gets;
 	bool skip_unsent_gets;	 /* filter says never sent: local miss */
+	u64 ram_pages;		 /* told to the host (guest_ram_pages); 0: not */
 };
 
 #define TMEM_CORE_MAX_WINDOWS 16u
@@ -149,6 +155,7 @@ struct tmem_core_counters {
 	u64 gets_skipped_aside;		/* of gets_miss_local */
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
 	u64 invalidates_skipped_aside;	/* private pools, nothing held */
+	u64 aside_samples_discarded;	/* cost samples under a sampling hint */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
 };
@@ -256,8 +263,9 @@ struct tmem_core {
 	u64 flush_bits;
 	u64 flush_seq;
 	u64 wanted_bits;
-	u32 hint_credit;
 
+	/* A put reached a private pool since the host last forgot us. */
+	bool private_sent;
 	u32 consecutive_timeouts;
 	u32 stall_sq_head;
 	u64 stalled_until_ns;
@@ -286,6 +294,7 @@ struct tmem_core {
 	u64 sample_hits;
 	u32 sample_gets;
 	u64 get_ns_per_hit;	/* last sample's, as published */
+	u64 miss_cost_measured_ns; /* tmem_core_set_miss_cost(); 0: none yet */
 
 	struct tmem_core_counters c;
 };
@@ -296,7 +305,7 @@ struct tmem_core_state {
 	u32 host_state, admission_hint, in_flight, free_slots, slots_usable;
 	u32 invalidate_reserve, prefetch_windows, prefetched;
 	bool standing_aside;
-	u64 get_ns_per_hit, miss_cost_ns;
+	u64 get_ns_per_hit, miss_cost_ns; /* miss cost in use */
 	u64 host_generation, guest_generation;
 	bool flush_pending;
 };
@@ -345,6 +354,12 @@ void tmem_core_release_handle(struct tmem_core *c, int h);
 void tmem_core_poll(struct tmem_core *c);
 /* The completion interrupt (counts it, then polls). */
 void tmem_core_interrupt(struct tmem_core *c);
+/*
+ * What a page-cache miss costs now, per page, as the platform measured it
+ * (0: unknown, use miss_cost_ns). Replaces the configured estimate in the
+ * never-slower decision; a configured miss_cost_ns of 0 still means never.
+ */
+void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page);
 /* The host pool id behind a handle, or -1. */
 int tmem_core_host_pool_id(struct tmem_core *c, int h);
 void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s);

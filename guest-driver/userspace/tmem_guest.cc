@@ -183,6 +183,7 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.prefetch_windows = options.prefetch_windows;
   config_.miss_cost_ns = Ns(options.miss_cost);
   config_.aside_sample_gets = options.aside_sample_gets;
+  config_.ram_pages = options.ram_pages;
   config_.aside_probe_ns = Ns(options.aside_probe_interval);
   tmem_core_init(&core_, &kOps, device, &config_);
   pending_.resize(kMaxPending);
@@ -265,6 +266,7 @@ void TmemGuest::SyncCounters() {
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;
   c.invalidates_skipped_aside = k.invalidates_skipped_aside;
+  c.aside_samples_discarded = k.aside_samples_discarded;
 }
 
 absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::InitFs() {

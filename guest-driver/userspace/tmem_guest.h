@@ -115,6 +115,9 @@ struct TmemGuestOptions {
   std::chrono::nanoseconds miss_cost{0};
   uint32_t aside_sample_gets = 1024;
   std::chrono::milliseconds aside_probe_interval{1000};
+  // The guest's RAM in pages, told to the host (guest_ram_pages): it judges
+  // this VM's reuse only after about twice that many evictions. 0: unsaid.
+  uint64_t ram_pages = 0;
 };
 
 // Every counter has one meaning; see the comments for which add up.
@@ -173,6 +176,7 @@ struct GuestCounters {
   uint64_t gets_skipped_aside = 0;         // of gets_miss_local
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
   uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
+  uint64_t aside_samples_discarded = 0;    // cost samples under a hint
 };
 
 // Calls fn(name, field) for every counter in declaration order; `c` may be
@@ -216,6 +220,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("gets_skipped_aside", c.gets_skipped_aside);
   fn("puts_skipped_aside", c.puts_skipped_aside);
   fn("invalidates_skipped_aside", c.invalidates_skipped_aside);
+  fn("aside_samples_discarded", c.aside_samples_discarded);
 }
 
 // (name, value) pairs in declaration order, for reports.

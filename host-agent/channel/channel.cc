@@ -180,6 +180,7 @@ void Channel::OnGuestDetached() {
   __atomic_store_n(&h->guest_miss_ns, tmem_u64{0}, __ATOMIC_RELAXED);
   __atomic_store_n(&h->guest_prefetch_used, tmem_u64{0}, __ATOMIC_RELAXED);
   __atomic_store_n(&h->guest_prefetch_unused, tmem_u64{0}, __ATOMIC_RELAXED);
+  __atomic_store_n(&h->guest_ram_pages, tmem_u64{0}, __ATOMIC_RELAXED);
   region_->Reset();
   // A fresh consumer starts from the reset region's zero indices.
   consumer_ = std::make_unique<RingConsumer>(region_.get(), store_, vm_,
@@ -197,6 +198,12 @@ void Channel::PublishAdmissionHint() {
   if (aside != guest_standing_aside_) {
     guest_standing_aside_ = aside;
     advisor_->OnGuestStandingAside(vm_, aside);
+  }
+  const uint64_t ram_pages =
+      __atomic_load_n(&region_->header()->guest_ram_pages, __ATOMIC_RELAXED);
+  if (ram_pages != guest_ram_pages_) {
+    guest_ram_pages_ = ram_pages;
+    advisor_->OnGuestRamPages(vm_, ram_pages);
   }
   const uint32_t hint = advisor_->AdmissionHint(vm_);
   uint32_t* field = &region_->header()->admission_hint;

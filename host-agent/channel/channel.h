@@ -109,6 +109,7 @@ class Channel {
   TmemStore* store_;
   PutAdvisor* advisor_ = nullptr;
   bool guest_standing_aside_ = false;  // as last told to the advisor
+  uint64_t guest_ram_pages_ = 0;       // as last told to the advisor
   VmId vm_;
   ChannelMetrics metrics_;
   std::unique_ptr<SharedRegion> region_;

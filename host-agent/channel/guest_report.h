@@ -3,7 +3,8 @@
 //
 // Untrusted (invariant 3): each field is read exactly once, with an atomic
 // load, from guest-writable memory, and is only ever displayed or used to
-// admit *less* from that VM (a guest standing aside is admitted nothing).
+// admit *less* from that VM (a guest standing aside is admitted nothing), or
+// to delay judging its reuse by at most its reach (guest_ram_pages).
 // Nothing here is a size, an index or a reason to do more work. Thread-safe
 // (a snapshot of the header; any thread may read it while the region lives).
 #ifndef TMEMD_HOST_AGENT_CHANNEL_GUEST_REPORT_H_
@@ -23,6 +24,7 @@ struct GuestReport {
   uint64_t miss_ns = 0;          // guest's estimate of a disk read per page
   uint64_t prefetch_used = 0;    // batched pages served from slots
   uint64_t prefetch_unused = 0;  // batched pages dropped unused
+  uint64_t ram_pages = 0;        // the guest's RAM in pages (v3; 0: unsaid)
 };
 
 inline GuestReport ReadGuestReport(const tmem_shm_header* h) {
@@ -37,6 +39,7 @@ inline GuestReport ReadGuestReport(const tmem_shm_header* h) {
   r.miss_ns = load(&h->guest_miss_ns);
   r.prefetch_used = load(&h->guest_prefetch_used);
   r.prefetch_unused = load(&h->guest_prefetch_unused);
+  r.ram_pages = load(&h->guest_ram_pages);
   return r;
 }
 

@@ -309,6 +309,7 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   g->set_miss_ns(info.guest.miss_ns);
   g->set_prefetch_used(info.guest.prefetch_used);
   g->set_prefetch_unused(info.guest.prefetch_unused);
+  g->set_ram_pages(info.guest.ram_pages);
   for (const PoolStats& p : info.stats.pools) {
     v1::PoolStats* m = d.add_pools();
     m->set_id(p.id);

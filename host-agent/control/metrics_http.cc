@@ -96,6 +96,8 @@ std::string RenderPrometheus(const Agent& agent) {
        [](const GuestReport& g) -> uint64_t { return g.prefetch_used; }},
       {"guest_prefetch_unused", false,
        [](const GuestReport& g) -> uint64_t { return g.prefetch_unused; }},
+      {"guest_ram_pages", true,
+       [](const GuestReport& g) -> uint64_t { return g.ram_pages; }},
   };
   for (const GuestSeries& series : kGuestSeries) {
     bool guest_typed = false;

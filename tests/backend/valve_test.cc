@@ -407,6 +407,60 @@ TEST(ValveTest, CyclicRereadJustBeyondTheCapStaysAdmitted) {
   EXPECT_GT(Count(v, *vm, ValveCounter::kGhostHits), 1000u);
 }
 
+TEST(ValveTest, RereadOfMoreThanGuestRamIsNotJudgedOnItsFirstPass) {
+  // A guest of 2000 pages re-reads 3000: its first pass evicts ~1000 pages
+  // before anything can come back. Judged only after 2 x RAM evictions, it
+  // is still fully admitted when its pages start to return.
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.OnGuestRamPages(1, 2000);
+  uint64_t key = 0;
+  for (int period = 0; period < 7; ++period) ReusePeriod(v, host, key, 500);
+  ValveVmStatus st = v.VmStatus(1);
+  EXPECT_EQ(st.guest_ram_pages, 2000u);
+  EXPECT_EQ(st.judge_after_evictions, 4000u);
+  EXPECT_EQ(st.evictions_in_state, 3500u);
+  EXPECT_FALSE(st.throttled);
+  EXPECT_EQ(st.admission, kAll);
+  // Its second pass: every page it put comes back.
+  for (int period = 0; period < 6; ++period) {
+    ReusePeriod(v, host, key, 500, /*hit_every=*/1);
+  }
+  st = v.VmStatus(1);
+  EXPECT_FALSE(st.throttled);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 0u);
+}
+
+TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.OnGuestRamPages(1, 1000);  // judged after 2000 evictions
+  uint64_t key = 0;
+  for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 500);
+  EXPECT_FALSE(v.VmStatus(1).throttled);  // 1500 evictions: too early
+  for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 500);
+  EXPECT_TRUE(v.VmStatus(1).throttled);
+  EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
+  // A guest that claims a huge RAM is bounded by its reach.
+  std::unique_ptr<TmemStore> store = OneMiBStore();
+  Valve capped(o, store.get());
+  capped.Tick(host.Advance(0, 0));
+  absl::StatusOr<VmId> vm = store->AddVm("liar", Policy());
+  ASSERT_TRUE(vm.ok());
+  capped.AddVm(*vm, Policy());
+  capped.OnGuestRamPages(*vm, uint64_t{1} << 40);
+  capped.Tick(host.Advance(0, 0));
+  const ValveVmStatus st = capped.VmStatus(*vm);
+  EXPECT_LE(st.judge_after_evictions, st.reach_pages);
+  EXPECT_LT(st.judge_after_evictions, uint64_t{1} << 20);
+}
+
 TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
   const ValveOptions o = TestOptions();  // throttle < 0.02, restore > 0.08
   Valve v(o, nullptr);

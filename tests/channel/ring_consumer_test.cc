@@ -414,7 +414,7 @@ tmem_sqe BatchSqe(uint32_t pool, uint64_t ino, uint64_t index, uint32_t slot,
 TEST_F(RingConsumerTest, HostOffersGetBatch) {
   const tmem_shm_header* h = ch_->region->header();
   EXPECT_NE(h->features_host & TMEM_FEAT_GET_BATCH, 0u);
-  EXPECT_EQ(h->version, 2u);
+  EXPECT_EQ(h->version, 3u);
   EXPECT_EQ(h->host_peer_id, 0u);
 }
 

@@ -214,5 +214,51 @@ TEST(CheapWhenOffTest, HintZeroSendsNothingForKeysNeverSent) {
   EXPECT_EQ(c.invalidates_skipped_never_sent, 1010u);
 }
 
+// Issue 13: throttled by the valve (a sampling hint), a re-reader's few
+// admitted pages came back one round trip each and the guest stood aside,
+// wiping what it had. Gets under a sampling hint are a reuse probe: they
+// decide nothing; at full admission the same cost decides again.
+TEST(AsideUnderSamplingTest, GetsWhileTheHostSamplesPutsDecideNothing) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(1)));
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  host.Step();
+  // Admission goes by blocks of TMEM_GET_BATCH_MAX pages: one page from
+  // each of many objects gives about half of them.
+  host.SetAdmissionHint(TMEM_ADMIT_ALL / 2);
+  auto oid = [](uint64_t n) {
+    return TmemGuest::ObjectId{static_cast<uint32_t>(n + 1), 0, 0, 0, 0, 0};
+  };
+  for (uint64_t n = 0; n < 40; ++n) {
+    guest->Put(pool, oid(n), 0, MakePage(n));
+    if (n % 8 == 7) host.Step();
+  }
+  host.Step();
+  guest->Poll();
+  const uint64_t sent = guest->counters().puts_sent;
+  ASSERT_GE(sent, 8u);
+  ASSERT_LT(sent, 40u);
+  Page out{};
+  uint64_t hits = 0;
+  for (uint64_t n = 0; n < 40; ++n) hits += guest->Get(pool, oid(n), 0, out);
+  EXPECT_EQ(hits, sent);
+  EXPECT_FALSE(guest->standing_aside());
+  EXPECT_EQ(guest->counters().stood_aside, 0u);
+  EXPECT_GE(guest->counters().aside_samples_discarded, 8u);
+
+  host.SetAdmissionHint(TMEM_ADMIT_ALL);
+  for (uint64_t i = 100; i < 116; ++i) {
+    guest->Put(pool, kFile, i, MakePage(i));
+  }
+  host.Step();
+  guest->Poll();
+  for (uint64_t i = 100; i < 108; ++i) {
+    ASSERT_TRUE(guest->Get(pool, kFile, i, out));
+  }
+  EXPECT_TRUE(guest->standing_aside());
+  EXPECT_EQ(guest->counters().stood_aside, 1u);
+}
+
 }  // namespace
 }  // namespace tmem
