@@ -450,6 +450,8 @@ static void debugfs_setup(void)
 	COUNTER(aside_samples_discarded);
 	COUNTER(put_ns);
 	COUNTER(get_ns);
+	COUNTER(round_trips);
+	COUNTER(round_trip_wait_ns);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);
 }
 

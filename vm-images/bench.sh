@@ -22,6 +22,10 @@
 #          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
+#          [--repeat N]
+# --repeat N: every pair N times; the summary table gives each row's median
+# ratio and the range (a pair's two guests share the host's noise, but
+# runs on a shared 2-core machine still differ from run to run).
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -29,7 +33,8 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 smoke=0 extra="" keep="" rows="" tmemd_args=()
+tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1
+tmemd_args=(--stats-interval 2)  # per-VM stats while the guest is attached
 # tmemd runs at the priority its systemd unit gives it (Nice= in
 # host-agent/tmemd.service): its data plane is latency-bound like a vhost
 # backend, and its CPU is bounded by the valve's budget, not by the scheduler.
@@ -43,13 +48,15 @@ while (($#)); do
     --rows) rows="$2"; shift 2 ;;
     --extra) extra="$2"; shift 2 ;;
     --keep) keep="$2"; shift 2 ;;
-    --tmemd-args) read -r -a tmemd_args <<<"$2"; shift 2 ;;
+    --tmemd-args) read -r -a more <<<"$2"; tmemd_args+=("${more[@]}"); shift 2 ;;
     --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    --repeat) repeat="$2"; shift 2 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
 [[ -x "${tmemd}" ]] || die "--tmemd PATH is required"
+[[ "${repeat}" =~ ^[1-9][0-9]*$ ]] || die "--repeat ${repeat}: want a whole number >= 1"
 if ((smoke)); then
   : "${rows:=seq,rand,stream-adaptive}"
   seq_files=2 seq_pages=20480 rand_pages=40960 rand_reads=4000
@@ -63,16 +70,20 @@ has_row() { [[ ",${rows}," == *",$1,"* ]]; }
 images="$("${VM_DIR}/build-all.sh")" || die "could not build the guest images"
 eval "${images}"
 # Disk images must be on a filesystem that takes O_DIRECT (not tmpfs).
-work="$(mktemp -d "${TMPDIR:-/var/tmp}/tmem-bench.XXXXXX")"
+base="$(mktemp -d "${TMPDIR:-/var/tmp}/tmem-bench.XXXXXX")"
+work="${base}/run1"
 cleanup() {
   local pids
   pids="$(jobs -p)"
   [[ -n "${pids}" ]] && kill ${pids} 2>/dev/null
   wait 2>/dev/null
   if [[ -n "${keep}" ]]; then
-    mkdir -p "${keep}" && cp "${work}"/*.log "${keep}/" 2>/dev/null
+    local d
+    for d in "${base}"/run*; do
+      mkdir -p "${keep}/${d##*/}" && cp "${d}"/*.log "${keep}/${d##*/}/" 2>/dev/null
+    done
   fi
-  rm -rf "${work}"
+  rm -rf "${base}"
 }
 trap cleanup EXIT
 failed=0
@@ -148,14 +159,17 @@ delta() {
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
 per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b / 1000; else print "-" }'; }
 
-table=()
+table=() labels=()
+declare -A ratios targets
 # row LABEL WORKLOAD WITH_BOOT WITHOUT_BOOT TARGET
 row() {
   local label="$1" wl="$2" on_boot="$3" off_boot="$4" target="$5" from to
   from="bench-${wl}-warm" to="bench-${wl}-end"
   [[ "${wl}" == stream ]] && from="bench-${wl}-start"
-  local on off puts gets hits local_miss put_ns get_ns sent
+  local on off puts gets hits local_miss put_ns get_ns sent rts rt_ns
   on=$(rate "${on_boot}" "${wl}") off=$(rate "${off_boot}" "${wl}")
+  rts=$(delta "${on_boot}" "${from}" "${to}" round_trips)
+  rt_ns=$(delta "${on_boot}" "${from}" "${to}" round_trip_wait_ns)
   puts=$(delta "${on_boot}" "${from}" "${to}" puts_sent)
   hits=$(delta "${on_boot}" "${from}" "${to}" gets_hit)
   gets=$(( $(delta "${on_boot}" "${from}" "${to}" gets_hit) + $(delta "${on_boot}" "${from}" "${to}" gets_miss) ))
@@ -163,49 +177,74 @@ row() {
   put_ns=$(delta "${on_boot}" "${from}" "${to}" put_ns)
   get_ns=$(delta "${on_boot}" "${from}" "${to}" get_ns)
   sent=$((gets - local_miss))
-  table+=("| ${label} | ${on} | ${off} | $(ratio "${on}" "${off}") | ${target} | ${hits} / ${sent} / ${gets} | $(per "${get_ns}" "${sent}") | ${puts} | $(per "${put_ns}" "${puts}") |")
+  local r
+  r=$(ratio "${on}" "${off}")
+  table+=("| ${label} | ${rep} | ${on} | ${off} | ${r} | ${target} | ${hits} / ${sent} / ${gets} | $(per "${get_ns}" "${sent}") | ${rts} | $(per "${rt_ns}" "${rts}") | ${puts} | $(per "${put_ns}" "${puts}") |")
+  ratios["${label}"]+=" ${r}"
+  targets["${label}"]="${target}"
+  [[ " ${labels[*]} " == *" ${label} "* ]] || labels+=("${label}")
+}
+# median of the numbers given (a "-" counts as 0: a run that measured nothing)
+median() {
+  printf '%s\n' "$@" | sed 's/^-$/0/' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 # Boots: each row's with-tmem guest runs at the same time as its
 # without-tmem guest.
-wls=""; has_row seq && wls+="seq,"; has_row rand && wls+="rand,"
-if [[ -n "${wls}" ]]; then
-  pair none-with 1 none "${wls%,}" -- none-without 0 none "${wls%,}"
-  finished none-with; finished none-without
-fi
-if has_row stream-adaptive; then
-  pair stream-adaptive 1 none stream --memory-cap 8MiB --mode adaptive \
-    -- stream-without 0 none stream
-  finished stream-adaptive; finished stream-without
-fi
-if has_row stream-off; then
-  pair stream-off 1 none stream --memory-cap 8MiB --mode off \
-    -- stream-without2 0 none stream
-  finished stream-off; finished stream-without2
-fi
-if has_row seq-writeback; then
-  pair wb-with 1 writeback seq -- wb-without 0 writeback seq
-  finished wb-with; finished wb-without
-fi
-grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
+for rep in $(seq "${repeat}"); do
+  work="${base}/run${rep}"
+  mkdir -p "${work}"
+  ((repeat > 1)) && vmlog "run ${rep} of ${repeat}"
+  wls=""; has_row seq && wls+="seq,"; has_row rand && wls+="rand,"
+  if [[ -n "${wls}" ]]; then
+    pair none-with 1 none "${wls%,}" -- none-without 0 none "${wls%,}"
+    finished none-with; finished none-without
+  fi
+  if has_row stream-adaptive; then
+    pair stream-adaptive 1 none stream --memory-cap 8MiB --mode adaptive \
+      -- stream-without 0 none stream
+    finished stream-adaptive; finished stream-without
+  fi
+  if has_row stream-off; then
+    pair stream-off 1 none stream --memory-cap 8MiB --mode off \
+      -- stream-without2 0 none stream
+    finished stream-off; finished stream-without2
+  fi
+  if has_row seq-writeback; then
+    pair wb-with 1 writeback seq -- wb-without 0 writeback seq
+    finished wb-with; finished wb-without
+  fi
+  grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
 
-has_row seq && row "seq re-read, cache=none" seq none-with none-without ">= 1.0"
-has_row rand && row "random 4 KiB re-read, cache=none" rand none-with none-without ">= 2.0"
-has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream stream-adaptive stream-without ">= 0.97"
-has_row stream-off && row "stream once, cap 8 MiB, mode off" stream stream-off stream-without2 ">= 0.99"
-has_row seq-writeback && row "seq re-read, cache=writeback" seq wb-with wb-without ">= 0.95"
+  has_row seq && row "seq re-read, cache=none" seq none-with none-without ">= 1.0"
+  has_row rand && row "random 4 KiB re-read, cache=none" rand none-with none-without ">= 2.0"
+  has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream stream-adaptive stream-without ">= 0.97"
+  has_row stream-off && row "stream once, cap 8 MiB, mode off" stream stream-off stream-without2 ">= 0.99"
+  has_row seq-writeback && row "seq re-read, cache=writeback" seq wb-with wb-without ">= 0.95"
 
+done
 vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, rand ${rand_pages} pages x ${rand_reads} reads/pass, stream ${stream_files} x ${stream_pages} pages"
 {
   echo
-  echo "| row | with tmem MB/s | without MB/s | ratio | target | get hits / sent / all | guest us per get sent | puts sent | guest us per put |"
-  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+  echo "| row | run | with tmem MB/s | without MB/s | ratio | target | get hits / sent / all | guest us per get sent | round trips | guest us waiting per round trip | puts sent | guest us per put |"
+  echo "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
   printf '%s\n' "${table[@]}"
+  echo
+  echo "| row | median ratio (${repeat} runs) | lowest | highest | target |"
+  echo "| --- | --- | --- | --- | --- |"
+  for label in "${labels[@]}"; do
+    # shellcheck disable=SC2086
+    set -- ${ratios[${label}]}
+    sorted="$(printf '%s\n' "$@" | sed 's/^-$/0/' | sort -g)"
+    echo "| ${label} | $(median "$@") | $(head -n1 <<<"${sorted}") | $(tail -n1 <<<"${sorted}") | ${targets[${label}]} |"
+  done
   echo
 } >&2
 for b in none-with stream-adaptive stream-off wb-with; do
   [[ -f "${work}/tmemd-${b}.log" ]] || continue
-  vmlog "tmemd ${b}: $(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | tail -n1 |
+  # The last report while the guest was attached (a detach zeroes its own).
+  vmlog "tmemd ${b} (last run): $(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | grep -v 'guest_ram_pages=0 ' | tail -n1 |
     tr ' ' '\n' | grep -E '^(gets_hit|gets_miss|admission|reuse|valve_compressed|valve_raw|valve_dropped_[a-z]+|valve_ghost_hits(_far)?|valve_throttle_events|doorbells|poll_rounds|interrupts|get_batches|guest_[a-z_]+)=' | tr '\n' ' ')"
 done
 exit "${failed}"

@@ -1649,7 +1649,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	struct get_ticket t = { .c = c };
 	struct tmem_core_pending *p;
 	struct tmem_core_window *w;
-	u64 t0 = now(c);
+	u64 t0 = now(c), t_wait;
 	bool hit = false, timed_out, sequential;
 	u32 slot, count;
 	int id, served, win;
@@ -1728,9 +1728,14 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	c->pending[t.index].waiter = WAITING;
 	unlock(c, flags);
 
+	t_wait = now(c);
 	timed_out = wait_get(c, &t);
+	t_wait = now(c) - t_wait;
 
 	lock(c, &flags);
+	/* Where a round trip's time goes: waiting for the host vs the rest. */
+	c->c.round_trips++;
+	c->c.round_trip_wait_ns += t_wait;
 	if (c->rings_gen == t.rings_gen && c->pending[t.index].tag == t.tag) {
 		p = &c->pending[t.index];
 		if (p->waiter == DONE_HIT || p->waiter == DONE_MISS) {

@@ -158,6 +158,8 @@ struct tmem_core_counters {
 	u64 aside_samples_discarded;	/* cost samples under a sampling hint */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
+	u64 round_trips;		/* gets that waited for a CQE */
+	u64 round_trip_wait_ns;		/* of get_ns: posted to CQE seen */
 };
 
 /* One per SQE from post to reaped CQE (tag's low bits index it). */
