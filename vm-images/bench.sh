@@ -243,8 +243,14 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
 } >&2
 for b in none-with stream-adaptive stream-off wb-with; do
   [[ -f "${work}/tmemd-${b}.log" ]] || continue
-  # The last report while the guest was attached (a detach zeroes its own).
-  vmlog "tmemd ${b} (last run): $(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | grep -v 'guest_ram_pages=0 ' | tail -n1 |
-    tr ' ' '\n' | grep -E '^(gets_hit|gets_miss|admission|reuse|valve_compressed|valve_raw|valve_dropped_[a-z]+|valve_ghost_hits(_far)?|valve_throttle_events|doorbells|poll_rounds|interrupts|get_batches|guest_[a-z_]+)=' | tr '\n' ' ')"
+  # The last report while the guest was attached (a detach zeroes the
+  # guest's own fields), else the last one.
+  stats="$(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | grep -v 'guest_ram_pages=0 ' | tail -n1)"
+  [[ -n "${stats}" ]] || stats="$(grep -a 'event=vm_stats' "${work}/tmemd-${b}.log" | tail -n1)"
+  # Host CPU per ring entry: of a round trip, what tmemd itself spends.
+  host_us="$(tr ' ' '\n' <<<"${stats}" | awk -F= '$1 == "valve_cpu_ns" { c = $2 } $1 == "sqe_processed" { n = $2 }
+    END { if (n > 0) printf "%.1f", c / n / 1000; else print "-" }')"
+  vmlog "tmemd ${b} (last run): host_us_per_entry=${host_us} $(tr ' ' '\n' <<<"${stats}" |
+    grep -E '^(gets_hit|gets_miss|admission|reuse|valve_compressed|valve_raw|valve_dropped_[a-z]+|valve_ghost_hits(_far)?|valve_throttle_events|doorbells|poll_rounds|interrupts|get_batches|guest_[a-z_]+)=' | tr '\n' ' ')"
 done
 exit "${failed}"
