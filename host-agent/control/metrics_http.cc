@@ -7,9 +7,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "host-agent/control/control_plane.h"
@@ -163,38 +166,22 @@ void MetricsServer::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void MetricsServer::Loop() {
-  while (!stop_.load()) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) continue;
-    if ((fds[1].revents & POLLIN) != 0) break;
-    if ((fds[0].revents & POLLIN) == 0) continue;
-    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    Serve(fd);
-    close(fd);
-  }
+namespace {
+
+constexpr size_t kMaxRequestBytes = 8192;
+
+bool RequestComplete(const std::string& r) {
+  return r.find("\r\n\r\n") != std::string::npos ||
+         r.find("\n\n") != std::string::npos || r.size() >= kMaxRequestBytes;
 }
 
-void MetricsServer::Serve(int fd) {
-  // A client gets 2 s to send its request line.
-  timeval tv{2, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  std::string request;
-  char buf[1024];
-  while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos && request.size() < 8192) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
-  }
+std::string Respond(const Agent& agent, const std::string& request) {
   std::string status = "200 OK";
   std::string body;
-  std::string type = "text/plain; version=0.0.4; charset=utf-8";
+  const std::string type = "text/plain; version=0.0.4; charset=utf-8";
   if (request.rfind("GET /metrics ", 0) == 0 ||
       request.rfind("GET /metrics\r", 0) == 0) {
-    body = RenderPrometheus(*agent_);
+    body = RenderPrometheus(agent);
   } else if (request.rfind("GET ", 0) == 0) {
     status = "404 Not Found";
     body = "tmemd serves only /metrics\n";
@@ -202,17 +189,87 @@ void MetricsServer::Serve(int fd) {
     status = "400 Bad Request";
     body = "send GET /metrics\n";
   }
-  const std::string response =
-      absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
-                   "\r\nContent-Length: ", body.size(),
-                   "\r\nConnection: close\r\n\r\n", body);
-  size_t done = 0;
-  while (done < response.size()) {
-    const ssize_t n =
-        send(fd, response.data() + done, response.size() - done, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    done += static_cast<size_t>(n);
+  return absl::StrCat("HTTP/1.0 ", status, "\r\nContent-Type: ", type,
+                      "\r\nContent-Length: ", body.size(),
+                      "\r\nConnection: close\r\n\r\n", body);
+}
+
+}  // namespace
+
+// One thread, no blocking call: every client socket is non-blocking and
+// polled with the listener, so a client that sends slowly, never reads, or
+// just holds its connection costs one slot until its deadline, never the
+// other scrapers' turn.
+void MetricsServer::Loop() {
+  struct Client {
+    int fd;
+    std::chrono::steady_clock::time_point deadline;
+    std::string request;
+    std::string response;
+    size_t sent = 0;
+  };
+  std::vector<Client> clients;
+  auto drop = [&](size_t i) {
+    close(clients[i].fd);
+    clients[i] = std::move(clients.back());
+    clients.pop_back();
+  };
+  while (!stop_.load()) {
+    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    auto now = std::chrono::steady_clock::now();
+    int timeout_ms = -1;
+    for (const Client& c : clients) {
+      fds.push_back(
+          {c.fd, c.response.empty() ? short{POLLIN} : short{POLLOUT}, 0});
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                            c.deadline - now)
+                            .count();
+      const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
+      timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
+    }
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) continue;
+    if ((fds[1].revents & POLLIN) != 0) break;
+    now = std::chrono::steady_clock::now();
+    // Clients first (their pollfds follow the two fixed ones, in order);
+    // walk backwards so dropping one moves only already-visited entries.
+    for (size_t i = clients.size(); i-- > 0;) {
+      Client& c = clients[i];
+      const short ev = fds[2 + i].revents;
+      bool done = false;
+      if (c.response.empty() && (ev & (POLLIN | POLLHUP | POLLERR)) != 0) {
+        char buf[1024];
+        const ssize_t n = read(c.fd, buf, sizeof(buf));
+        if (n > 0) c.request.append(buf, static_cast<size_t>(n));
+        if (n > 0 ? RequestComplete(c.request) : n == 0) {
+          c.response = Respond(*agent_, c.request);
+        } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
+          done = true;
+        }
+      } else if (!c.response.empty() && (ev & (POLLOUT | POLLERR)) != 0) {
+        const ssize_t n = send(c.fd, c.response.data() + c.sent,
+                               c.response.size() - c.sent, MSG_NOSIGNAL);
+        if (n > 0) c.sent += static_cast<size_t>(n);
+        done = n < 0 ? errno != EAGAIN && errno != EINTR
+                     : c.sent == c.response.size();
+      }
+      if (!done && now >= c.deadline) {
+        timed_out_.fetch_add(1, std::memory_order_relaxed);
+        done = true;
+      }
+      if (done) drop(i);
+    }
+    if ((fds[0].revents & POLLIN) != 0) {
+      const int fd =
+          accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd >= 0 && clients.size() >= kMaxClients) {
+        refused_.fetch_add(1, std::memory_order_relaxed);
+        close(fd);
+      } else if (fd >= 0) {
+        clients.push_back(Client{fd, now + kClientDeadline, {}, {}, 0});
+      }
+    }
   }
+  for (const Client& c : clients) close(c.fd);
 }
 
 }  // namespace tmem

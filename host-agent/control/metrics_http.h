@@ -6,13 +6,18 @@
 // backend/valve.h, host-agent/channel/channel_metrics.h) with a tmem_
 // prefix; per-VM series carry a vm label. Counters end in _total.
 //
-// MetricsServer runs one thread that accepts, reads the request line, writes
-// the response and closes: a scrape a few times a minute needs no more.
+// MetricsServer runs one thread polling non-blocking sockets: it accepts,
+// reads the request, writes the response and closes. No client can block
+// another: each gets kClientDeadline for its whole exchange and at most
+// kMaxClients are open at once (more are closed at accept, counted in
+// refused()); one that runs out of time is closed (timed_out()).
 // Thread-safe; Stop() (and the destructor) joins the thread.
 #ifndef TMEMD_HOST_AGENT_CONTROL_METRICS_HTTP_H_
 #define TMEMD_HOST_AGENT_CONTROL_METRICS_HTTP_H_
 
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -34,19 +39,28 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
+  static constexpr size_t kMaxClients = 16;
+  static constexpr std::chrono::seconds kClientDeadline{2};
+
   int port() const { return port_; }
   void Stop();
+  // Connections closed at accept (kMaxClients open) / at their deadline.
+  uint64_t refused() const { return refused_.load(std::memory_order_relaxed); }
+  uint64_t timed_out() const {
+    return timed_out_.load(std::memory_order_relaxed);
+  }
 
  private:
   MetricsServer(const Agent* agent, int listen_fd, int wake_fd, int port);
   void Loop();
-  void Serve(int fd);
 
   const Agent* const agent_;
   const int listen_fd_;
   const int wake_fd_;  // eventfd: Stop() wakes the poll
   const int port_;
   std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> refused_{0};
+  std::atomic<uint64_t> timed_out_{0};
   std::thread thread_;
 };
 
