@@ -65,11 +65,13 @@ bool StopSignal::WaitFor(int ms) {
 
 TmemControlService::TmemControlService(
     ControlPlane* control, ControlAccess access,
-    std::vector<std::string> admin_identities, StopSignal* stop)
+    std::vector<std::string> admin_identities, StopSignal* stop,
+    int max_watch_streams)
     : control_(control),
       access_(access),
       admin_identities_(std::move(admin_identities)),
-      stop_(stop) {}
+      stop_(stop),
+      max_watch_streams_(max_watch_streams) {}
 
 grpc::Status TmemControlService::CheckAdmin(grpc::ServerContext* ctx,
                                             std::string_view rpc) const {
@@ -205,10 +207,31 @@ grpc::Status TmemControlService::WatchStats(
       return ToGrpcStatus(d.status());
     }
   }
+  // A stream holds a handler thread for as long as it lives: bounded per
+  // listener, so watchers cannot take every thread of a socket.
+  if (streams_.fetch_add(1) >= max_watch_streams_) {
+    streams_.fetch_sub(1);
+    streams_refused_.fetch_add(1);
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("too many WatchStats streams on this socket (",
+                         max_watch_streams_, "): close one and retry")};
+  }
+  struct Release {
+    std::atomic<int>* n;
+    ~Release() { n->fetch_sub(1); }
+  } release{&streams_};
+  constexpr int kCancelCheckMs = 100;
   while (!ctx->IsCancelled() && !stop_->stopped()) {
     if (!writer->Write(control_->Sample(*req))) break;  // client went away
-    // Wake early on shutdown; a cancelled client is seen at the next turn.
-    if (stop_->WaitFor(static_cast<int>(interval))) break;
+    // Wake early on shutdown, and notice a cancelled or vanished client
+    // within kCancelCheckMs, not at the end of a long interval.
+    bool stopped = false;
+    for (int left = static_cast<int>(interval); left > 0 && !stopped;
+         left -= kCancelCheckMs) {
+      stopped =
+          stop_->WaitFor(std::min(left, kCancelCheckMs)) || ctx->IsCancelled();
+    }
+    if (stopped) break;
   }
   return grpc::Status::OK;
 }
@@ -224,9 +247,20 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
                    const std::shared_ptr<grpc::ServerCredentials>& creds,
                    ControlAccess access, int* port) -> absl::Status {
     auto service = std::make_unique<TmemControlService>(
-        control, access, options.admin_identities, &self->stop_);
+        control, access, options.admin_identities, &self->stop_,
+        options.max_watch_streams);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address, creds, port);
+    builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+    grpc::ResourceQuota quota(absl::StrCat("tmemd-control-", address));
+    quota.SetMaxThreads(options.max_threads);
+    builder.SetResourceQuota(quota);
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                               options.max_streams_per_connection);
+    // A TCP peer that vanished without a FIN is found by keepalive pings.
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 30'000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 10'000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     builder.RegisterService(service.get());
     std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
     if (server == nullptr || (port != nullptr && *port == 0)) {
@@ -307,6 +341,18 @@ void ControlServer::Shutdown() {
        {options_.unix_socket, options_.readonly_unix_socket}) {
     if (!path.empty()) unlink(path.c_str());
   }
+}
+
+int ControlServer::active_streams() const {
+  int n = 0;
+  for (const auto& s : services_) n += s->active_streams();
+  return n;
+}
+
+uint64_t ControlServer::streams_refused() const {
+  uint64_t n = 0;
+  for (const auto& s : services_) n += s->streams_refused();
+  return n;
 }
 
 ControlServer::~ControlServer() { Shutdown(); }

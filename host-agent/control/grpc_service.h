@@ -12,12 +12,22 @@
 //
 // ControlServer also turns on gRPC health checking (grpc.health.v1) and
 // server reflection, and ends WatchStats streams promptly on Shutdown.
+//
+// Resource limits, per listener (the read-only socket is world-accessible):
+// a request larger than max_request_bytes, an RPC beyond max_threads
+// handler threads and a WatchStats stream beyond max_watch_streams are
+// refused with RESOURCE_EXHAUSTED (streams counted in streams_refused());
+// each HTTP/2 connection carries at most max_streams_per_connection calls;
+// a cancelled or vanished watcher releases its thread within 100 ms, not at
+// the end of its interval; TCP peers are probed with keepalives.
 #ifndef TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 #define TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <condition_variable>
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -56,7 +66,10 @@ class TmemControlService final : public v1::TmemControl::Service {
  public:
   TmemControlService(ControlPlane* control, ControlAccess access,
                      std::vector<std::string> admin_identities,
-                     StopSignal* stop);
+                     StopSignal* stop, int max_watch_streams = 32);
+
+  int active_streams() const { return streams_.load(); }
+  uint64_t streams_refused() const { return streams_refused_.load(); }
 
   grpc::Status Status(grpc::ServerContext* ctx, const v1::StatusRequest* req,
                       v1::HostStatus* resp) override;
@@ -100,6 +113,9 @@ class TmemControlService final : public v1::TmemControl::Service {
   const ControlAccess access_;
   const std::vector<std::string> admin_identities_;
   StopSignal* const stop_;
+  const int max_watch_streams_;
+  std::atomic<int> streams_{0};
+  std::atomic<uint64_t> streams_refused_{0};
 };
 
 struct ControlServerOptions {
@@ -111,6 +127,11 @@ struct ControlServerOptions {
   std::string tls_key;
   std::string tls_ca;
   std::vector<std::string> admin_identities;  // certificate CN or SAN
+  // Limits per listener (see the file comment).
+  int max_request_bytes = 256 << 10;
+  int max_threads = 64;
+  int max_watch_streams = 32;
+  int max_streams_per_connection = 16;
 };
 
 class ControlServer {
@@ -125,6 +146,9 @@ class ControlServer {
   // (at most ~2 s). Idempotent.
   void Shutdown();
   int tcp_port() const { return tcp_port_; }  // 0 without TCP
+  // WatchStats streams open now / refused so far, over every listener.
+  int active_streams() const;
+  uint64_t streams_refused() const;
 
  private:
   ControlServer() = default;

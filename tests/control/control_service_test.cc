@@ -12,6 +12,8 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "host-agent/agent.h"
 #include "host-agent/control/control_plane.h"
@@ -54,6 +56,8 @@ std::string TempDir(const char* name) {
 
 class ControlServiceTest : public ::testing::Test {
  protected:
+  static constexpr int kMaxWatchStreams = 4;
+
   static void SetUpTestSuite() {
     cert_dir_ = new std::string(TempDir("tmem-certs"));
     certs_ = new TestCerts(MakeTestCerts(*cert_dir_));
@@ -109,6 +113,7 @@ class ControlServiceTest : public ::testing::Test {
     so.tls_key = certs_->server_key;
     so.tls_ca = certs_->ca;
     so.admin_identities = {"ops-admin"};
+    so.max_watch_streams = kMaxWatchStreams;
     auto server = ControlServer::Start(so, control_.get());
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = std::move(*server);
@@ -563,6 +568,71 @@ TEST_F(ControlServiceTest, ShutdownEndsOpenWatchStreams) {
   while (reader->Read(&sample)) {
   }
   reader->Finish();
+}
+
+// Issue 15: 10 connections x 100 streams on the world-accessible socket
+// made 1,069 threads. Streams are bounded per listener; a refused one says
+// why; a cancelled one frees its slot within its cancel check, not at the
+// end of its (here 60 s) interval.
+TEST_F(ControlServiceTest, WatchStreamsPerSocketAreBoundedAndFreedOnCancel) {
+  v1::WatchStatsRequest req;
+  req.set_interval_ms(60000);
+  v1::StatsSample sample;
+  std::vector<std::unique_ptr<grpc::ClientContext>> ctxs;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::StatsSample>>> readers;
+  for (int i = 0; i < kMaxWatchStreams; ++i) {
+    ctxs.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(readonly_->WatchStats(ctxs.back().get(), req));
+    ASSERT_TRUE(readers.back()->Read(&sample)) << "stream " << i;
+  }
+  EXPECT_EQ(server_->active_streams(), kMaxWatchStreams);
+  {
+    grpc::ClientContext c;
+    auto extra = readonly_->WatchStats(&c, req);
+    EXPECT_FALSE(extra->Read(&sample));
+    const grpc::Status st = extra->Finish();
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_NE(st.error_message().find("too many WatchStats streams"),
+              std::string::npos)
+        << st.error_message();
+  }
+  EXPECT_EQ(server_->streams_refused(), 1u);
+  // The admin socket is another listener: not starved by the read-only one.
+  {
+    grpc::ClientContext c;
+    auto admin_watch = admin_->WatchStats(&c, req);
+    EXPECT_TRUE(admin_watch->Read(&sample));
+    c.TryCancel();
+    admin_watch->Finish();
+  }
+  // Cancel one: its slot is free again well before its 60 s interval ends.
+  const auto t0 = std::chrono::steady_clock::now();
+  ctxs[0]->TryCancel();
+  readers[0]->Finish();
+  while (server_->active_streams() >= kMaxWatchStreams &&
+         std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  grpc::ClientContext again;
+  auto reader = readonly_->WatchStats(&again, req);
+  EXPECT_TRUE(reader->Read(&sample));
+  again.TryCancel();
+  reader->Finish();
+  for (size_t i = 1; i < ctxs.size(); ++i) {
+    ctxs[i]->TryCancel();
+    readers[i]->Finish();
+  }
+}
+
+TEST_F(ControlServiceTest, OversizedRequestIsRefused) {
+  grpc::ClientContext ctx;
+  v1::GetVmRequest req;
+  req.set_vm(std::string(300 << 10, 'x'));  // 300 KiB > 256 KiB
+  v1::VmDetail detail;
+  const grpc::Status st = readonly_->GetVm(&ctx, req, &detail);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << st.error_message();
 }
 
 TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
