@@ -75,6 +75,7 @@ static struct tmem_core_config tmem_cfg = {
 	.miss_cost_ns = 18 * NSEC_PER_USEC, /* virtio disk + readahead, facts.md */
 	.aside_probe_ns = 1000 * NSEC_PER_MSEC,
 	.aside_sample_gets = 1024,
+	.aside_probe_share = TMEM_ADMIT_ALL / 8,
 	.skip_unsent_gets = true,
 };
 
@@ -151,6 +152,9 @@ module_param_cb(aside_probe_ms, &param_ops_ms, &tmem_cfg.aside_probe_ns, 0644);
 MODULE_PARM_DESC(aside_probe_ms, "after standing aside, measure again after this long (doubling to 64x)");
 module_param_named(aside_sample_gets, tmem_cfg.aside_sample_gets, uint, 0644);
 MODULE_PARM_DESC(aside_sample_gets, "gets served by tmem per cost/benefit decision");
+module_param_named(aside_probe_share, tmem_cfg.aside_probe_share, uint, 0644);
+MODULE_PARM_DESC(aside_probe_share,
+		 "after standing aside, puts go out for this share of blocks (of 65536) until tmem pays");
 module_param_named(doorbell_batch, tmem_cfg.doorbell_batch, uint, 0444);
 MODULE_PARM_DESC(doorbell_batch,
 		 "puts/invalidates posted to a sleeping host before one doorbell (0: min(sq, slots)/16)");

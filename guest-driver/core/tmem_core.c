@@ -1122,12 +1122,13 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
  */
 static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 {
-	u32 hint;
+	u32 hint = TMEM_ADMIT_ALL;
 
-	if (!(c->features & TMEM_FEAT_ADMISSION_HINT))
-		return true;
-	hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
-	if (hint == TMEM_ADMIT_ALL)
+	if (c->features & TMEM_FEAT_ADMISSION_HINT)
+		hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
+	if (c->probing)
+		hint = min(hint, READ_ONCE(c->cfg->aside_probe_share));
+	if (hint >= TMEM_ADMIT_ALL)
 		return true;
 	return (key_hash(oid, index / TMEM_GET_BATCH_MAX) >> 48) < hint;
 }
@@ -1166,6 +1167,7 @@ int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
 	c->present = true;
 	/* A new device is a new host: measure whether it pays afresh. */
 	c->aside = false;
+	c->probing = false;
 	c->aside_backoff_ns = 0;
 	c->sample_ns = 0;
 	c->sample_hits = 0;
@@ -1556,6 +1558,12 @@ static void stand_aside(struct tmem_core *c)
 static void resume(struct tmem_core *c)
 {
 	c->aside = false;
+	/*
+	 * A probe: pages must be put before any can come back, so only a
+	 * share of the blocks is sent until a sample says tmem pays (whole
+	 * blocks, so hits still come in batches and cost what they would).
+	 */
+	c->probing = true;
 	c->sample_ns = 0;
 	c->sample_hits = 0;
 	c->sample_gets = 0;
@@ -1626,6 +1634,7 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit)
 		stand_aside(c);
 	} else {
 		c->aside_backoff_ns = 0;
+		c->probing = false; /* it pays: every block again */
 	}
 	c->sample_ns = 0;
 	c->sample_hits = 0;

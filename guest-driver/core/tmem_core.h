@@ -101,6 +101,12 @@ struct tmem_core_config {
 	u64 miss_cost_ns;
 	u64 aside_probe_ns;
 	u32 aside_sample_gets;
+	/*
+	 * While probing after standing aside, puts go out for this share of
+	 * the blocks only (of TMEM_ADMIT_ALL), until a sample says tmem pays:
+	 * a probe of a guest for which tmem does not pay costs that share.
+	 */
+	u32 aside_probe_share;
 	bool skip_unsent_gets;	 /* filter says never sent: local miss */
 	u64 ram_pages;		 /* told to the host (guest_ram_pages); 0: not */
 };
@@ -290,6 +296,7 @@ struct tmem_core {
 
 	/* Never slower: the current sample and the standing-aside state. */
 	bool aside;
+	bool probing;		/* resumed, not yet shown to pay */
 	u64 aside_until_ns;
 	u64 aside_backoff_ns;
 	u64 sample_ns;		/* guest time in gets served by host or window */

@@ -183,6 +183,7 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.prefetch_windows = options.prefetch_windows;
   config_.miss_cost_ns = Ns(options.miss_cost);
   config_.aside_sample_gets = options.aside_sample_gets;
+  config_.aside_probe_share = options.aside_probe_share;
   config_.ram_pages = options.ram_pages;
   config_.aside_probe_ns = Ns(options.aside_probe_interval);
   tmem_core_init(&core_, &kOps, device, &config_);

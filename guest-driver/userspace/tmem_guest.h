@@ -114,6 +114,9 @@ struct TmemGuestOptions {
   // keeps not paying, then resumes and measures again. 0: never.
   std::chrono::nanoseconds miss_cost{0};
   uint32_t aside_sample_gets = 1024;
+  // Resumed after standing aside, puts go out for this share of the blocks
+  // (of TMEM_ADMIT_ALL) until a sample says tmem pays.
+  uint32_t aside_probe_share = TMEM_ADMIT_ALL / 8;
   std::chrono::milliseconds aside_probe_interval{1000};
   // The guest's RAM in pages, told to the host (guest_ram_pages): it judges
   // this VM's reuse only after about twice that many evictions. 0: unsaid.

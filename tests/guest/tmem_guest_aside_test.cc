@@ -50,6 +50,7 @@ TmemGuestOptions Options(std::chrono::nanoseconds miss_cost) {
   o.miss_cost = miss_cost;
   o.aside_sample_gets = 8;
   o.aside_probe_interval = std::chrono::milliseconds(50);
+  o.aside_probe_share = TMEM_ADMIT_ALL;  // probes put every block (below: less)
   return o;
 }
 
@@ -138,6 +139,45 @@ TEST_F(AsideTest, ResumesAfterTheProbeIntervalAndStaysExact) {
   }
   EXPECT_TRUE(guest_->standing_aside());
   EXPECT_EQ(guest_->counters().stood_aside, 2u);
+}
+
+// A probe after standing aside puts only a share of the blocks, whole ones,
+// until a sample says tmem pays: probing a guest for which tmem does not pay
+// costs that share of its puts, not all of them.
+TEST(AsideProbeTest, AProbePutsOnlyItsShareOfBlocks) {
+  FakeHost host(Host());
+  TmemGuestOptions o = Options(std::chrono::nanoseconds(1));
+  o.aside_probe_share = TMEM_ADMIT_ALL / 8;
+  auto guest = MustCreate(&host, o);
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  Page out{};
+  for (uint64_t i = 0; i < 16; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  host.Step();
+  guest->Poll();
+  for (uint64_t i = 0; i < 8; ++i) guest->Get(pool, kFile, i, out);
+  ASSERT_TRUE(guest->standing_aside());
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_FALSE(guest->Get(pool, kFile, 0, out));  // resumes: probing
+  ASSERT_FALSE(guest->standing_aside());
+  const uint64_t sent0 = guest->counters().puts_sent;
+  constexpr uint64_t kBlocks = 256;
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    const TmemGuest::ObjectId oid = {
+        static_cast<uint32_t>(b + 10), 0, 0, 0, 0, 0};
+    for (uint64_t i = 0; i < TMEM_GET_BATCH_MAX; ++i) {
+      guest->Put(pool, oid, i, MakePage(i));
+      if (i % 4 == 3) {
+        host.Step();
+        guest->Poll();
+      }
+    }
+  }
+  const uint64_t sent = guest->counters().puts_sent - sent0;
+  EXPECT_EQ(sent % TMEM_GET_BATCH_MAX, 0u) << "a block was split";
+  // 1/8 of 256 blocks is 32; far outside 12..52 means the share is ignored.
+  EXPECT_GE(sent, 12 * uint64_t{TMEM_GET_BATCH_MAX});
+  EXPECT_LE(sent, 52 * uint64_t{TMEM_GET_BATCH_MAX});
 }
 
 TEST(AsideDecisionTest, StaysWhenTmemPays) {
