@@ -1120,17 +1120,28 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
  * or wholly by the disk (one readahead request): a per-page sample would cut
  * every disk read into fragments and pay a round trip per page besides.
  */
+#define ADMIT_EPOCH_PUTS 4096u
+
 static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 {
 	u32 hint = TMEM_ADMIT_ALL;
+	u64 epoch;
 
 	if (c->features & TMEM_FEAT_ADMISSION_HINT)
 		hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
 	if (c->probing)
 		hint = min(hint, READ_ONCE(c->cfg->aside_probe_share));
+	/*
+	 * The choice of blocks moves on every ADMIT_EPOCH_PUTS puts: a page
+	 * evicted again and again gets its chance like any other, so a fixed
+	 * share of a working set is not shut out for as long as the hint
+	 * holds. An epoch spans many readahead windows, so few are split.
+	 */
+	epoch = c->admit_puts++ / ADMIT_EPOCH_PUTS;
 	if (hint >= TMEM_ADMIT_ALL)
 		return true;
-	return (key_hash(oid, index / TMEM_GET_BATCH_MAX) >> 48) < hint;
+	return (mix64(key_hash(oid, index / TMEM_GET_BATCH_MAX) ^ epoch) >> 48) <
+	       hint;
 }
 
 /* --- entry points ---------------------------------------------------------- */

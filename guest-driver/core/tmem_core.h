@@ -297,6 +297,7 @@ struct tmem_core {
 	/* Never slower: the current sample and the standing-aside state. */
 	bool aside;
 	bool probing;		/* resumed, not yet shown to pay */
+	u64 admit_puts;		/* puts that asked admit(): its epoch clock */
 	u64 aside_until_ns;
 	u64 aside_backoff_ns;
 	u64 sample_ns;		/* guest time in gets served by host or window */

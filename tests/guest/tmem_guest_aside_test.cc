@@ -141,9 +141,9 @@ TEST_F(AsideTest, ResumesAfterTheProbeIntervalAndStaysExact) {
   EXPECT_EQ(guest_->counters().stood_aside, 2u);
 }
 
-// A probe after standing aside puts only a share of the blocks, whole ones,
-// until a sample says tmem pays: probing a guest for which tmem does not pay
-// costs that share of its puts, not all of them.
+// A probe after standing aside puts only a share of the blocks (whole ones:
+// tmem_guest_test checks that) until a sample says tmem pays: probing a guest
+// for which tmem does not pay costs that share of its puts, not all of them.
 TEST(AsideProbeTest, AProbePutsOnlyItsShareOfBlocks) {
   FakeHost host(Host());
   TmemGuestOptions o = Options(std::chrono::nanoseconds(1));
@@ -174,7 +174,6 @@ TEST(AsideProbeTest, AProbePutsOnlyItsShareOfBlocks) {
     }
   }
   const uint64_t sent = guest->counters().puts_sent - sent0;
-  EXPECT_EQ(sent % TMEM_GET_BATCH_MAX, 0u) << "a block was split";
   // 1/8 of 256 blocks is 32; far outside 12..52 means the share is ignored.
   EXPECT_GE(sent, 12 * uint64_t{TMEM_GET_BATCH_MAX});
   EXPECT_LE(sent, 52 * uint64_t{TMEM_GET_BATCH_MAX});

@@ -8,6 +8,7 @@
 #include <memory>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -609,6 +610,9 @@ TEST(TmemGuestFlushTest, WithoutBarrierSupportTheGuestResetsItsGeneration) {
 // Admission hint
 
 // The hint admits its fraction of the puts in whole blocks of
+// TMEM_GET_BATCH_MAX pages (the choice moves every 4096 puts; here the
+// epochs start at block boundaries), and a block shut out in one epoch gets
+// its chance in the next. Whole blocks of
 // TMEM_GET_BATCH_MAX pages of an object, so a re-read window is served wholly
 // by tmem or wholly by the disk (issue 13: per-page samples fragmented the
 // disk's readahead).
@@ -660,6 +664,35 @@ TEST(TmemGuestHintTest, AdmitsTheHintedFractionInWholeBlocks) {
     }
   }
   EXPECT_EQ(held, c.puts_sent);
+
+  // The same keys again, in later epochs: other blocks get their chance
+  // (a block refused now is also invalidated, so the host holds exactly
+  // the blocks this round admitted).
+  std::vector<bool> before;
+  for (uint64_t n = 0; n < kObjects; ++n) {
+    for (uint64_t b = 0; b < kPagesPerObject; b += TMEM_GET_BATCH_MAX) {
+      before.push_back(host.HasPage(0, oid(n), b));
+    }
+  }
+  for (uint64_t n = 0; n < kObjects; ++n) {
+    for (uint64_t i = 0; i < kPagesPerObject; ++i) {
+      guest->Put(pool, oid(n), i, MakePage(i + 1));
+      if (i % 4 == 3) {
+        host.Step();
+        guest->Poll();
+      }
+    }
+  }
+  host.Step();
+  guest->Poll();
+  size_t k = 0, newly = 0;
+  for (uint64_t n = 0; n < kObjects; ++n) {
+    for (uint64_t b = 0; b < kPagesPerObject; b += TMEM_GET_BATCH_MAX) {
+      newly += host.HasPage(0, oid(n), b) && !before[k];
+      ++k;
+    }
+  }
+  EXPECT_GT(newly, 0u) << "the same blocks were chosen again";
 }
 
 TEST(TmemGuestHintTest, SkippedPutsKillWhatTheHostHolds) {
