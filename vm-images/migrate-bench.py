@@ -100,11 +100,17 @@ def one_migration(args, work, with_tmem, n):
                q.get("downtime"), ram.get("transferred", 0) // 1024),
               flush=True)
         src_qmp.execute("quit")
-        # The destination must keep running the guest (not only receive it).
+        # Only the migration is measured; a destination guest that dies
+        # afterwards (QEMU 7.2 TCG here, with or without tmem: see
+        # migrate-test.py) is reported, and the run goes on.
         time.sleep(3)
         if serial_has(dst_serial, "Kernel panic") or serial_has(dst_serial, "BUG:"):
-            print("WARN destination guest crashed after migration: %s" % dst_serial)
-        dst_qmp.execute("quit")
+            print("WARN destination guest crashed after migration (with_tmem=%d)"
+                  % with_tmem, flush=True)
+        try:
+            dst_qmp.execute("quit")
+        except (OSError, RuntimeError):
+            pass  # already gone (panic=-1 with -no-reboot)
         return q
     finally:
         for p in procs:
@@ -136,7 +142,9 @@ def main():
         for with_tmem in (0, 1):
             q = one_migration(args, work, with_tmem, n)
             n += 1
-            if q.get("status") == "completed":
+            # QEMU answered a completed migration with total-time 0 once
+            # here: such a sample is reported, not averaged.
+            if q.get("status") == "completed" and q.get("total-time"):
                 res[with_tmem].append(q)
     subprocess.run(["rm", "-rf", work])
     if not res[0] or not res[1]:

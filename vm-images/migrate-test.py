@@ -14,14 +14,18 @@ source tmemd hold no pages of the VM once the source QEMU quit.
 
 The guest core rings the peer the header names (host_peer_id 1 here).
 
-The guest runs with 1 vCPU and its disk with cache=writeback. Measured on
-this machine (QEMU 7.2, TCG): with 2 vCPUs (multi- or single-threaded TCG)
-or with cache=none,aio=native, the destination guest's memory came out
-corrupt (kernel stack-protector panics, "Bad page state", "virtio_blk ...
-is not a head", user processes dying) also with --without-tmem, i.e. with
-no tmem device at all: QEMU's own migration of that guest, not tmem.
---without-tmem runs that control (the guest reads for tmemtest_round_s
-each round, its tmem checks fail by design; look for crashes).
+Not reliable on this machine (QEMU 7.2, TCG, 2026-12-01), and not
+because of tmem: the destination guest's memory came out corrupt within
+two hops in every configuration tried (kernel oopses in __run_timers,
+bio_advance, __kmalloc, "Bad page state", "virtio_blk ... is not a head",
+stack-protector panics, init dying), with 1 or 2 vCPUs, multi- or
+single-threaded TCG, cache=none or writeback, -cpu max or qemu64; and
+in the four of those also run with --without-tmem (no tmem device, no
+module: "Not tainted" oopses; 2 vCPUs multi- and single-threaded TCG, 1
+vCPU with cache=none and with writeback). Hence CMake registers it only with
+-DTMEM_TEST_VM_MIGRATION=ON. --without-tmem is that control (the guest
+reads for tmemtest_round_s each round; its tmem checks fail by design,
+look for crashes on the destination serial logs).
 
 Usage: vm-images/migrate-test.py --tmemd PATH [--pages N] [--files N]
        [--smp N] [--disk-cache none|writeback] [--without-tmem] [--keep]
