@@ -183,6 +183,8 @@ static struct tmem_core core;
 static struct pci_dev *tmem_pdev;
 static void __iomem *tmem_regs;
 static bool have_irq;
+/* Probes that stopped waiting for READY (attach_timeout_ms); attach is lazy. */
+static u64 attach_timeouts;
 static bool ops_registered;
 static struct dentry *debug_dir;
 
@@ -434,6 +436,7 @@ static void debugfs_setup(void)
 	COUNTER(guest_resets);
 	COUNTER_AS("resets", host_resets_seen);
 	COUNTER(pools_created);
+	COUNTER(pool_create_timeouts);
 	COUNTER(doorbells);
 	COUNTER(doorbells_deferred);
 	COUNTER(interrupts);
@@ -456,6 +459,7 @@ static void debugfs_setup(void)
 	COUNTER(get_ns);
 	COUNTER(round_trips);
 	COUNTER(round_trip_wait_ns);
+	debugfs_create_u64("attach_timeouts", 0444, debug_dir, &attach_timeouts);
 	debugfs_create_file("state", 0444, debug_dir, NULL, &state_fops);
 }
 
@@ -546,6 +550,8 @@ static int tmem_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	while (smp_load_acquire(&h->host_state) != TMEM_HOST_STATE_READY &&
 	       ktime_get_ns() < deadline)
 		usleep_range(5000, 10000);
+	if (READ_ONCE(h->host_state) != TMEM_HOST_STATE_READY)
+		attach_timeouts++;
 	if (READ_ONCE(h->magic) != TMEM_ABI_MAGIC || READ_ONCE(h->version) != TMEM_ABI_VERSION) {
 		dev_err(&pdev->dev, "BAR2 is not a tmem ABI v%u region (magic 0x%x, version %u)\n",
 			TMEM_ABI_VERSION, READ_ONCE(h->magic), READ_ONCE(h->version));

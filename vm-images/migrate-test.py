@@ -12,11 +12,27 @@ attached (no re-plug), put and hit again on the destination and verify
 every page; the destination tmemd must count the foreign region, and the
 source tmemd hold no pages of the VM once the source QEMU quit.
 
-Until the guest driver rings tmemd's host_peer_id, its doorbells for peer 0
-land on the VM itself; tmemd's 10 ms ring re-check serves it anyway (slow,
-never stuck), so this test works with either driver.
+The guest core rings the peer the header names (host_peer_id 1 here).
+
+Live precopy is not reliable on this machine (QEMU 7.2, TCG, 2026-12-01),
+and not because of tmem: the destination guest's memory came out corrupt
+within two hops in every configuration tried (kernel oopses in
+__run_timers, bio_advance, __kmalloc, "Bad page state", "virtio_blk ...
+is not a head", stack-protector panics, init dying), with 1 or 2 vCPUs,
+multi- or single-threaded TCG, cache=none or writeback, -cpu max or
+qemu64; and in four of those also run with --without-tmem (no tmem
+device, no module: "Not tainted" oopses; 2 vCPUs multi- and
+single-threaded TCG, 1 vCPU with cache=none and with writeback). The
+driver from before the shared guest core (the one this test once passed
+with) crashed the same way at its third hop. With --paused (the guest is
+stopped with its entries in flight, migrated, and continued on the
+destination: one full copy, no dirty-page iterations) all hops passed
+every time, so ctest runs that. --without-tmem is the control (the guest
+reads for tmemtest_round_s each round; its tmem checks fail by design,
+look for crashes on the destination serial logs).
 
 Usage: vm-images/migrate-test.py --tmemd PATH [--pages N] [--files N]
+       [--smp N] [--disk-cache none|writeback] [--without-tmem] [--keep]
 Prints BENCH lines: migration total time and downtime (query-migrate).
 """
 import argparse
@@ -51,6 +67,13 @@ def main():
     ap.add_argument("--pages", type=int, default=12000)
     ap.add_argument("--files", type=int, default=3)
     ap.add_argument("--mem", type=int, default=160)
+    ap.add_argument("--smp", type=int, default=1)
+    ap.add_argument("--disk-cache", default="none", choices=("none", "writeback"))
+    ap.add_argument("--without-tmem", action="store_true",
+                    help="control: the same guest and migrations, no tmem device")
+    ap.add_argument("--paused", action="store_true",
+                    help="stop the guest (entries in flight) before each migration, "
+                    "cont on the destination: no dirty-page iterations")
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     subprocess.run([os.path.join(VM_DIR, "build-all.sh")], check=True,
@@ -74,20 +97,28 @@ def main():
     for h in hosts:
         if not wait_for(lambda: os.path.exists(h["sock"]), 20):
             raise SystemExit("tmemd did not start")
-    append = "tmemtest=ops tmemtest_pages=%d tmemtest_files=%d" % (args.pages, args.files)
+    # The guest checks that hits resume after each hop: its driver must not
+    # stand aside because a TCG round trip costs more than a disk read here.
+    append = (("tmemtest_module=0 tmemtest_round_s=25 " if args.without_tmem
+               else "tmem_ivshmem.miss_cost_ns=0 ")
+              + "tmemtest=ops tmemtest_pages=%d tmemtest_files=%d" % (args.pages, args.files))
 
     def start_vm(host, n, incoming=None):
         serial = os.path.join(work, "serial-%d.log" % n)
         open(serial, "w").close()
         qmp = os.path.join(work, "qmp-%d.sock" % n)
-        argv = [os.path.join(VM_DIR, "run-guest.sh"), "--socket", host["sock"],
-                "--disk", disk, "--mem", str(args.mem), "--smp", "2",
+        argv = [os.path.join(VM_DIR, "run-guest.sh")]
+        if not args.without_tmem:
+            argv += ["--socket", host["sock"], "--migratable"]
+        argv += ["--disk", disk, "--mem", str(args.mem), "--smp", str(args.smp),
                 "--serial", serial, "--timeout", "1500", "--append", append,
-                "--migratable", "--qmp", qmp, "--accel", "tcg"]
+                "--qmp", qmp, "--accel", "tcg", "--disk-cache", args.disk_cache]
         if incoming:
             argv += ["--incoming", "unix:" + incoming]
         proc = subprocess.Popen(argv)
-        return {"proc": proc, "serial": serial, "qmp": Qmp(qmp), "host": host}
+        # run-guest.sh checks the image caches first: slow on a loaded host.
+        return {"proc": proc, "serial": serial, "qmp": Qmp(qmp, deadline=300),
+                "host": host}
 
     vm = start_vm(hosts[0], 0)
     fails = []
@@ -113,6 +144,8 @@ def main():
             mig = os.path.join(work, "mig-%d.sock" % rounds)
             dst = start_vm(dst_host, rounds, incoming=mig)
             print("[host] round %d: migrating to %s" % (rounds, os.path.basename(dst_host["dir"])), flush=True)
+            if args.paused:
+                src["qmp"].execute("stop")
             r = src["qmp"].execute("migrate", uri="unix:" + mig)
             if "error" in r:
                 fails.append("round %d: migrate refused: %s" % (rounds, r["error"]["desc"]))
@@ -122,11 +155,15 @@ def main():
                 if q.get("status") in ("completed", "failed", "cancelled"):
                     break
                 time.sleep(0.05)
-            print("BENCH real-guest migration with_tmem=1 status=%s total_ms=%s downtime_ms=%s"
-                  % (q.get("status"), q.get("total-time"), q.get("downtime")), flush=True)
+            print("BENCH real-guest migration with_tmem=%d status=%s total_ms=%s downtime_ms=%s"
+                  % (0 if args.without_tmem else 1, q.get("status"), q.get("total-time"),
+                     q.get("downtime")), flush=True)
             if q.get("status") != "completed":
                 fails.append("round %d: migration %s" % (rounds, q.get("status")))
                 break
+            if args.paused:
+                wait_for(lambda: dst["qmp"].execute("query-status")["return"].get("status") == "paused", 60)
+                dst["qmp"].execute("cont")
             # The source QEMU quits, as libvirt does after a migration.
             src["qmp"].execute("quit")
             src["proc"].wait()

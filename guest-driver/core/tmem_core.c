@@ -1291,6 +1291,8 @@ int tmem_core_new_handle(struct tmem_core *c, bool shared, const u8 *uuid,
 	}
 	lock(c, &flags);
 	ret = h;
+	if (p->state == POOL_CREATING)
+		c->c.pool_create_timeouts++;
 	if (p->state == POOL_FAILED) {
 		ret = p->refusal;
 		p->state = POOL_UNUSED;

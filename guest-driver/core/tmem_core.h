@@ -138,6 +138,8 @@ struct tmem_core_counters {
 	u64 guest_resets;
 	u64 host_resets_seen;
 	u64 pools_created;
+	/* new_handle stopped waiting for NEW_POOL (made on first use then). */
+	u64 pool_create_timeouts;
 	u64 doorbells;
 	u64 doorbells_deferred;
 	u64 interrupts;

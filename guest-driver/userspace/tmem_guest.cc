@@ -251,6 +251,7 @@ void TmemGuest::SyncCounters() {
   c.guest_resets = k.guest_resets;
   c.host_resets_seen = k.host_resets_seen;
   c.pools_created = k.pools_created;
+  c.pool_create_timeouts = k.pool_create_timeouts;
   c.doorbells = k.doorbells;
   c.doorbells_deferred = k.doorbells_deferred;
   c.interrupt_waits = k.interrupt_waits;

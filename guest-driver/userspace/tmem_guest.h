@@ -152,6 +152,9 @@ struct GuestCounters {
   uint64_t guest_resets = 0;      // guest_generation bumped to void all pools
   uint64_t host_resets_seen = 0;  // host left READY or changed generation
   uint64_t pools_created = 0;     // NEW_POOL successes, re-creations too
+  // InitFs/InitSharedFs stopped waiting for NEW_POOL (pool_create_timeout):
+  // the handle works, its pool is made by the late CQE or on first use.
+  uint64_t pool_create_timeouts = 0;
   uint64_t doorbells = 0;
   // Puts and invalidates posted to a sleeping host without a doorbell
   // (posted_doorbell_batch): the host's timer or a later doorbell takes them.
@@ -207,6 +210,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("guest_resets", c.guest_resets);
   fn("host_resets_seen", c.host_resets_seen);
   fn("pools_created", c.pools_created);
+  fn("pool_create_timeouts", c.pool_create_timeouts);
   fn("doorbells", c.doorbells);
   fn("doorbells_deferred", c.doorbells_deferred);
   fn("interrupt_waits", c.interrupt_waits);

@@ -8,7 +8,8 @@
 #                                               keeping the device)
 #   TMEMTEST DONE fails=N
 # Kernel command line: tmemtest=e2e|bench|probe|ops, tmemtest_pages=N (pages per
-# big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver);
+# big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver),
+# tmemtest_round_s=S (ops: read at most S seconds waiting for the host);
 # tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -27,6 +28,7 @@ MODE=$(arg tmemtest e2e)
 PAGES=$(arg tmemtest_pages 24000)
 NFILES=$(arg tmemtest_files 4)
 LOADMOD=$(arg tmemtest_module 1)
+ROUND_S=$(arg tmemtest_round_s 300)
 D=/sys/kernel/debug/tmem_ivshmem
 CC=/sys/kernel/debug/cleancache
 FAILS=0
@@ -182,7 +184,7 @@ if [ "$MODE" = ops ]; then
 			drop
 			verify during-$round-$n /mnt/f$i $seed "$PAGES"
 			n=$((n + 1))
-			[ $(($(date +%s) - t0)) -ge 300 ] && break
+			[ $(($(date +%s) - t0)) -ge "$ROUND_S" ] && break
 		done
 		[ "$(hgen)" != "$before" ]
 		check restart-$round-seen $? "after ${n} reads, generation $before -> $(hgen)"
