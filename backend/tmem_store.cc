@@ -495,6 +495,15 @@ class TmemStore::Impl {
     Shard& shard = ShardFor(pool, oid);
 
     PutResult result;
+    // Evictions chosen for the room they free (a page of the put's size
+    // class, a page of its shard) stop after max_evictions_per_put: such a
+    // page frees a slot or an entry, which is not always the room the put
+    // lacks (a fresh slab, a table's growth), so past the bound only plain
+    // fair-share eviction runs.
+    auto targeted = [&] {
+      return result.evicted <
+             static_cast<uint32_t>(options_.max_evictions_per_put);
+    };
     // A refused put still removes the key's earlier page: the guest's copy
     // changed, so the old bytes must never come back.
     auto refuse = [&](RefuseReason reason) {
@@ -554,19 +563,16 @@ class TmemStore::Impl {
         MutexLock lock(&shard.mu);
         RemoveKeyLocked(shard, pool, oid, index);
         // The table may need metadata memory (an entry chunk, an index
-        // doubling). Pages removed from this same shard give their entries
-        // back here, so evict locally before giving up.
+        // doubling). A page removed from this same shard gives its entry
+        // and index slot back here, so evict locally first (targeted); what
+        // only budget can pay for (an object index, a pool slot, a VM's LRU
+        // head) is left to the host-wide eviction below.
         uint32_t entry = kNoEntry;
         for (;;) {
           entry = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
                                          enc.kind, payload);
           stored = entry != kNoEntry;
-          if (stored ||
-              result.evicted >=
-                  static_cast<uint32_t>(options_.max_evictions_per_put) ||
-              !EvictInShardLocked(shard)) {
-            break;
-          }
+          if (stored || !targeted() || !EvictInShardLocked(shard)) break;
           ++result.evicted;
         }
         if (stored) {
@@ -587,24 +593,23 @@ class TmemStore::Impl {
         }
       }
       if (stored) break;
-      // No slot of this size class and no free slab: target the class.
       const bool slot_missing = !enc.bytes.empty() && !blob;
       if (blob) arena_.Free(*blob);
       vm.counters.Add(Counter::kChargedBytes, -static_cast<int64_t>(charge));
-      if (result.evicted >=
-              static_cast<uint32_t>(options_.max_evictions_per_put) ||
-          !EvictForHost(slot_missing ? SlotBytesOf(enc) : 0)) {
+      // Cached empty slabs are charged; metadata cannot use them.
+      if (!slot_missing) slabs_->TrimCache();
+      // No slot of this size class and no free slab: while targeted, evict
+      // a page of that class (its slot is the room). Then plain fair-share
+      // order, which ends with room or with no page left to evict: every
+      // slab and table of an emptied store is given back (tmem_store.h).
+      if (!EvictForHost(slot_missing && targeted() ? SlotBytesOf(enc) : 0)) {
         return refuse(RefuseReason::kNoMemory);
       }
       ++result.evicted;
     }
-    // Index growth is charged after the fact; give it back at once so the
-    // cap is exceeded only for the duration of this put.
+    // A lowered cap (SetMemoryCap racing with this put) is met here too.
     if (budget_->OverCap()) slabs_->TrimCache();
-    while (budget_->OverCap() &&
-           result.evicted <
-               static_cast<uint32_t>(options_.max_evictions_per_put) &&
-           EvictForHost()) {
+    while (budget_->OverCap() && EvictForHost()) {
       ++result.evicted;
     }
     result.stored = true;

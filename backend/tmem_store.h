@@ -44,6 +44,18 @@
 // charged/weight (furthest over its weighted fair share), least recently used
 // first within a shard, shards taken round robin.
 //
+// No-memory guarantee: a put is refused for memory (no_memory) only when it
+// found no page left to evict, i.e. every page other than those of puts in
+// flight on other threads is gone; never while an evictable page is held.
+// The room a put lacks may be a slot of its size class, a fresh 64 KiB slab
+// or a table's growth. Its first max_evictions_per_put evictions are chosen
+// for the room they free (a page of its size class, a page of its own
+// shard); such a page frees a slot or an entry, which is not always that
+// room (a slab is given back only when all its slots are free). After that
+// it evicts in plain fair-share order until the room is there; that order
+// ends with room or with an empty store, which gives back every slab and
+// every table beyond each shard's first chunk.
+//
 // Threads: every method is thread-safe. Put/Get/Invalidate* of different VMs
 // run in parallel: they take the VM's op lock shared, then one shard lock.
 // Lock order: VM op lock (shared for page ops, exclusive for pool ops and
@@ -100,7 +112,9 @@ struct StoreOptions {
   size_t poor_compression_threshold_bytes = 3584;
   PoorCompressionAction poor_compression_action =
       PoorCompressionAction::kStoreRaw;
-  // Upper bound on pages a single put evicts before it gives up (no memory).
+  // Evictions a put chooses for the room they free (its size class, its
+  // shard) before it evicts in plain fair-share order. Not a refusal bound:
+  // see "No-memory guarantee" above.
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
