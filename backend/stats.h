@@ -75,6 +75,10 @@ class CounterSet {
     }
     return out;
   }
+  // Zeroes every counter (a reused VM struct starts afresh).
+  void Reset() {
+    for (auto& v : values_) v.store(0, std::memory_order_relaxed);
+  }
   // Adds this set's values into `sum` (for host totals).
   void AccumulateInto(CounterValues& sum) const {
     for (int i = 0; i < kNumCounters; ++i) {

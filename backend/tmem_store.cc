@@ -82,7 +82,7 @@ class TmemStore::Impl {
     bool shared = false;
     PoolUuid uuid;
     CounterSet counters;
-    int members = 0;  // shared pools: VMs that hold it (registry_mu_)
+    int members = 0;  // shared pools: VMs that hold it (pools_mu_)
     // Pages are keyed by the pool's address: all of a pool's pages are
     // removed before it is freed, so a reused address never meets a stale
     // page.
@@ -90,11 +90,20 @@ class TmemStore::Impl {
   };
 
   struct Vm {
-    VmId id = 0;
-    uint16_t slot = 0;
+    explicit Vm(uint16_t slot_index) : slot(slot_index) {}
+    // Changes only when a forgotten VM's struct is reused for a new VM
+    // (under op_mu exclusive); read lock-free by LookupVm.
+    std::atomic<VmId> id{0};
+    const uint16_t slot;  // the struct belongs to its slot for good
+    // Written by AddVm under vms_mu_ and op_mu (exclusive): read under
+    // either.
     std::string name;
-    // Shared by page ops, exclusive for pool ops and ForgetVm, so a page op
-    // never races with its own pool table changing or the VM going away.
+    // Shared by page ops, policy calls and GetVmStats; exclusive for pool
+    // ops, ForgetVm and AddVm's reset of a reused struct, so an op never
+    // races with its own pool table changing or the VM going away. Taken
+    // after vms_mu_ and before pools_mu_ (tmem_store.h: lock order); the
+    // annotations cannot name another object's member, so that order is
+    // kept by ForgetVm dropping this lock before it takes vms_mu_.
     mutable SharedMutex op_mu;
     bool gone ABSL_GUARDED_BY(op_mu) = false;
     std::vector<Pool*> pools ABSL_GUARDED_BY(op_mu);  // index = PoolId
@@ -140,71 +149,111 @@ class TmemStore::Impl {
   }
 
   // ---------------------------------------------------------------- VMs
-  absl::StatusOr<VmId> AddVm(const std::string& name, const VmPolicy& policy) {
+  absl::StatusOr<VmId> AddVm(const std::string& name, const VmPolicy& policy)
+      ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_) {
     if (name.empty()) return absl::InvalidArgumentError("VM name is empty");
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&vms_mu_);
     if (by_name_.contains(name)) {
       return absl::AlreadyExistsError(
           absl::StrCat("a VM named '", name, "' is already registered"));
     }
+    // The lowest free slot whose generation can still grow: a slot retires
+    // at generation 65535, so an id (slot, generation) is never issued twice
+    // and a stale handle never reaches a later VM (4096 x 65535 adds before
+    // RESOURCE_EXHAUSTED: 8 years at one VM start per second).
     int slot = -1;
+    bool free_slot_left = false;
     for (int i = 0; i < kMaxVms; ++i) {
-      if (slots_[i].load(std::memory_order_relaxed) == nullptr) {
-        slot = i;
-        break;
-      }
+      if (slots_[i].load(std::memory_order_relaxed) != nullptr) continue;
+      free_slot_left = true;
+      if (generations_[i] == UINT16_MAX) continue;  // retired
+      slot = i;
+      break;
     }
     if (slot < 0) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("too many VMs (", kMaxVms, "); forget one first"));
+          free_slot_left
+              ? absl::StrCat("every free VM id has been used (", kMaxVms,
+                             " slots x 65535 generations); restart tmemd")
+              : absl::StrCat("too many VMs (", kMaxVms, "); forget one first"));
     }
-    auto vm = std::make_unique<Vm>();
-    vm->slot = static_cast<uint16_t>(slot);
-    vm->id = (static_cast<VmId>(++generations_[slot]) << 16) |
-             static_cast<VmId>(slot);
-    vm->name = name;
-    ApplyPolicy(*vm, policy);
-    Vm* raw = vm.get();
-    all_vms_.push_back(std::move(vm));
+    const VmId id = (static_cast<VmId>(++generations_[slot]) << 16) |
+                    static_cast<VmId>(slot);
+    // A slot's struct is reused, never freed: LookupVm may still hold a
+    // pointer to it, and reuse bounds the VM structs to kMaxVms however
+    // often VMs come and go.
+    std::unique_ptr<Vm>& owned = vm_structs_[slot];
+    if (owned == nullptr) {
+      owned = std::make_unique<Vm>(static_cast<uint16_t>(slot));
+    }
+    Vm* raw = owned.get();
+    {
+      // vms_mu_ -> op_mu, the documented order. Whoever still holds this
+      // op lock is an op of the forgotten VM: it sees Gone and lets go
+      // without taking vms_mu_.
+      WriterMutexLock op_lock(&raw->op_mu);
+      raw->name = name;
+      raw->gone = false;
+      raw->pools.clear();
+      raw->eviction_bias.store(1, std::memory_order_relaxed);
+      raw->evict_cursor.store(0, std::memory_order_relaxed);
+      raw->counters.Reset();
+      ApplyPolicy(*raw, policy);
+      raw->id.store(id, std::memory_order_release);
+    }
     by_name_[name] = raw;
     slots_[slot].store(raw, std::memory_order_release);
     int high = max_slot_.load(std::memory_order_relaxed);
     while (slot > high && !max_slot_.compare_exchange_weak(
                               high, slot, std::memory_order_relaxed)) {
     }
-    return raw->id;
+    return id;
   }
 
   absl::StatusOr<VmId> FindVm(const std::string& name) const {
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&vms_mu_);
     auto it = by_name_.find(name);
     if (it == by_name_.end()) {
       return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
     }
-    return it->second->id;
+    return it->second->id.load(std::memory_order_relaxed);
   }
 
   std::vector<VmId> ListVms() const {
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&vms_mu_);
     std::vector<VmId> out;
-    for (const auto& [name, vm] : by_name_) out.push_back(vm->id);
+    for (const auto& [name, vm] : by_name_) {
+      out.push_back(vm->id.load(std::memory_order_relaxed));
+    }
     std::sort(out.begin(), out.end(),
               [](VmId a, VmId b) { return (a & 0xFFFF) < (b & 0xFFFF); });
     return out;
   }
 
-  // Vm objects are never freed before the store, so a pointer read from a
-  // slot stays dereferenceable even if the VM is forgotten meanwhile; the id
-  // check (slot + generation) rejects stale handles.
+  // Vm structs are never freed before the store (a forgotten VM's is reused
+  // by its slot's next VM), so a pointer read from a slot stays
+  // dereferenceable even if the VM is forgotten meanwhile; the id check
+  // (slot + generation) rejects stale handles, and callers check it again
+  // under the op lock (Gone), where a reuse cannot be half done.
   absl::StatusOr<Vm*> LookupVm(VmId id) const {
     const uint32_t slot = id & 0xFFFF;
     if (slot >= static_cast<uint32_t>(kMaxVms)) return UnknownVm(id);
     Vm* vm = slots_[slot].load(std::memory_order_acquire);
-    if (vm == nullptr || vm->id != id) return UnknownVm(id);
+    if (vm == nullptr || vm->id.load(std::memory_order_acquire) != id) {
+      return UnknownVm(id);
+    }
     return vm;
   }
 
-  static absl::Status UnknownVm(VmId id) {
+  // The VM was forgotten, or its struct now serves a later VM.
+  static bool Gone(const Vm& vm, VmId id) ABSL_SHARED_LOCKS_REQUIRED(vm.op_mu) {
+    return vm.gone || vm.id.load(std::memory_order_relaxed) != id;
+  }
+
+  // Every refusal of an id that names no live VM (never added, forgotten,
+  // or its slot's struct now serves a later VM) is counted.
+  absl::Status UnknownVm(VmId id) const {
+    unknown_vm_ids_refused_.fetch_add(1, std::memory_order_relaxed);
     return absl::NotFoundError(
         absl::StrCat("unknown VM id ", id, " (never added, or forgotten)"));
   }
@@ -219,6 +268,8 @@ class TmemStore::Impl {
   absl::Status SetVmPolicy(VmId id, const VmPolicy& policy) {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
+    ReaderMutexLock op_lock(&(*vm)->op_mu);
+    if (Gone(**vm, id)) return UnknownVm(id);
     ApplyPolicy(**vm, policy);
     // A lowered quota holds from now on: evict the VM's oldest pages.
     while ((*vm)->charged() > policy.quota_bytes) {
@@ -230,6 +281,8 @@ class TmemStore::Impl {
   absl::Status SetEvictionBias(VmId id, uint32_t divisor) {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
+    ReaderMutexLock op_lock(&(*vm)->op_mu);
+    if (Gone(**vm, id)) return UnknownVm(id);
     (*vm)->eviction_bias.store(std::max<uint32_t>(divisor, 1),
                                std::memory_order_relaxed);
     return absl::OkStatus();
@@ -238,6 +291,8 @@ class TmemStore::Impl {
   absl::StatusOr<VmPolicy> GetVmPolicy(VmId id) const {
     absl::StatusOr<Vm*> vm = LookupVm(id);
     if (!vm.ok()) return vm.status();
+    ReaderMutexLock op_lock(&(*vm)->op_mu);
+    if (Gone(**vm, id)) return UnknownVm(id);
     VmPolicy p;
     p.quota_bytes = (*vm)->quota.load(std::memory_order_relaxed);
     p.weight = (*vm)->weight.load(std::memory_order_relaxed);
@@ -246,27 +301,33 @@ class TmemStore::Impl {
     return p;
   }
 
-  absl::Status ForgetVm(VmId id) {
+  absl::Status ForgetVm(VmId id) ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_) {
     absl::StatusOr<Vm*> found = LookupVm(id);
     if (!found.ok()) return found.status();
     Vm& vm = **found;
-    WriterMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
-    vm.gone = true;
-    // Every page the VM put, in any pool (its LRU lists enumerate them).
-    for (auto& shard : shards_) {
-      MutexLock lock(&shard->mu);
-      for (uint32_t e = shard->table.LruTail(vm.slot); e != kNoEntry;
-           e = shard->table.LruTail(vm.slot)) {
-        RemoveEntryLocked(*shard, e);
+    {
+      WriterMutexLock op_lock(&vm.op_mu);
+      if (Gone(vm, id)) return UnknownVm(id);
+      vm.gone = true;
+      // Every page the VM put, in any pool (its LRU lists enumerate them).
+      for (auto& shard : shards_) {
+        MutexLock lock(&shard->mu);
+        for (uint32_t e = shard->table.LruTail(vm.slot); e != kNoEntry;
+             e = shard->table.LruTail(vm.slot)) {
+          RemoveEntryLocked(*shard, e);
+        }
       }
+      MutexLock lock(&pools_mu_);
+      for (Pool*& pool : vm.pools) {
+        if (pool != nullptr) ReleasePoolLocked(pool);
+        pool = nullptr;
+      }
+      vm.pools.clear();
     }
-    MutexLock lock(&registry_mu_);
-    for (Pool*& pool : vm.pools) {
-      if (pool != nullptr) ReleasePoolLocked(pool);
-      pool = nullptr;
-    }
-    vm.pools.clear();
+    // The op lock is dropped before vms_mu_ (lock order). Meanwhile the VM
+    // is gone, so no op of it changes its counters, and its slot stays
+    // taken, so AddVm cannot reuse the struct before the counters retire.
+    MutexLock lock(&vms_mu_);
     vm.counters.AccumulateInto(retired_counters_);
     by_name_.erase(vm.name);
     slots_[vm.slot].store(nullptr, std::memory_order_release);
@@ -274,12 +335,12 @@ class TmemStore::Impl {
   }
 
   void AuthorizeSharedPool(const PoolUuid& uuid, const std::string& vm_name) {
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&pools_mu_);
     shared_auth_[uuid].insert(vm_name);
   }
 
   void RevokeSharedPool(const PoolUuid& uuid, const std::string& vm_name) {
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&pools_mu_);
     auto it = shared_auth_.find(uuid);
     if (it == shared_auth_.end()) return;
     it->second.erase(vm_name);
@@ -287,12 +348,13 @@ class TmemStore::Impl {
   }
 
   // -------------------------------------------------------------- pools
-  absl::StatusOr<PoolId> NewPool(VmId id, const PoolUuid* shared) {
+  absl::StatusOr<PoolId> NewPool(VmId id, const PoolUuid* shared)
+      ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_) {
     absl::StatusOr<Vm*> found = LookupVm(id);
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     WriterMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     PoolId pid = 0;
     while (pid < static_cast<PoolId>(vm.pools.size()) &&
            vm.pools[pid] != nullptr) {
@@ -304,7 +366,7 @@ class TmemStore::Impl {
     }
     Pool* pool;
     {
-      MutexLock lock(&registry_mu_);
+      MutexLock lock(&pools_mu_);
       if (shared == nullptr) {
         auto owned = std::make_unique<Pool>();
         pool = owned.get();
@@ -336,16 +398,17 @@ class TmemStore::Impl {
     return pid;
   }
 
-  absl::Status DestroyPool(VmId id, PoolId pid) {
+  absl::Status DestroyPool(VmId id, PoolId pid)
+      ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_) {
     absl::StatusOr<Vm*> found = LookupVm(id);
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     WriterMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
     if (!pool.ok()) return pool.status();
     vm.pools[pid] = nullptr;
-    MutexLock lock(&registry_mu_);
+    MutexLock lock(&pools_mu_);
     // Counted as invalidated: the guest dropped them, nothing evicted them.
     vm.counters.Add(Counter::kPagesInvalidated, ReleasePoolLocked(*pool));
     return absl::OkStatus();
@@ -354,7 +417,7 @@ class TmemStore::Impl {
   // Drops one VM's hold on a pool; frees it (and its pages) on the last.
   // Returns the pages removed with it.
   int64_t ReleasePoolLocked(Pool* pool)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(registry_mu_) {
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(pools_mu_) {
     if (pool->shared && --pool->members > 0) return 0;
     const int64_t removed = RemovePoolPages(*pool);
     if (pool->shared) shared_pools_.erase(pool->uuid);
@@ -391,7 +454,8 @@ class TmemStore::Impl {
     const Vm* owner = slots_[entry.vm_slot].load(std::memory_order_acquire);
     if (owner == nullptr) return;
     options_.eviction_listener->OnEvicted(
-        owner->id, KeyHash(shard.table.object(entry.object).oid, entry.index));
+        owner->id.load(std::memory_order_relaxed),
+        KeyHash(shard.table.object(entry.object).oid, entry.index));
   }
 
   Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false)
@@ -488,13 +552,22 @@ class TmemStore::Impl {
         mode == PutMode::kDrop ? EncodedPage{} : Encode(page, mode, scratch);
 
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
     if (!found_pool.ok()) return found_pool.status();
     Pool& pool = **found_pool;
     Shard& shard = ShardFor(pool, oid);
 
     PutResult result;
+    // Evictions chosen for the room they free (a page of the put's size
+    // class, a page of its shard) stop after max_evictions_per_put: such a
+    // page frees a slot or an entry, which is not always the room the put
+    // lacks (a fresh slab, a table's growth), so past the bound only plain
+    // fair-share eviction runs.
+    auto targeted = [&] {
+      return result.evicted <
+             static_cast<uint32_t>(options_.max_evictions_per_put);
+    };
     // A refused put still removes the key's earlier page: the guest's copy
     // changed, so the old bytes must never come back.
     auto refuse = [&](RefuseReason reason) {
@@ -554,19 +627,16 @@ class TmemStore::Impl {
         MutexLock lock(&shard.mu);
         RemoveKeyLocked(shard, pool, oid, index);
         // The table may need metadata memory (an entry chunk, an index
-        // doubling). Pages removed from this same shard give their entries
-        // back here, so evict locally before giving up.
+        // doubling). A page removed from this same shard gives its entry
+        // and index slot back here, so evict locally first (targeted); what
+        // only budget can pay for (an object index, a pool slot, a VM's LRU
+        // head) is left to the host-wide eviction below.
         uint32_t entry = kNoEntry;
         for (;;) {
           entry = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
                                          enc.kind, payload);
           stored = entry != kNoEntry;
-          if (stored ||
-              result.evicted >=
-                  static_cast<uint32_t>(options_.max_evictions_per_put) ||
-              !EvictInShardLocked(shard)) {
-            break;
-          }
+          if (stored || !targeted() || !EvictInShardLocked(shard)) break;
           ++result.evicted;
         }
         if (stored) {
@@ -587,24 +657,23 @@ class TmemStore::Impl {
         }
       }
       if (stored) break;
-      // No slot of this size class and no free slab: target the class.
       const bool slot_missing = !enc.bytes.empty() && !blob;
       if (blob) arena_.Free(*blob);
       vm.counters.Add(Counter::kChargedBytes, -static_cast<int64_t>(charge));
-      if (result.evicted >=
-              static_cast<uint32_t>(options_.max_evictions_per_put) ||
-          !EvictForHost(slot_missing ? SlotBytesOf(enc) : 0)) {
+      // Cached empty slabs are charged; metadata cannot use them.
+      if (!slot_missing) slabs_->TrimCache();
+      // No slot of this size class and no free slab: while targeted, evict
+      // a page of that class (its slot is the room). Then plain fair-share
+      // order, which ends with room or with no page left to evict: every
+      // slab and table of an emptied store is given back (tmem_store.h).
+      if (!EvictForHost(slot_missing && targeted() ? SlotBytesOf(enc) : 0)) {
         return refuse(RefuseReason::kNoMemory);
       }
       ++result.evicted;
     }
-    // Index growth is charged after the fact; give it back at once so the
-    // cap is exceeded only for the duration of this put.
+    // A lowered cap (SetMemoryCap racing with this put) is met here too.
     if (budget_->OverCap()) slabs_->TrimCache();
-    while (budget_->OverCap() &&
-           result.evicted <
-               static_cast<uint32_t>(options_.max_evictions_per_put) &&
-           EvictForHost()) {
+    while (budget_->OverCap() && EvictForHost()) {
       ++result.evicted;
     }
     result.stored = true;
@@ -618,7 +687,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
     if (!found_pool.ok()) return found_pool.status();
     Pool& pool = **found_pool;
@@ -678,7 +747,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     absl::StatusOr<Pool*> found_pool = PoolOf(vm, pid);
     if (!found_pool.ok()) return found_pool.status();
     Pool& pool = **found_pool;
@@ -755,7 +824,7 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     absl::StatusOr<Pool*> pool = PoolOf(vm, pid);
     if (!pool.ok()) return pool.status();
     fn(vm, **pool);
@@ -947,11 +1016,15 @@ class TmemStore::Impl {
     s.uptime_nanos = clock_->NowNanos() - start_nanos_;
     s.pool_scan_objects_visited =
         pool_scan_objects_visited_.load(std::memory_order_relaxed);
-    MutexLock lock(&registry_mu_);
+    s.unknown_vm_ids_refused =
+        unknown_vm_ids_refused_.load(std::memory_order_relaxed);
+    MutexLock lock(&vms_mu_);
     s.counters = retired_counters_;
     for (const auto& [name, vm] : by_name_)
       vm->counters.AccumulateInto(s.counters);
     s.vms = by_name_.size();
+    for (const std::unique_ptr<Vm>& vm : vm_structs_)
+      s.vm_structs += vm != nullptr;
     return s;
   }
 
@@ -960,9 +1033,9 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
     ReaderMutexLock op_lock(&vm.op_mu);
-    if (vm.gone) return UnknownVm(id);
+    if (Gone(vm, id)) return UnknownVm(id);
     VmStats s;
-    s.id = vm.id;
+    s.id = vm.id.load(std::memory_order_relaxed);
     s.name = vm.name;
     s.policy.quota_bytes = vm.quota.load(std::memory_order_relaxed);
     s.policy.weight = vm.weight.load(std::memory_order_relaxed);
@@ -998,18 +1071,24 @@ class TmemStore::Impl {
   std::atomic<int> max_slot_{-1};
   std::atomic<uint64_t> pool_scan_objects_visited_{0};
 
-  mutable Mutex registry_mu_;
-  std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(registry_mu_){};
-  // Owns every VM ever added; see LookupVm for why none is freed early.
-  std::vector<std::unique_ptr<Vm>> all_vms_ ABSL_GUARDED_BY(registry_mu_);
-  absl::flat_hash_map<std::string, Vm*> by_name_ ABSL_GUARDED_BY(registry_mu_);
+  mutable std::atomic<uint64_t> unknown_vm_ids_refused_{0};
+
+  // Lock order (tmem_store.h): vms_mu_ -> a VM's op_mu -> pools_mu_ ->
+  // shard -> blob class -> SlabPool.
+  // The VM registry.
+  mutable Mutex vms_mu_ ABSL_ACQUIRED_BEFORE(pools_mu_);
+  std::array<uint16_t, kMaxVms> generations_ ABSL_GUARDED_BY(vms_mu_){};
+  // One struct per slot, reused by the slot's next VM (see AddVm).
+  std::array<std::unique_ptr<Vm>, kMaxVms> vm_structs_ ABSL_GUARDED_BY(vms_mu_);
+  absl::flat_hash_map<std::string, Vm*> by_name_ ABSL_GUARDED_BY(vms_mu_);
+  CounterValues retired_counters_ ABSL_GUARDED_BY(vms_mu_){};
+  // The pool registry.
+  mutable Mutex pools_mu_ ABSL_ACQUIRED_AFTER(vms_mu_);
   absl::flat_hash_map<Pool*, std::unique_ptr<Pool>> pools_
-      ABSL_GUARDED_BY(registry_mu_);
-  absl::flat_hash_map<PoolUuid, Pool*> shared_pools_
-      ABSL_GUARDED_BY(registry_mu_);
+      ABSL_GUARDED_BY(pools_mu_);
+  absl::flat_hash_map<PoolUuid, Pool*> shared_pools_ ABSL_GUARDED_BY(pools_mu_);
   absl::flat_hash_map<PoolUuid, absl::flat_hash_set<std::string>> shared_auth_
-      ABSL_GUARDED_BY(registry_mu_);
-  CounterValues retired_counters_ ABSL_GUARDED_BY(registry_mu_){};
+      ABSL_GUARDED_BY(pools_mu_);
 };
 
 // ------------------------------------------------------------------ facade

@@ -44,13 +44,48 @@
 // charged/weight (furthest over its weighted fair share), least recently used
 // first within a shard, shards taken round robin.
 //
+// No-memory guarantee: a put is refused for memory (no_memory) only when it
+// found no page left to evict, i.e. every page other than those of puts in
+// flight on other threads is gone; never while an evictable page is held.
+// The room a put lacks may be a slot of its size class, a fresh 64 KiB slab
+// or a table's growth. Its first max_evictions_per_put evictions are chosen
+// for the room they free (a page of its size class, a page of its own
+// shard); such a page frees a slot or an entry, which is not always that
+// room (a slab is given back only when all its slots are free). After that
+// it evicts in plain fair-share order until the room is there; that order
+// ends with room or with an empty store, which gives back every slab and
+// every table beyond each shard's first chunk.
+//
 // Threads: every method is thread-safe. Put/Get/Invalidate* of different VMs
 // run in parallel: they take the VM's op lock shared, then one shard lock.
-// Lock order: VM op lock (shared for page ops, exclusive for pool ops and
-// ForgetVm) -> registry lock -> shard lock -> blob size-class lock -> SlabPool
-// lock. A shard lock is never held while taking another shard lock or any VM
-// op lock; eviction runs with no shard lock held by the evicting thread.
 // Compression and the copy into a blob slot run with no lock held.
+//
+// Lock order: a thread takes a lock only after every lock it holds that
+// comes earlier in this list, never one that comes later:
+//   1. VM registry lock (names, slots, id generations, VM structs, retired
+//      counters): AddVm, FindVm, ListVms, GetHostStats, ForgetVm's end.
+//   2. one VM's op lock: shared for page ops, policy calls and GetVmStats;
+//      exclusive for NewPool, DestroyPool, ForgetVm, and AddVm resetting a
+//      reused VM struct (the one place 1 is held while 2 is taken). Never
+//      two VMs' op locks at once.
+//   3. pool registry lock (pools, shared pools, authorizations): NewPool,
+//      DestroyPool and ForgetVm under the op lock; (Revoke)Authorize alone.
+//   4. one shard lock (never two at once; eviction takes one at a time with
+//      none held by the evicting thread, except in-shard eviction of a put).
+//   5. a blob size-class lock, then 6. the SlabPool lock.
+// ForgetVm therefore drops the VM's op lock before it takes the registry
+// lock to retire the VM's counters, name and slot. 1 and 3 carry
+// ABSL_ACQUIRED_BEFORE/AFTER; the op and shard locks are per-object, which
+// clang's annotations cannot order, so TSan's lock-order checking of the
+// store tests is what proves them.
+//
+// VM ids: (slot, 16-bit generation); a slot retires at generation 65535, so
+// no id is issued twice (4096 x 65535 adds before RESOURCE_EXHAUSTED). A
+// forgotten VM's struct is reused by its slot's next VM, so VM churn does
+// not grow memory (HostStats::vm_structs stays at the most VMs ever held at
+// once). Every call with an id that names no live VM is NOT_FOUND and
+// counted (HostStats::unknown_vm_ids_refused); policy calls check the id
+// under the VM's op lock, so none reaches a later VM of the same slot.
 #ifndef TMEMD_BACKEND_TMEM_STORE_H_
 #define TMEMD_BACKEND_TMEM_STORE_H_
 
@@ -100,7 +135,9 @@ struct StoreOptions {
   size_t poor_compression_threshold_bytes = 3584;
   PoorCompressionAction poor_compression_action =
       PoorCompressionAction::kStoreRaw;
-  // Upper bound on pages a single put evicts before it gives up (no memory).
+  // Evictions a put chooses for the room they free (its size class, its
+  // shard) before it evicts in plain fair-share order. Not a refusal bound:
+  // see "No-memory guarantee" above.
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
@@ -145,6 +182,11 @@ struct HostStats {
   uint64_t blob_slot_bytes = 0;    // slot bytes of live blobs (<= slab_bytes;
                                    // the gap is slab fragmentation)
   uint64_t vms = 0;
+  // VM structs allocated: one per slot ever used, reused by later VMs.
+  uint64_t vm_structs = 0;
+  // Calls refused because their VM id names no live VM (never added,
+  // forgotten, or a stale handle of a slot's earlier VM).
+  uint64_t unknown_vm_ids_refused = 0;
   // Object nodes looked at by pool-wide removals (invalidate pool, destroy
   // pool): grows with the pools' own objects only, never with other VMs'.
   uint64_t pool_scan_objects_visited = 0;

@@ -79,7 +79,7 @@ enum class RefuseReason : uint8_t {
   kQuota = 0,  // the page alone would not fit in the VM's quota
   kPoorCompression =
       1,          // LZ4 did not reach the threshold and policy refuses raw
-  kNoMemory = 2,  // the host cap could not be met even after eviction
+  kNoMemory = 2,  // the host cap could not be met: no page left to evict
   kPolicy = 3,    // the caller (valve) or VM state (disabled, frozen) said no
 };
 inline constexpr int kNumRefuseReasons = 4;

@@ -618,5 +618,161 @@ TEST(ConcurrencyTest, MixedOperationsNeverReturnWrongBytes) {
   RecordProperty("churn_hits", static_cast<int>(churn_hits));
 }
 
+// Issue 15: VMs added and forgotten in a loop on two threads while two
+// steady VMs put and get on two more. Every call with a forgotten VM's id
+// (whose slot a later VM often holds by then) is refused and counted, the
+// steady VMs never see wrong bytes, and VM churn allocates no new VM
+// structs: they stay at the most VMs held at once.
+TEST(VmChurnTest, StaleHandlesAreRefusedAndChurnDoesNotGrowMemory) {
+  constexpr int kSteady = 2;
+  constexpr int kChurners = 2;
+  constexpr int kMinCycles = 300;
+  constexpr auto kChurnTime = std::chrono::seconds(4);
+  StoreOptions options;
+  options.memory_cap_bytes = 4 * kMiB;
+  options.address_space_bytes = 64 * kMiB;
+  options.num_shards = kShards;
+  std::unique_ptr<TmemStore> store = TmemStore::Create(options).value();
+  Failures failures;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> stale_calls{0};
+  std::atomic<uint64_t> slot_reused{0};
+
+  std::vector<VmId> steady(kSteady);
+  std::vector<PoolId> steady_pool(kSteady);
+  for (int w = 0; w < kSteady; ++w) {
+    steady[w] = store->AddVm("steady" + std::to_string(w), VmPolicy{}).value();
+    steady_pool[w] = store->NewPool(steady[w], nullptr).value();
+  }
+  std::vector<std::thread> threads;
+  for (int w = 0; w < kSteady; ++w) {
+    threads.emplace_back([&, w] {
+      std::mt19937_64 rng(w);
+      // The page last put under each key and not yet taken by a get
+      // (private gets are exclusive): a hit must return exactly it.
+      std::map<std::pair<uint64_t, uint64_t>, Page> held;
+      for (uint64_t version = 1; !stop.load(std::memory_order_relaxed);
+           ++version) {
+        const uint64_t object = rng() % kObjects;
+        const uint64_t index = rng() % kIndexes;
+        const Key key{static_cast<uint64_t>(w), 0, object, index};
+        const Page page = MakePage(key, version, static_cast<Style>(rng() % 4));
+        const absl::StatusOr<PutResult> put =
+            store->Put(steady[w], steady_pool[w], ObjectId::FromInode(object),
+                       index, page);
+        if (!put.ok()) {
+          failures.Add("steady put: " + put.status().ToString());
+          return;
+        }
+        if (put->stored) {
+          held[{object, index}] = page;
+        } else {
+          held.erase({object, index});
+        }
+        const uint64_t get_object = rng() % kObjects;
+        const uint64_t get_index = rng() % kIndexes;
+        Page out;
+        const absl::StatusOr<bool> hit =
+            store->Get(steady[w], steady_pool[w],
+                       ObjectId::FromInode(get_object), get_index, out);
+        if (!hit.ok()) {
+          failures.Add("steady get: " + hit.status().ToString());
+          return;
+        }
+        auto it = held.find({get_object, get_index});
+        if (*hit && (it == held.end() || out != it->second)) {
+          failures.Add("steady VM " + std::to_string(w) +
+                       " got bytes it did not put last");
+        }
+        if (it != held.end()) held.erase(it);  // exclusive get, or a miss
+      }
+    });
+  }
+  const auto churn_end = std::chrono::steady_clock::now() + kChurnTime;
+  for (int c = 0; c < kChurners; ++c) {
+    threads.emplace_back([&, c] {
+      VmId stale = 0;
+      PoolId stale_pool = 0;
+      for (int cycle = 0;
+           cycle < kMinCycles || std::chrono::steady_clock::now() < churn_end;
+           ++cycle) {
+        const std::string name =
+            "churn" + std::to_string(c) + "-" + std::to_string(cycle);
+        const absl::StatusOr<VmId> vm = store->AddVm(name, VmPolicy{});
+        if (!vm.ok()) {
+          failures.Add("AddVm: " + vm.status().ToString());
+          return;
+        }
+        if (stale != 0 && (stale & 0xFFFF) == (*vm & 0xFFFF)) {
+          slot_reused.fetch_add(1, std::memory_order_relaxed);
+        }
+        const PoolId pool = store->NewPool(*vm, nullptr).value();
+        for (PageIndex i = 0; i < 8; ++i) {
+          const Key key{100 + static_cast<uint64_t>(c), 0, 0, i};
+          (void)store->Put(*vm, pool, ObjectId::FromInode(0), i,
+                           MakePage(key, cycle, Style::kText));
+        }
+        // The previous VM's handle: NOT_FOUND for every call, whether or
+        // not its slot now serves this VM or the other churner's.
+        if (stale != 0) {
+          Page page{};
+          const absl::StatusCode codes[] = {
+              store->Put(stale, stale_pool, ObjectId::FromInode(0), 0, page)
+                  .status()
+                  .code(),
+              store->Get(stale, stale_pool, ObjectId::FromInode(0), 0, page)
+                  .status()
+                  .code(),
+              store->SetVmPolicy(stale, VmPolicy{}).code(),
+              store->GetVmPolicy(stale).status().code(),
+              store->SetEvictionBias(stale, 2).code(),
+              store->GetVmStats(stale).status().code(),
+              store->NewPool(stale, nullptr).status().code(),
+              store->InvalidatePool(stale, stale_pool).code(),
+              store->ForgetVm(stale).code(),
+          };
+          for (absl::StatusCode code : codes) {
+            stale_calls.fetch_add(1, std::memory_order_relaxed);
+            if (code != absl::StatusCode::kNotFound) {
+              failures.Add("a stale VM id reached a VM: " +
+                           std::string(absl::StatusCodeToString(code)));
+            }
+          }
+        }
+        if (!store->ForgetVm(*vm).ok()) {
+          failures.Add("ForgetVm of a live VM failed");
+          return;
+        }
+        stale = *vm;
+        stale_pool = pool;
+      }
+    });
+  }
+  threads[kSteady].join();
+  threads[kSteady + 1].join();
+  stop.store(true);
+  threads[0].join();
+  threads[1].join();
+  for (const std::string& m : failures.messages) ADD_FAILURE() << m;
+  ASSERT_EQ(failures.count.load(), 0);
+
+  const HostStats host = store->GetHostStats();
+  EXPECT_EQ(host.unknown_vm_ids_refused, stale_calls.load())
+      << "every stale call, and nothing else, was refused as unknown";
+  EXPECT_GE(stale_calls.load(), uint64_t{kChurners} * (kMinCycles - 1) * 9);
+  EXPECT_GT(slot_reused.load(), 0u) << "stale ids met reused slots";
+  EXPECT_EQ(host.vms, uint64_t{kSteady});
+  EXPECT_LE(host.vm_structs, uint64_t{kSteady + kChurners})
+      << "VM structs stay at the most VMs held at once";
+  // The churned VMs' pages all went with them.
+  uint64_t steady_pages = 0;
+  for (VmId vm : steady) {
+    steady_pages += store->GetVmStats(vm)
+                        .value()
+                        .counters[static_cast<int>(Counter::kPagesHeld)];
+  }
+  EXPECT_EQ(host.counters[static_cast<int>(Counter::kPagesHeld)], steady_pages);
+}
+
 }  // namespace
 }  // namespace tmem

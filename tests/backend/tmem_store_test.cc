@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "backend/blob_arena.h"
 #include "backend/clock.h"
 #include "backend/page_codec.h"
@@ -1143,6 +1144,38 @@ TEST_F(TmemStoreTest, SetMemoryCapBeyondTheReservationIsInvalid) {
             SmallOptions().memory_cap_bytes);
   EXPECT_TRUE(store_->SetMemoryCap(128 * kMiB).ok());
   EXPECT_EQ(store_->GetHostStats().memory_cap_bytes, 128 * kMiB);
+}
+
+// Issue 15: the 16-bit generation wrapped after 65,536 re-adds of a slot, so
+// a handle kept from the first VM reached a later one; and every forgotten
+// VM's struct was kept.
+TEST(VmIdTest, AStaleHandleNeverReachesALaterVm) {
+  StoreOptions options;
+  options.memory_cap_bytes = 16 << 20;
+  options.address_space_bytes = 64 << 20;
+  options.num_shards = 1;
+  std::unique_ptr<TmemStore> store = TmemStore::Create(options).value();
+  const VmId first = store->AddVm("first", VmPolicy{}).value();
+  ASSERT_TRUE(store->ForgetVm(first).ok());
+  for (int i = 0; i < 70000; ++i) {
+    const VmId id = store->AddVm(absl::StrCat("vm", i), VmPolicy{}).value();
+    ASSERT_NE(id, first) << "id reissued after " << i << " re-adds";
+    ASSERT_EQ(store->GetVmStats(first).status().code(),
+              absl::StatusCode::kNotFound)
+        << i;
+    ASSERT_TRUE(store->ForgetVm(id).ok());
+  }
+  // The reused struct serves the new VM with fresh counters and policy.
+  VmPolicy policy;
+  policy.weight = 7;
+  const VmId last = store->AddVm("last", policy).value();
+  const VmStats stats = store->GetVmStats(last).value();
+  EXPECT_EQ(stats.name, "last");
+  EXPECT_EQ(stats.policy.weight, 7u);
+  EXPECT_EQ(stats.counters[static_cast<int>(Counter::kPagesHeld)], 0u);
+  EXPECT_TRUE(stats.pools.empty());
+  EXPECT_EQ(store->SetVmPolicy(first, VmPolicy{}).code(),
+            absl::StatusCode::kNotFound);
 }
 
 }  // namespace
