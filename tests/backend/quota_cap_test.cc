@@ -160,6 +160,11 @@ class MetadataFloodTest : public QuotaCapTest,
                           public ::testing::WithParamInterface<int> {};
 
 TEST_P(MetadataFloodTest, HostCapHoldsForMetadataOnlyPages) {
+#if defined(__SANITIZE_THREAD__)
+  // One thread, no race to find, and 80-190 s under TSan on a loaded 2-core
+  // host (ctest allows 300 s for the whole binary): release and ASan run it.
+  GTEST_SKIP() << "single-threaded store logic: runs in release and ASan";
+#endif
   const int objects = GetParam();
   const uint64_t cap = 4 * kMiB;
   Open(cap, 8);
