@@ -218,8 +218,14 @@ absl::Status ExecWithFds(const std::string& exe,
   return absl::ErrnoToStatus(err, absl::StrCat("exec of ", exe, " failed"));
 }
 
-void NotifyReady() { sd_notify(0, "READY=1"); }
+void NotifyReady(const std::string& status) {
+  sd_notify(0, absl::StrCat("READY=1\nSTATUS=", status).c_str());
+}
+void NotifyStatus(const std::string& status) {
+  sd_notify(0, absl::StrCat("STATUS=", status).c_str());
+}
 void NotifyStopping() { sd_notify(0, "STOPPING=1"); }
+void NotifyReloading() { sd_notify(0, "RELOADING=1"); }
 
 }  // namespace tmem
 // NOLINTEND(concurrency-mt-unsafe)

@@ -96,9 +96,15 @@ absl::Status ExecWithFds(const std::string& exe,
                          const std::vector<std::string>& argv,
                          const std::vector<NamedFd>& fds);
 
-// systemd readiness protocol (no-ops without $NOTIFY_SOCKET).
-void NotifyReady();
+// systemd readiness protocol (no-ops without $NOTIFY_SOCKET). `status` is
+// the one-line STATUS= that `systemctl status` shows.
+void NotifyReady(const std::string& status);
+void NotifyStatus(const std::string& status);
 void NotifyStopping();
+// Before an exec in place (SIGHUP): the same PID sends READY=1 again when
+// the new image serves. STOPPING=1 there would make systemd treat the
+// service as stopping and SIGKILL it after TimeoutStopSec=.
+void NotifyReloading();
 
 }  // namespace tmem
 

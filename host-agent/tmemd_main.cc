@@ -122,6 +122,19 @@ void LogStats(const Agent& agent, std::string_view event) {
   }
 }
 
+// systemd's STATUS= line: what `systemctl status tmemd` shows.
+std::string ServiceStatus(Agent& agent) {
+  const std::vector<VmInfo> vms = agent.ListVms();
+  uint64_t connected = 0;
+  for (const VmInfo& vm : vms) connected += vm.connected ? 1 : 0;
+  const HostStats st = agent.Status().store;
+  return absl::StrCat(
+      vms.size(), " VMs (", connected, " connected), mode ",
+      std::string(ValveModeName(agent.valve().options().default_mode)),
+      ", memory ", st.memory_used_bytes >> 20, " of ",
+      st.memory_cap_bytes >> 20, " MiB");
+}
+
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   gid_t gid;
   if (absl::SimpleAtoi(group, &gid)) return gid;
@@ -555,7 +568,7 @@ int Run(int argc, char** argv) {
        {"pid", static_cast<int64_t>(getpid())},
        {"fd_store", fd_store != nullptr},
        {"host_peer_id", host_peer_id}});
-  NotifyReady();
+  NotifyReady(ServiceStatus(**agent));
 
   bool upgrade = false;
   for (;;) {
@@ -586,7 +599,11 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
-  NotifyStopping();
+  if (upgrade) {
+    NotifyReloading();
+  } else {
+    NotifyStopping();
+  }
   // Outside callers first (gRPC, then libvirt events), so nothing touches a
   // stopping agent.
   (*control_server)->Shutdown();
