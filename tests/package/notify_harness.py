@@ -12,6 +12,8 @@ Checks, each failing the run with a message:
   * with WatchdogSec=, WATCHDOG_USEC is set and WATCHDOG=1 keeps arriving
     at least twice per interval while the service runs;
   * each --after-ready command (with $MAINPID substituted) exits 0;
+  * with --bad-reload-config, ExecReload= fails on a broken config with
+    FILE:LINE, and the service is not signalled and keeps running;
   * ExecReload= (each line, as User=) exits 0, the service sends
     RELOADING=1 (never STOPPING=1) and READY=1 again from the same pid
     (tmemd execs itself in place);
@@ -135,6 +137,48 @@ def proc_status(pid):
     return out
 
 
+def bad_reload(config, reload_lines, as_user, env, notify, proc):
+    """systemctl reload with a broken config: ExecReload= lines run in
+    order and the first failure fails the reload (as systemd does); the
+    service must not be signalled and keep running, and the error must
+    name the file and line."""
+    with open(config, encoding="utf-8") as f:
+        original = f.read()
+    since = time.monotonic()
+    try:
+        with open(config, "a", encoding="utf-8") as f:
+            f.write("\n[worker]\nbatch = \"sixty-four\"\n")
+        bad_line = original.count("\n") + 3
+        failed = None
+        for line in reload_lines:
+            cmd = shlex.split(line.replace("$MAINPID", str(proc.pid)))
+            r = subprocess.run(as_user + ["--"] + cmd, env=env, check=False,
+                               capture_output=True, text=True)
+            print(f"notify_harness: bad ExecReload: {' '.join(cmd)}: exit "
+                  f"{r.returncode}: {r.stderr.strip()}", flush=True)
+            if r.returncode != 0:
+                failed = r
+                break
+        if failed is None:
+            fail("a broken config did not fail ExecReload=")
+        # The duplicate [worker] table is a TOML error at its line.
+        if f"{config}:{bad_line}" not in failed.stderr:
+            fail(f"reload error does not name {config}:{bad_line}: "
+                 f"{failed.stderr!r}")
+        end = time.monotonic() + 1.0
+        while time.monotonic() < end:
+            notify.pump(0.1)
+        if proc.poll() is not None:
+            fail(f"service exited {proc.returncode} after a refused reload")
+        if any(t >= since for t, p, f in notify.messages):
+            fail("service notified systemd after a refused reload")
+        print("notify_harness: broken config refused by ExecReload=, "
+              "service untouched", flush=True)
+    finally:
+        with open(config, "w", encoding="utf-8") as f:
+            f.write(original)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("unit")
@@ -233,6 +277,10 @@ def main():
             if worst >= watchdog_s:
                 fail(f"watchdog gap {worst:.2f} s >= WatchdogSec "
                      f"{watchdog_s:g} s: systemd would kill the service")
+
+        if args.bad_reload_config:
+            bad_reload(args.bad_reload_config, reload_lines, as_user, env,
+                       notify, proc)
 
         for line in reload_lines:
             cmd = shlex.split(line.replace("$MAINPID", str(proc.pid)))

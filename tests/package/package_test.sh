@@ -8,7 +8,8 @@
 #   5. dpkg -i: files, conffile, tmemd user and group, unit enabled;
 #   6. the installed /usr/sbin/tmemd started with the unit's ExecStart=
 #      under notify_harness.py (READY=1, STATUS=, runs as tmemd without
-#      capabilities, tmemctl answers, ExecReload=, clean stop);
+#      capabilities, tmemctl answers, ExecReload= refuses a broken config
+#      with FILE:LINE and then reloads a good one, clean stop);
 #   7. dpkg -r, then dpkg --purge: everything the package put there is gone
 #      (the tmemd user stays, as Debian packages leave system users).
 # Whatever happens, the EXIT trap purges the package and removes what this
@@ -152,6 +153,8 @@ IFS=: read -r _ _ uid gid _ home shell <<<"${pw}"
 [[ "${shell}" == /usr/sbin/nologin ]] || die "tmemd's shell is ${shell}"
 [[ "${home}" == /nonexistent ]] || die "tmemd's home is ${home}"
 echo "user tmemd: uid ${uid}, group tmemd gid ${gid}, shell ${shell}"
+/usr/sbin/tmemd --check-config /etc/tmemd/tmemd.toml \
+  || die "the installed config fails tmemd --check-config"
 [[ -L /etc/systemd/system/multi-user.target.wants/tmemd.service ]] \
   || die "tmemd.service not enabled (no multi-user.target.wants link)"
 /usr/bin/tmemctl --help >/dev/null || die "installed tmemctl does not run"
