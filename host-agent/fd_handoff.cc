@@ -226,6 +226,14 @@ void NotifyStatus(const std::string& status) {
 }
 void NotifyStopping() { sd_notify(0, "STOPPING=1"); }
 void NotifyReloading() { sd_notify(0, "RELOADING=1"); }
+void NotifyWatchdog(const std::string& status) {
+  sd_notify(0, absl::StrCat("WATCHDOG=1\nSTATUS=", status).c_str());
+}
+std::optional<std::chrono::microseconds> WatchdogInterval() {
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return std::nullopt;
+  return std::chrono::microseconds(usec);
+}
 
 }  // namespace tmem
 // NOLINTEND(concurrency-mt-unsafe)

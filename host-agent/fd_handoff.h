@@ -25,9 +25,11 @@
 #define TMEMD_HOST_AGENT_FD_HANDOFF_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -105,6 +107,11 @@ void NotifyStopping();
 // the new image serves. STOPPING=1 there would make systemd treat the
 // service as stopping and SIGKILL it after TimeoutStopSec=.
 void NotifyReloading();
+// WATCHDOG_USEC (and WATCHDOG_PID, if set, naming this process): the
+// interval within which systemd wants WATCHDOG=1; nullopt without one.
+// Kept across an exec in place (same PID, same environment).
+std::optional<std::chrono::microseconds> WatchdogInterval();
+void NotifyWatchdog(const std::string& status);
 
 }  // namespace tmem
 

@@ -617,16 +617,43 @@ int Run(int argc, char** argv) {
   NotifyReady(ServiceStatus(**agent));
 
   bool upgrade = false;
+  // The main loop wakes for signals, for the statistics log, and to tell
+  // systemd it is alive: WATCHDOG=1 at half of WatchdogSec= (systemd kills
+  // a service that misses it), with a fresh STATUS= line; without a
+  // watchdog, STATUS= is refreshed every 5 s when it changed. The status
+  // reads the agent under its locks, so a wedged agent stops the pings.
+  using Clock = std::chrono::steady_clock;
+  const std::optional<std::chrono::microseconds> watchdog = WatchdogInterval();
+  const Clock::duration wake_every =
+      watchdog ? Clock::duration(*watchdog / 2)
+               : Clock::duration(std::chrono::seconds(5));
+  const Clock::duration stats_every =
+      std::chrono::seconds(config.stats_interval_seconds);
+  Clock::time_point next_stats = Clock::now() + stats_every;
+  std::string last_status;
   for (;;) {
-    int sig = 0;
+    Clock::duration wait = wake_every;
     if (config.stats_interval_seconds > 0) {
-      timespec ts{config.stats_interval_seconds, 0};
-      sig = sigtimedwait(&signals, nullptr, &ts);
-      if (sig < 0) {
-        if (errno == EAGAIN) LogStats(**agent, "stats");
-        continue;
+      wait = std::min(
+          wait, std::max(Clock::duration::zero(), next_stats - Clock::now()));
+    }
+    const auto wait_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    const timespec ts{static_cast<time_t>(wait_ns / 1000000000),
+                      static_cast<long>(wait_ns % 1000000000)};
+    const int sig = sigtimedwait(&signals, nullptr, &ts);
+    if (sig < 0) {
+      if (config.stats_interval_seconds > 0 && Clock::now() >= next_stats) {
+        LogStats(**agent, "stats");
+        next_stats += stats_every;
       }
-    } else if (sigwait(&signals, &sig) != 0) {
+      std::string status = ServiceStatus(**agent);
+      if (watchdog) {
+        NotifyWatchdog(status);
+      } else if (status != last_status) {
+        NotifyStatus(status);
+      }
+      last_status = std::move(status);
       continue;
     }
     if (sig == SIGHUP) {

@@ -28,7 +28,7 @@ Result CheckConfig(const testing::TempDir& dir, const std::string& file) {
 
 std::string Write(const testing::TempDir& dir, const std::string& name,
                   const std::string& text) {
-  const std::string path = dir.path() + "/" + name;
+  std::string path = dir.path() + "/" + name;
   std::ofstream(path) << text;
   return path;
 }

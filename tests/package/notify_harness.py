@@ -147,7 +147,8 @@ def bad_reload(config, reload_lines, as_user, env, notify, proc):
     since = time.monotonic()
     try:
         with open(config, "a", encoding="utf-8") as f:
-            f.write("\n[worker]\nbatch = \"sixty-four\"\n")
+            # A wrong type: the loader names the key's line.
+            f.write("\n[libvirt]\ndetach_timeout_seconds = \"thirty\"\n")
         bad_line = original.count("\n") + 3
         failed = None
         for line in reload_lines:
@@ -161,7 +162,6 @@ def bad_reload(config, reload_lines, as_user, env, notify, proc):
                 break
         if failed is None:
             fail("a broken config did not fail ExecReload=")
-        # The duplicate [worker] table is a TOML error at its line.
         if f"{config}:{bad_line}" not in failed.stderr:
             fail(f"reload error does not name {config}:{bad_line}: "
                  f"{failed.stderr!r}")
@@ -170,8 +170,10 @@ def bad_reload(config, reload_lines, as_user, env, notify, proc):
             notify.pump(0.1)
         if proc.poll() is not None:
             fail(f"service exited {proc.returncode} after a refused reload")
-        if any(t >= since for t, p, f in notify.messages):
-            fail("service notified systemd after a refused reload")
+        # WATCHDOG=1 pings go on; a reload, stop or restart must not.
+        if any(t >= since and ({"READY", "RELOADING", "STOPPING"} & f.keys())
+               for t, p, f in notify.messages):
+            fail("service reloaded or stopped after a refused reload")
         print("notify_harness: broken config refused by ExecReload=, "
               "service untouched", flush=True)
     finally:
@@ -185,6 +187,12 @@ def main():
     ap.add_argument("--after-ready", action="append", default=[],
                     help="command run (as root) once READY=1 arrived; "
                          "$MAINPID is substituted")
+    ap.add_argument("--bad-reload-config",
+                    help="before the good reload, break this config file "
+                         "(restored after) and check ExecReload= refuses")
+    ap.add_argument("--watchdog-sec", type=float,
+                    help="play WatchdogSec= with this value instead of the "
+                         "unit's (a short one keeps the test short)")
     args = ap.parse_args()
 
     service, reload_lines = parse_unit(args.unit)
@@ -216,6 +224,10 @@ def main():
     watchdog_s = None
     if "WatchdogSec" in service:
         watchdog_s = parse_seconds(service["WatchdogSec"])
+        if args.watchdog_sec:
+            print(f"notify_harness: WatchdogSec={watchdog_s:g} in the unit, "
+                  f"playing {args.watchdog_sec:g}", flush=True)
+            watchdog_s = args.watchdog_sec
         env["WATCHDOG_USEC"] = str(int(watchdog_s * 1e6))
     # User=/Group= with supplementary groups, CapabilityBoundingSet= empty,
     # NoNewPrivileges=yes.

@@ -4,10 +4,12 @@
 #   1. cpack builds tmemd_VERSION_ARCH.deb from the build tree;
 #   2. dpkg-deb -I/-c: control fields, conffiles, maintainer scripts, files;
 #   3. lintian: errors fail the test, warnings are printed;
-#   4. systemd-analyze verify on the packaged unit;
+#   4. systemd-analyze verify on the packaged unit, and its hardening
+#      score (systemd-analyze security --offline; at most 2.5);
 #   5. dpkg -i: files, conffile, tmemd user and group, unit enabled;
 #   6. the installed /usr/sbin/tmemd started with the unit's ExecStart=
-#      under notify_harness.py (READY=1, STATUS=, runs as tmemd without
+#      under notify_harness.py (READY=1, STATUS=, WATCHDOG=1 at least
+#      every WatchdogSec= (played as 3 s), runs as tmemd without
 #      capabilities, tmemctl answers, ExecReload= refuses a broken config
 #      with FILE:LINE and then reloads a good one, clean stop);
 #   7. dpkg -r, then dpkg --purge: everything the package put there is gone
@@ -135,6 +137,14 @@ if grep -F 'tmemd.service' <<<"${verify_log}"; then
   die "systemd-analyze verify warned about the unit"
 fi
 echo "systemd-analyze verify: clean"
+# The hardening score (systemd-analyze security, offline: no PID 1 here).
+# 0 is locked down, 10 unprotected; the unit reaches 1.8 ("OK"); a change
+# that weakens it past 2.5 fails here.
+security="$(systemd-analyze security --offline=true "${work}/tmemd.service" 2>&1 | tail -n 1)"
+echo "systemd-analyze security: ${security}"
+exposure="$(sed -nE 's/.*Overall exposure level for [^:]+: ([0-9.]+).*/\1/p' <<<"${security}")"
+[[ -n "${exposure}" ]] || die "no exposure level in: ${security}"
+awk -v e="${exposure}" 'BEGIN { exit !(e <= 2.5) }' || die "exposure ${exposure} > 2.5"
 
 # --- 5. install -----------------------------------------------------------
 step "dpkg -i"
@@ -164,6 +174,8 @@ man_warnings="$(zcat /usr/share/man/man8/tmemd.8.gz | groff -man -Tutf8 -ww -z 2
 # --- 6. run it as systemd would -------------------------------------------
 step "the installed tmemd under the unit's command line"
 python3 "${harness}" /lib/systemd/system/tmemd.service \
+  --bad-reload-config /etc/tmemd/tmemd.toml \
+  --watchdog-sec 3 \
   --after-ready '/usr/bin/tmemctl status' \
   --after-ready '/usr/bin/tmemctl vms' \
   --after-ready 'test "$(stat -c %U:%G:%a /run/tmemd/control.sock)" = tmemd:tmemd:600' \
