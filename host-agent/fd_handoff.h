@@ -100,6 +100,9 @@ absl::Status ExecWithFds(const std::string& exe,
 
 // systemd readiness protocol (no-ops without $NOTIFY_SOCKET). `status` is
 // the one-line STATUS= that `systemctl status` shows.
+// READY=1 and RELOADING=1 wait for room in systemd's queue; STATUS=,
+// WATCHDOG=1 (main-loop ticks) and STOPPING=1 never block and are dropped
+// when the queue is full.
 void NotifyReady(const std::string& status);
 void NotifyStatus(const std::string& status);
 void NotifyStopping();

@@ -125,17 +125,16 @@ void LogStats(const Agent& agent, std::string_view event) {
   }
 }
 
-// systemd's STATUS= line: what `systemctl status tmemd` shows.
+// systemd's STATUS= line: what `systemctl status tmemd` shows. Only what
+// changes seldom (memory is in /metrics and tmemctl), so the main loop
+// sends it on a change, not every tick.
 std::string ServiceStatus(Agent& agent) {
   const std::vector<VmInfo> vms = agent.ListVms();
   uint64_t connected = 0;
   for (const VmInfo& vm : vms) connected += vm.connected ? 1 : 0;
-  const HostStats st = agent.Status().store;
   return absl::StrCat(
       vms.size(), " VMs (", connected, " connected), mode ",
-      std::string(ValveModeName(agent.valve().options().default_mode)),
-      ", memory ", st.memory_used_bytes >> 20, " of ",
-      st.memory_cap_bytes >> 20, " MiB");
+      std::string(ValveModeName(agent.valve().options().default_mode)));
 }
 
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
@@ -630,7 +629,7 @@ int Run(int argc, char** argv) {
   const Clock::duration stats_every =
       std::chrono::seconds(config.stats_interval_seconds);
   Clock::time_point next_stats = Clock::now() + stats_every;
-  std::string last_status;
+  std::string last_status = ServiceStatus(**agent);  // READY=1 sent it
   for (;;) {
     Clock::duration wait = wake_every;
     if (config.stats_interval_seconds > 0) {
