@@ -1,10 +1,13 @@
 #include "host-agent/fd_handoff.h"
 
 #include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <systemd/sd-daemon.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -218,8 +221,51 @@ absl::Status ExecWithFds(const std::string& exe,
   return absl::ErrnoToStatus(err, absl::StrCat("exec of ", exe, " failed"));
 }
 
-void NotifyReady() { sd_notify(0, "READY=1"); }
-void NotifyStopping() { sd_notify(0, "STOPPING=1"); }
+void NotifyReady(const std::string& status) {
+  sd_notify(0, absl::StrCat("READY=1\nSTATUS=", status).c_str());
+}
+namespace {
+
+// One datagram to $NOTIFY_SOCKET without blocking: STATUS= and WATCHDOG=1
+// come from the main loop, which must keep taking signals even when the
+// receiver is slow (sd_notify blocks on a full queue, and the kernel's
+// default queue is 10 datagrams). A dropped one is resent next tick.
+bool NotifyWithoutBlocking(const std::string& message) {
+  const char* path = getenv("NOTIFY_SOCKET");
+  if (path == nullptr || (path[0] != '/' && path[0] != '@')) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const size_t len = strlen(path);
+  if (len >= sizeof(addr.sun_path)) return false;
+  memcpy(addr.sun_path, path, len);
+  if (path[0] == '@') addr.sun_path[0] = '\0';  // abstract namespace
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return false;
+  const ssize_t n =
+      sendto(fd, message.data(), message.size(), MSG_DONTWAIT | MSG_NOSIGNAL,
+             reinterpret_cast<const sockaddr*>(&addr),
+             static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + len));
+  close(fd);
+  return n == static_cast<ssize_t>(message.size());
+}
+
+}  // namespace
+
+void NotifyStatus(const std::string& status) {
+  NotifyWithoutBlocking(absl::StrCat("STATUS=", status));
+}
+// Advisory (systemd learns of the stop from the exit): a full queue must
+// not hold up the shutdown.
+void NotifyStopping() { NotifyWithoutBlocking("STOPPING=1"); }
+void NotifyReloading() { sd_notify(0, "RELOADING=1"); }
+void NotifyWatchdog(const std::string& status) {
+  NotifyWithoutBlocking(absl::StrCat("WATCHDOG=1\nSTATUS=", status));
+}
+std::optional<std::chrono::microseconds> WatchdogInterval() {
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return std::nullopt;
+  return std::chrono::microseconds(usec);
+}
 
 }  // namespace tmem
 // NOLINTEND(concurrency-mt-unsafe)

@@ -25,9 +25,11 @@
 #define TMEMD_HOST_AGENT_FD_HANDOFF_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -96,9 +98,23 @@ absl::Status ExecWithFds(const std::string& exe,
                          const std::vector<std::string>& argv,
                          const std::vector<NamedFd>& fds);
 
-// systemd readiness protocol (no-ops without $NOTIFY_SOCKET).
-void NotifyReady();
+// systemd readiness protocol (no-ops without $NOTIFY_SOCKET). `status` is
+// the one-line STATUS= that `systemctl status` shows.
+// READY=1 and RELOADING=1 wait for room in systemd's queue; STATUS=,
+// WATCHDOG=1 (main-loop ticks) and STOPPING=1 never block and are dropped
+// when the queue is full.
+void NotifyReady(const std::string& status);
+void NotifyStatus(const std::string& status);
 void NotifyStopping();
+// Before an exec in place (SIGHUP): the same PID sends READY=1 again when
+// the new image serves. STOPPING=1 there would make systemd treat the
+// service as stopping and SIGKILL it after TimeoutStopSec=.
+void NotifyReloading();
+// WATCHDOG_USEC (and WATCHDOG_PID, if set, naming this process): the
+// interval within which systemd wants WATCHDOG=1; nullopt without one.
+// Kept across an exec in place (same PID, same environment).
+std::optional<std::chrono::microseconds> WatchdogInterval();
+void NotifyWatchdog(const std::string& status);
 
 }  // namespace tmem
 

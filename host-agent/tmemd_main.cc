@@ -8,9 +8,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <vector>
@@ -122,6 +125,18 @@ void LogStats(const Agent& agent, std::string_view event) {
   }
 }
 
+// systemd's STATUS= line: what `systemctl status tmemd` shows. Only what
+// changes seldom (memory is in /metrics and tmemctl), so the main loop
+// sends it on a change, not every tick.
+std::string ServiceStatus(Agent& agent) {
+  const std::vector<VmInfo> vms = agent.ListVms();
+  uint64_t connected = 0;
+  for (const VmInfo& vm : vms) connected += vm.connected ? 1 : 0;
+  return absl::StrCat(
+      vms.size(), " VMs (", connected, " connected), mode ",
+      std::string(ValveModeName(agent.valve().options().default_mode)));
+}
+
 absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
   gid_t gid;
   if (absl::SimpleAtoi(group, &gid)) return gid;
@@ -178,6 +193,11 @@ int Run(int argc, char** argv) {
   int64_t workers = 0;
   double cpu_budget = 0;
   app.add_option("-c,--config", config_path, "TOML config file");
+  std::string check_config_path;
+  app.add_option("--check-config", check_config_path,
+                 "validate FILE (with the other flags given) and exit: 0 "
+                 "if tmemd would start with it, else 2 with the error "
+                 "(FILE:LINE where the file has the key)");
   app.add_option("--vm", vm_names,
                  "create a channel for VM NAME (repeatable; adds to the "
                  "config's [[vm]] list), socket SOCKET_DIR/NAME.sock");
@@ -236,6 +256,30 @@ int Run(int argc, char** argv) {
     return app.exit(e);
   }
 
+  const bool check_only = app.count("--check-config") > 0;
+  if (check_only) {
+    if (check_config_path.empty() ||
+        (!config_path.empty() && config_path != check_config_path)) {
+      std::fprintf(stderr,
+                   "tmemd: --check-config needs a FILE (and no other "
+                   "--config)\n");
+      return 2;
+    }
+    config_path = check_config_path;
+  }
+  // --check-config prints errors as plain lines for a terminal or a
+  // maintainer script: FILE:LINE when the message has it, else FILE first.
+  auto check_failed = [&](absl::string_view message) {
+    const std::string text(message);
+    if (text.find(config_path) != std::string::npos) {
+      std::fprintf(stderr, "tmemd: %s\n", text.c_str());
+    } else {
+      std::fprintf(stderr, "tmemd: %s: %s\n", config_path.c_str(),
+                   text.c_str());
+    }
+    return 2;
+  };
+
   // A flag given is range-checked by the same table as the config file
   // (setting_ranges.h); out of range or NaN is refused with the flag named.
   auto given = [&](const char* flag) { return app.count(flag) > 0; };
@@ -283,6 +327,9 @@ int Run(int argc, char** argv) {
   TmemdConfig config;
   if (!config_path.empty()) {
     absl::StatusOr<TmemdConfig> loaded = LoadConfigFile(config_path, config);
+    if (!loaded.ok() && check_only) {
+      return check_failed(loaded.status().message());
+    }
     if (!loaded.ok()) {
       Log(LogLevel::kError, "config_error",
           {{"error", loaded.status().message()}});
@@ -343,8 +390,19 @@ int Run(int argc, char** argv) {
   SetLogLevel(config.log_level);
   SetLogFormat(config.log_format);
   if (absl::Status s = ValidateConfig(config); !s.ok()) {
+    if (check_only) return check_failed(s.message());
     Log(LogLevel::kError, "config_error", {{"error", s.message()}});
     return 2;
+  }
+  if (check_only) {
+    // What else a start would refuse before serving: a socket group that
+    // does not exist here.
+    if (config.socket_group) {
+      absl::StatusOr<gid_t> gid = ResolveGroup(*config.socket_group);
+      if (!gid.ok()) return check_failed(gid.status().message());
+    }
+    std::printf("tmemd: %s: configuration OK\n", config_path.c_str());
+    return 0;
   }
   if (config.vms.empty() && !config.libvirt.enabled) {
     Log(LogLevel::kWarn, "no_vms",
@@ -555,19 +613,46 @@ int Run(int argc, char** argv) {
        {"pid", static_cast<int64_t>(getpid())},
        {"fd_store", fd_store != nullptr},
        {"host_peer_id", host_peer_id}});
-  NotifyReady();
+  NotifyReady(ServiceStatus(**agent));
 
   bool upgrade = false;
+  // The main loop wakes for signals, for the statistics log, and to tell
+  // systemd it is alive: WATCHDOG=1 at half of WatchdogSec= (systemd kills
+  // a service that misses it), with a fresh STATUS= line; without a
+  // watchdog, STATUS= is refreshed every 5 s when it changed. The status
+  // reads the agent under its locks, so a wedged agent stops the pings.
+  using Clock = std::chrono::steady_clock;
+  const std::optional<std::chrono::microseconds> watchdog = WatchdogInterval();
+  const Clock::duration wake_every =
+      watchdog ? Clock::duration(*watchdog / 2)
+               : Clock::duration(std::chrono::seconds(5));
+  const Clock::duration stats_every =
+      std::chrono::seconds(config.stats_interval_seconds);
+  Clock::time_point next_stats = Clock::now() + stats_every;
+  std::string last_status = ServiceStatus(**agent);  // READY=1 sent it
   for (;;) {
-    int sig = 0;
+    Clock::duration wait = wake_every;
     if (config.stats_interval_seconds > 0) {
-      timespec ts{config.stats_interval_seconds, 0};
-      sig = sigtimedwait(&signals, nullptr, &ts);
-      if (sig < 0) {
-        if (errno == EAGAIN) LogStats(**agent, "stats");
-        continue;
+      wait = std::min(
+          wait, std::max(Clock::duration::zero(), next_stats - Clock::now()));
+    }
+    const auto wait_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+    const timespec ts{static_cast<time_t>(wait_ns / 1000000000),
+                      static_cast<long>(wait_ns % 1000000000)};
+    const int sig = sigtimedwait(&signals, nullptr, &ts);
+    if (sig < 0) {
+      if (config.stats_interval_seconds > 0 && Clock::now() >= next_stats) {
+        LogStats(**agent, "stats");
+        next_stats += stats_every;
       }
-    } else if (sigwait(&signals, &sig) != 0) {
+      std::string status = ServiceStatus(**agent);
+      if (watchdog) {
+        NotifyWatchdog(status);
+      } else if (status != last_status) {
+        NotifyStatus(status);
+      }
+      last_status = std::move(status);
       continue;
     }
     if (sig == SIGHUP) {
@@ -586,7 +671,11 @@ int Run(int argc, char** argv) {
     Log(LogLevel::kInfo, "shutdown", {{"signal", sig}});
     break;
   }
-  NotifyStopping();
+  if (upgrade) {
+    NotifyReloading();
+  } else {
+    NotifyStopping();
+  }
   // Outside callers first (gRPC, then libvirt events), so nothing touches a
   // stopping agent.
   (*control_server)->Shutdown();

@@ -68,6 +68,11 @@ PACKAGES=(
 
   # --- restart, upgrade and live migration (issue 14) ----------------------
   libsystemd-dev       # sd_notify fd store, sd_listen_fds_with_names
+
+  # --- Debian package and systemd unit (issue 18) --------------------------
+  lintian              # tests/package: lint the .deb (errors fail)
+  # (cpack, dpkg-deb, dpkg-shlibdeps, fakeroot: cmake and dpkg-dev above;
+  # systemd-analyze: systemd; setpriv: util-linux; adduser: base system)
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }
