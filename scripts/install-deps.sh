@@ -68,6 +68,10 @@ PACKAGES=(
 
   # --- restart, upgrade and live migration (issue 14) ----------------------
   libsystemd-dev       # sd_notify fd store, sd_listen_fds_with_names
+
+  # --- fleet policy in etcd (issue 19) -------------------------------------
+  etcd-server          # tests/fleet start a 3-member cluster on loopback
+  etcd-client          # etcdctl, for operators (docs/fleet.md)
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }
