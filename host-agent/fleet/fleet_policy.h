@@ -37,8 +37,13 @@ inline constexpr char kFleetPolicyPrefix[] = "/tmemd/v1/policy/";
 inline constexpr char kFleetStatusPrefix[] = "/tmemd/v1/status/hosts/";
 // Written by `tmemctl fleet apply/rollback` in the same transaction as the
 // policy keys: its mod_revision is the fleet's desired revision, and its
-// older versions (etcd MVCC) are the history.
-inline constexpr char kFleetAppliedKey[] = "/tmemd/v1/meta/applied";
+// older versions (etcd MVCC) are the history. It lies under the prefix, so
+// every watcher sees each apply, even one that changes nothing it reads;
+// it is not a policy layer.
+inline constexpr char kFleetAppliedKey[] = "/tmemd/v1/policy/applied";
+// Written once by each tmemd, without a lease: the hosts `fleet status`
+// expects (one registered but without a status key is gone).
+inline constexpr char kFleetMembersPrefix[] = "/tmemd/v1/members/";
 inline constexpr int kFleetFormatVersion = 1;
 
 // One parsed key: what it says for the host and for VMs.
