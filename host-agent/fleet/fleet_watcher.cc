@@ -216,6 +216,9 @@ absl::Status FleetWatcher::FullRead() {
   r.set_range_end(EtcdPrefixEnd(kFleetPolicyPrefix));
   absl::StatusOr<etcdserverpb::RangeResponse> resp = watch_client_->Range(r);
   if (!resp.ok()) return resp.status();
+  Log(LogLevel::kInfo, "fleet_full_read",
+      {{"endpoint", watch_client_->endpoint()},
+       {"revision", resp->header().revision()}});
   keys_.clear();
   for (const mvccpb::KeyValue& kv : resp->kvs()) {
     if (FleetKeyConcernsHost(kv.key(), config_.host, config_.groups)) {
@@ -240,6 +243,9 @@ absl::Status FleetWatcher::RunWatch(bool* compacted) {
   create->set_key(kFleetPolicyPrefix);
   create->set_range_end(EtcdPrefixEnd(kFleetPolicyPrefix));
   create->set_start_revision(Progress().seen_revision + 1);
+  Log(LogLevel::kInfo, "fleet_watch",
+      {{"endpoint", watch_client_->endpoint()},
+       {"start_revision", create->start_revision()}});
   absl::Status result = absl::OkStatus();
   if (stream->Write(request)) {
     etcdserverpb::WatchResponse response;
