@@ -482,20 +482,19 @@ absl::Status ApplyLibvirt(const toml::table& t, LibvirtConfig& c) {
 
 absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
   TableReader r(t, "fleet.");
-  if (auto s = r.CheckKeys({"endpoints", "host", "groups", "state_dir",
-                            "tls_cert", "tls_key", "tls_ca",
-                            "lease_ttl_seconds"});
+  if (auto s =
+          r.CheckKeys({"endpoints", "host", "groups", "state_dir", "tls_cert",
+                       "tls_key", "tls_ca", "lease_ttl_seconds"});
       !s.ok()) {
     return s;
   }
   if (auto s = r.Strings("endpoints", &c.endpoints); !s.ok()) return s;
   if (auto s = r.Strings("groups", &c.groups); !s.ok()) return s;
   std::optional<std::string> v;
-  for (auto [key, field] : {std::pair{"host", &c.host},
-                            std::pair{"state_dir", &c.state_dir},
-                            std::pair{"tls_cert", &c.tls_cert},
-                            std::pair{"tls_key", &c.tls_key},
-                            std::pair{"tls_ca", &c.tls_ca}}) {
+  for (auto [key, field] :
+       {std::pair{"host", &c.host}, std::pair{"state_dir", &c.state_dir},
+        std::pair{"tls_cert", &c.tls_cert}, std::pair{"tls_key", &c.tls_key},
+        std::pair{"tls_ca", &c.tls_ca}}) {
     v.reset();
     if (auto s = r.String(key, &v); !s.ok()) return s;
     if (v) *field = *v;
@@ -508,22 +507,22 @@ absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
   // Names become etcd keys; endpoints must say where (no empty entry).
   for (const std::string& e : c.endpoints) {
     if (e.empty() || e.find(':') == std::string::npos) {
-      return r.Error("endpoints", absl::StrCat("'", e,
-                                              "' is not host:port"));
+      return r.Error("endpoints", absl::StrCat("'", e, "' is not host:port"));
     }
   }
   if (!c.host.empty()) {
     if (auto s = ValidateVmName(c.host); !s.ok()) {
-      return r.Error("host", "must be 1-64 of [A-Za-z0-9._-], starting "
-                             "with a letter or digit");
+      return r.Error("host",
+                     "must be 1-64 of [A-Za-z0-9._-], starting "
+                     "with a letter or digit");
     }
   }
   for (const std::string& g : c.groups) {
     if (auto s = ValidateVmName(g); !s.ok()) {
       return r.Error("groups", absl::StrCat("'", g,
-                                           "' must be 1-64 of [A-Za-z0-9._-]"
-                                           ", starting with a letter or "
-                                           "digit"));
+                                            "' must be 1-64 of [A-Za-z0-9._-]"
+                                            ", starting with a letter or "
+                                            "digit"));
     }
   }
   const int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();

@@ -31,7 +31,7 @@ std::string EtcdPrefixEnd(const std::string& prefix) {
     }
     end.pop_back();
   }
-  return std::string(1, '\0');  // every key
+  return {'\0'};  // every key
 }
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
@@ -97,9 +97,8 @@ void EtcdClient::Prepare(grpc::ClientContext* context, bool stream) const {
 
 absl::Status EtcdClient::FromGrpc(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
-  return absl::Status(
-      static_cast<absl::StatusCode>(status.error_code()),
-      absl::StrCat("etcd ", endpoint(), ": ", status.error_message()));
+  return {static_cast<absl::StatusCode>(status.error_code()),
+          absl::StrCat("etcd ", endpoint(), ": ", status.error_message())};
 }
 
 absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(

@@ -21,17 +21,17 @@ bool SameMessage(const google::protobuf::Message& a,
 
 absl::Status Refuse(const std::string& key, const std::string& field,
                     const std::string& why) {
-  return absl::InvalidArgumentError(
-      absl::StrCat(key, ": ", field, ": ", why));
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", field, ": ", why));
 }
 
 // JSON integers only: 8.0 is not 8, "8" is not 8, -1 is not a size.
-absl::StatusOr<uint64_t> Unsigned(const std::string& key, const std::string& field,
-                                  const json& v) {
+absl::StatusOr<uint64_t> Unsigned(const std::string& key,
+                                  const std::string& field, const json& v) {
   if (!v.is_number_integer()) return Refuse(key, field, "must be an integer");
   if (v.is_number_unsigned()) return v.get<uint64_t>();
   const int64_t i = v.get<int64_t>();
-  if (i < 0) return Refuse(key, field, absl::StrCat("must not be negative, got ", i));
+  if (i < 0)
+    return Refuse(key, field, absl::StrCat("must not be negative, got ", i));
   return static_cast<uint64_t>(i);
 }
 
@@ -209,9 +209,9 @@ absl::Status CheckFleetKey(const std::string& key) {
       return absl::OkStatus();
     }
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "key '", key, "': want ", kFleetPolicyPrefix,
-      "fleet, groups/<group>, hosts/<host> or vms/<vm>"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("key '", key, "': want ", kFleetPolicyPrefix,
+                   "fleet, groups/<group>, hosts/<host> or vms/<vm>"));
 }
 
 absl::StatusOr<FleetLayer> ParseFleetLayer(const std::string& key,
@@ -228,10 +228,10 @@ absl::StatusOr<FleetLayer> ParseFleetLayer(const std::string& key,
   }
   if (!j.at("version").is_number_integer() ||
       j.at("version").get<int64_t>() != kFleetFormatVersion) {
-    return Refuse(key, "version",
-                  absl::StrCat("unsupported ", j.at("version").dump(),
-                               " (this tmemd reads version ",
-                               kFleetFormatVersion, ")"));
+    return Refuse(
+        key, "version",
+        absl::StrCat("unsupported ", j.at("version").dump(),
+                     " (this tmemd reads version ", kFleetFormatVersion, ")"));
   }
   FleetLayer layer;
   for (const auto& [name, v] : j.items()) {
@@ -294,7 +294,8 @@ absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
   }
   const std::string vm_prefix = absl::StrCat(kFleetPolicyPrefix, "vms/");
   for (auto it = keys.lower_bound(vm_prefix);
-       it != keys.end() && std::string_view(it->first).starts_with(vm_prefix); ++it) {
+       it != keys.end() && std::string_view(it->first).starts_with(vm_prefix);
+       ++it) {
     absl::StatusOr<FleetLayer> layer = ParseFleetLayer(it->first, it->second);
     if (!layer.ok()) return layer.status();
     out.vms[it->first.substr(vm_prefix.size())] = layer->vm;
@@ -307,7 +308,8 @@ bool FleetKeyConcernsHost(const std::string& key, const std::string& host,
   for (const std::string& k : HostLayerKeys(host, groups)) {
     if (key == k) return true;
   }
-  return std::string_view(key).starts_with(absl::StrCat(kFleetPolicyPrefix, "vms/"));
+  return std::string_view(key).starts_with(
+      absl::StrCat(kFleetPolicyPrefix, "vms/"));
 }
 
 }  // namespace tmem

@@ -21,9 +21,8 @@ absl::Status WriteFileAtomically(const std::string& path,
                                  const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
   auto fail = [&](const char* what) {
-    absl::Status s = absl::InternalError(
-        absl::StrCat(what, " '", tmp, "': ",
-                     std::generic_category().message(errno)));
+    absl::Status s = absl::InternalError(absl::StrCat(
+        what, " '", tmp, "': ", std::generic_category().message(errno)));
     unlink(tmp.c_str());
     return s;
   };
@@ -263,8 +262,7 @@ absl::Status FleetWatcher::RunWatch(bool* compacted) {
       // One response holds whole revisions (etcd never splits one), so
       // the state after its last event is a revision's complete state.
       for (const mvccpb::Event& e : response.events()) {
-        if (!FleetKeyConcernsHost(e.kv().key(), config_.host,
-                                  config_.groups)) {
+        if (!FleetKeyConcernsHost(e.kv().key(), config_.host, config_.groups)) {
           continue;
         }
         if (e.type() == mvccpb::Event::PUT) {
@@ -334,7 +332,8 @@ std::string FleetWatcher::StatusJson() const {
   j["applied_revision"] = p.applied_revision;
   j["rejected_revision"] = p.rejected_revision;
   j["rejected_reason"] = p.rejected_reason;
-  j["mode"] = std::string(ValveModeName(agent_->GetValveOptions().default_mode));
+  j["mode"] =
+      std::string(ValveModeName(agent_->GetValveOptions().default_mode));
   j["vms"] = agent_->VmNames().size();
   j["pid"] = static_cast<int64_t>(getpid());
   return j.dump();
@@ -350,7 +349,8 @@ void FleetWatcher::StatusLoop() {
   EtcdClient& etcd = *status_client_;
   auto failed = [&](const absl::Status& s, const char* what) {
     Log(LogLevel::kWarn, "fleet_status_error",
-        {{"endpoint", etcd.endpoint()}, {"step", what},
+        {{"endpoint", etcd.endpoint()},
+         {"step", what},
          {"error", s.message()}});
     etcd.Rotate();
     return Pause(std::chrono::milliseconds(500));
@@ -376,7 +376,8 @@ void FleetWatcher::StatusLoop() {
       etcdserverpb::LeaseGrantRequest r;
       r.set_ttl(config_.lease_ttl_seconds);
       etcdserverpb::LeaseGrantResponse resp;
-      absl::Status s = etcd.FromGrpc(etcd.lease().LeaseGrant(&context, r, &resp));
+      absl::Status s =
+          etcd.FromGrpc(etcd.lease().LeaseGrant(&context, r, &resp));
       if (s.ok() && !resp.error().empty()) {
         s = absl::UnavailableError(resp.error());
       }

@@ -95,9 +95,9 @@ class FleetWatcher {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool stop_ = false;                            // guarded by mu_
-  bool status_dirty_ = true;                     // guarded by mu_
-  FleetProgress progress_;                       // guarded by mu_
+  bool stop_ = false;                             // guarded by mu_
+  bool status_dirty_ = true;                      // guarded by mu_
+  FleetProgress progress_;                        // guarded by mu_
   grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_
   std::thread watch_thread_;
   std::thread status_thread_;

@@ -20,7 +20,7 @@ struct Snapshot {
   std::map<std::string, std::string> layers;  // policy keys, not "applied"
   int64_t applied_mod_revision = 0;           // 0: never applied
   int64_t newest_layer_revision = 0;
-  int64_t revision = 0;                       // header revision
+  int64_t revision = 0;  // header revision
 };
 
 absl::StatusOr<Snapshot> ReadPolicy(EtcdClient& etcd, int64_t at_revision) {
@@ -92,8 +92,7 @@ int Apply(EtcdClient& etcd, const std::map<std::string, std::string>& desired,
   // Every key is written even if unchanged, and the applied key always:
   // each apply is one new revision every watcher sees.
   for (const auto& [k, v] : desired) {
-    etcdserverpb::PutRequest* put =
-        txn.add_success()->mutable_request_put();
+    etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
     put->set_key(k);
     put->set_value(v);
   }
@@ -116,8 +115,8 @@ int Apply(EtcdClient& etcd, const std::map<std::string, std::string>& desired,
            "Check `tmemctl fleet history` and retry.\n";
     return 1;
   }
-  out << "applied at revision " << resp->header().revision() << " ("
-      << changes << " changes)\n";
+  out << "applied at revision " << resp->header().revision() << " (" << changes
+      << " changes)\n";
   return 0;
 }
 
@@ -142,8 +141,7 @@ int Status(EtcdClient& etcd, bool as_json, std::ostream& out,
     }
     const bool is_status = std::string(prefix) == kFleetStatusPrefix;
     for (const mvccpb::KeyValue& kv : resp->kvs()) {
-      const std::string host =
-          kv.key().substr(std::string(prefix).size());
+      const std::string host = kv.key().substr(std::string(prefix).size());
       json& slot = hosts[host];
       if (is_status) {
         slot = json::parse(kv.value(), nullptr, false);
@@ -181,8 +179,7 @@ int Status(EtcdClient& etcd, bool as_json, std::ostream& out,
                     {"vms", st.is_null() ? 0 : st.value("vms", 0)}});
   }
   if (as_json) {
-    out << json{{"desired_revision", desired}, {"hosts", rows}}.dump(2)
-        << "\n";
+    out << json{{"desired_revision", desired}, {"hosts", rows}}.dump(2) << "\n";
   } else {
     out << "desired revision " << desired << ": " << converged << " of "
         << hosts.size() << " hosts converged\n";
@@ -198,7 +195,8 @@ int Status(EtcdClient& etcd, bool as_json, std::ostream& out,
       out << "\n";
     }
   }
-  const bool all = !hosts.empty() && converged == static_cast<int>(hosts.size());
+  const bool all =
+      !hosts.empty() && converged == static_cast<int>(hosts.size());
   return all ? 0 : kFleetNotConverged;
 }
 

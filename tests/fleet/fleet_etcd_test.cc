@@ -6,6 +6,7 @@
 //
 // Every wait is a poll with a deadline; no sleep decides an assertion.
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 
@@ -15,8 +16,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -93,7 +92,8 @@ class FleetEtcdTest : public ::testing::Test {
       cluster.push_back(
           absl::StrCat("m", j, "=http://127.0.0.1:", peer_ports_[j]));
     }
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_ports_[i]);
+    const std::string client =
+        absl::StrCat("http://127.0.0.1:", client_ports_[i]);
     const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports_[i]);
     std::vector<std::string> argv = {
         kEtcd, "--name", absl::StrCat("m", i), "--data-dir",
@@ -155,11 +155,12 @@ class FleetEtcdTest : public ::testing::Test {
     std::vector<std::string> argv = {TMEMCTL_BIN, "fleet", "--etcd",
                                      EndpointList()};
     argv.insert(argv.end(), args.begin(), args.end());
-    return testing::Run(argv,
-                        absl::StrCat(dir_.path(), "/tmemctl-", ++runs_, ".out"));
+    return testing::Run(
+        argv, absl::StrCat(dir_.path(), "/tmemctl-", ++runs_, ".out"));
   }
   RunResult Apply(const std::string& policy_json) {
-    const std::string f = absl::StrCat(dir_.path(), "/policy-", ++runs_, ".json");
+    const std::string f =
+        absl::StrCat(dir_.path(), "/policy-", ++runs_, ".json");
     std::ofstream(f) << policy_json;
     return Ctl({"apply", f});
   }
@@ -319,14 +320,14 @@ TEST_F(FleetEtcdTest, RestartedHostResumesAndDownHostCatchesUp) {
   // Down again; two more applies, then etcd compacts the revisions h1 would
   // resume from: it re-reads everything and converges.
   ASSERT_EQ(tmemds_[1]->Stop(), 0);
-  ASSERT_EQ(Apply(R"({"fleet": {"host": {"cpu_budget_percent": 45}}})").code, 0);
+  ASSERT_EQ(Apply(R"({"fleet": {"host": {"cpu_budget_percent": 45}}})").code,
+            0);
   RunResult d = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 46}}})");
   ASSERT_EQ(d.code, 0);
   if (PathExists(kEtcdctl)) {
-    RunResult c = testing::Run(
-        {kEtcdctl, "--endpoints", EndpointList(), "compact",
-         std::to_string(AppliedRevision(d))},
-        dir_.path() + "/compact.out");
+    RunResult c = testing::Run({kEtcdctl, "--endpoints", EndpointList(),
+                                "compact", std::to_string(AppliedRevision(d))},
+                               dir_.path() + "/compact.out");
     ASSERT_EQ(c.code, 0) << c.output;
   }
   StartTmemd(1);
