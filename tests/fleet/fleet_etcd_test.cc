@@ -397,7 +397,7 @@ TEST_F(FleetEtcdTest, InvalidPolicyIsRejectedWithItsReasonAndNotApplied) {
   EXPECT_DOUBLE_EQ(CpuBudget(1), 60);
 }
 
-TEST_F(FleetEtcdTest, EtcdMemberKilledAndBroughtBack) {
+TEST_F(FleetEtcdTest, EtcdMemberKilledThenWholeClusterDownAndBack) {
   for (int i = 0; i < 3; ++i) StartTmemd(i);
   ASSERT_EQ(Apply(R"({"fleet": {"host": {"cpu_budget_percent": 21}}})").code,
             0);
@@ -430,6 +430,30 @@ TEST_F(FleetEtcdTest, EtcdMemberKilledAndBroughtBack) {
   ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs))
       << Ctl({"status"}).output;
   for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(CpuBudget(i), 23);
+
+  // The whole cluster stops: the hosts keep serving and enforcing what they
+  // applied; when it returns they catch up with the next apply.
+  for (auto& m : members_) {
+    if (m->Running()) {
+      kill(m->pid(), SIGKILL);
+      m->Wait();
+    }
+  }
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(tmemds_[i]->Running()) << tmemds_[i]->Log();
+    EXPECT_DOUBLE_EQ(CpuBudget(i), 23);
+  }
+  for (int i = 0; i < 3; ++i) StartMember(i);
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        a = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 24}}})");
+        return a.code == 0;
+      },
+      kConvergeMs))
+      << a.output;
+  ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs))
+      << Ctl({"status"}).output;
+  for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(CpuBudget(i), 24);
 }
 
 }  // namespace
