@@ -197,6 +197,16 @@ class TableReader {
     return absl::OkStatus();
   }
 
+  // A refusal of a key that is present, naming it with FILE:LINE.
+  absl::Status Error(std::string_view key, std::string_view why) const {
+    const toml::node* n = table_.get(key);
+    if (n == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("'", path_, std::string(key), "': ", std::string(why)));
+    }
+    return Bad(key, *n, why);
+  }
+
  private:
   // " (FILE:LINE)" of a node.
   static std::string Where(const toml::node& n) {
@@ -470,6 +480,58 @@ absl::Status ApplyLibvirt(const toml::table& t, LibvirtConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
+  TableReader r(t, "fleet.");
+  if (auto s =
+          r.CheckKeys({"endpoints", "host", "groups", "state_dir", "tls_cert",
+                       "tls_key", "tls_ca", "lease_ttl_seconds"});
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = r.Strings("endpoints", &c.endpoints); !s.ok()) return s;
+  if (auto s = r.Strings("groups", &c.groups); !s.ok()) return s;
+  std::optional<std::string> v;
+  for (auto [key, field] :
+       {std::pair{"host", &c.host}, std::pair{"state_dir", &c.state_dir},
+        std::pair{"tls_cert", &c.tls_cert}, std::pair{"tls_key", &c.tls_key},
+        std::pair{"tls_ca", &c.tls_ca}}) {
+    v.reset();
+    if (auto s = r.String(key, &v); !s.ok()) return s;
+    if (v) *field = *v;
+  }
+  if (auto s = r.Integer("lease_ttl_seconds", &c.lease_ttl_seconds,
+                         ranges::kLeaseTtlSeconds);
+      !s.ok()) {
+    return s;
+  }
+  // Names become etcd keys; endpoints must say where (no empty entry).
+  for (const std::string& e : c.endpoints) {
+    if (e.empty() || e.find(':') == std::string::npos) {
+      return r.Error("endpoints", absl::StrCat("'", e, "' is not host:port"));
+    }
+  }
+  if (!c.host.empty()) {
+    if (auto s = ValidateVmName(c.host); !s.ok()) {
+      return r.Error("host",
+                     "must be 1-64 of [A-Za-z0-9._-], starting "
+                     "with a letter or digit");
+    }
+  }
+  for (const std::string& g : c.groups) {
+    if (auto s = ValidateVmName(g); !s.ok()) {
+      return r.Error("groups", absl::StrCat("'", g,
+                                            "' must be 1-64 of [A-Za-z0-9._-]"
+                                            ", starting with a letter or "
+                                            "digit"));
+    }
+  }
+  const int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
+  if (tls != 0 && tls != 3) {
+    return r.Error("tls_cert", "tls_cert, tls_key and tls_ca go together");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
   if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
@@ -547,11 +609,13 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
       s = ApplyControl(*t, c.control);
     } else if (k == "libvirt") {
       s = ApplyLibvirt(*t, c.libvirt);
+    } else if (k == "fleet") {
+      s = ApplyFleet(*t, c.fleet);
     } else {
       s = absl::InvalidArgumentError(
           absl::StrCat("unknown section [", std::string(k),
                        "] (sections: [store], [channels], [worker], [valve], "
-                       "[log], [control], [libvirt], [[vm]])"));
+                       "[log], [control], [libvirt], [fleet], [[vm]])"));
     }
     if (!s.ok()) return s;
   }

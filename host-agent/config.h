@@ -72,6 +72,20 @@ struct LibvirtConfig {
   int detach_timeout_seconds = 30;  // a guest that never acks an unplug
 };
 
+// [fleet]: policy from etcd (issue 19, docs/fleet.md); off unless
+// `endpoints` is set.
+struct FleetConfig {
+  std::vector<std::string> endpoints;  // "host:port"
+  std::string host;                    // "": the machine's hostname
+  std::vector<std::string> groups;     // later ones win
+  std::string state_dir;               // fleet-state.json; "": memory only
+  std::string tls_cert;                // PEM paths: all three or none
+  std::string tls_key;
+  std::string tls_ca;
+  int lease_ttl_seconds = 10;  // the status key outlives a dead tmemd by this
+  bool enabled() const { return !endpoints.empty(); }
+};
+
 struct TmemdConfig {
   StoreOptions store;
   // Channels.
@@ -87,6 +101,7 @@ struct TmemdConfig {
   std::vector<VmConfig> vms;
   ControlConfig control;
   LibvirtConfig libvirt;
+  FleetConfig fleet;
   // Process.
   LogLevel log_level = LogLevel::kInfo;
   LogFormat log_format = LogFormat::kText;

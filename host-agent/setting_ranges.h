@@ -77,6 +77,8 @@ inline constexpr IntRange kMetricsPort{"metrics_port (-1: off, 0: any)", -1,
 // [libvirt]
 inline constexpr IntRange kDetachTimeoutSeconds{"detach_timeout_seconds", 1,
                                                 3600};
+// [fleet]
+inline constexpr IntRange kLeaseTtlSeconds{"lease_ttl_seconds", 2, 600};
 // Per VM ([[vm]], state file, RPC, libvirt metadata).
 inline constexpr IntRange kQuota{"quota (bytes; 0: unlimited)", 0, kPiB};
 inline constexpr IntRange kWeight{"weight", 1, 1000000};

@@ -12,6 +12,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
@@ -30,6 +31,7 @@
 #include "host-agent/control/policy_store.h"
 #include "host-agent/domain_control.h"
 #include "host-agent/fd_handoff.h"
+#include "host-agent/fleet/fleet_watcher.h"
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
@@ -594,6 +596,29 @@ int Run(int argc, char** argv) {
        {"tcp_port", (*control_server)->tcp_port()},
        {"metrics_port", metrics ? metrics->port() : -1},
        {"state_file", config.control.state_file}});
+  // Fleet policy (issue 19): after the local state is applied, so etcd's
+  // view lands on top of it.
+  std::unique_ptr<FleetWatcher> fleet;
+  if (config.fleet.enabled()) {
+    FleetConfig fc = config.fleet;
+    if (fc.host.empty()) {
+      char name[256] = {};
+      if (gethostname(name, sizeof(name) - 1) == 0) fc.host = name;
+    }
+    if (fc.state_dir.empty() && !config.control.state_file.empty()) {
+      fc.state_dir =
+          std::filesystem::path(config.control.state_file).parent_path();
+    }
+    absl::StatusOr<std::unique_ptr<FleetWatcher>> w =
+        FleetWatcher::Start(fc, &control, agent->get());
+    if (!w.ok()) {
+      Log(LogLevel::kError, "fleet_error", {{"error", w.status().message()}});
+      return 1;
+    }
+    fleet = std::move(*w);
+    Log(LogLevel::kInfo, "fleet_ready",
+        {{"host", fc.host}, {"state_dir", fc.state_dir}});
+  }
   if (domain_manager != nullptr) {
     if (absl::Status s = domain_manager->Start(); !s.ok()) {
       Log(LogLevel::kError, "libvirt_error",
@@ -678,6 +703,7 @@ int Run(int argc, char** argv) {
   }
   // Outside callers first (gRPC, then libvirt events), so nothing touches a
   // stopping agent.
+  fleet.reset();
   (*control_server)->Shutdown();
   metrics.reset();
   domain_manager.reset();

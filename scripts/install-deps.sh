@@ -73,6 +73,9 @@ PACKAGES=(
   lintian              # tests/package: lint the .deb (errors fail)
   # (cpack, dpkg-deb, dpkg-shlibdeps, fakeroot: cmake and dpkg-dev above;
   # systemd-analyze: systemd; setpriv: util-linux; adduser: base system)
+  # --- fleet policy in etcd (issue 19) -------------------------------------
+  etcd-server          # tests/fleet start a 3-member cluster on loopback
+  etcd-client          # etcdctl, for operators (docs/fleet.md)
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }

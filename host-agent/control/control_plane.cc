@@ -165,7 +165,20 @@ ControlPlane::ControlPlane(Agent* agent, PolicyStore* policies,
 VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
                                        const VmPolicy& configured) const {
   std::optional<StoredVmPolicy> saved = policies_->Vm(vm);
-  return saved ? saved->policy : configured;
+  VmPolicy p = saved ? saved->policy : configured;
+  std::optional<v1::SetVmPolicyRequest> fleet;
+  {
+    std::lock_guard<std::mutex> lock(fleet_mu_);
+    if (fleet_) fleet = fleet_->ForVm(vm);
+  }
+  if (fleet) {
+    // Already validated when the revision was applied; only the quota may
+    // now exceed a cap changed since, and then the VM keeps its own.
+    absl::StatusOr<VmPolicy> overlaid = PlanVmPolicy(
+        *fleet, p, agent_->store().GetHostStats().memory_cap_bytes);
+    if (overlaid.ok()) p = *overlaid;
+  }
+  return p;
 }
 
 absl::Status ControlPlane::ApplyStoredPolicies() {
@@ -351,18 +364,11 @@ v1::StatsSample ControlPlane::Sample(
   return out;
 }
 
-absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
-    const v1::SetVmPolicyRequest& r) {
-  if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
-  absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
-  if (!current.ok()) return UnknownVm(r.vm());
-  absl::StatusOr<uint64_t> generation =
-      policies_->NextVmGeneration(r.vm(), r.generation());
-  if (!generation.ok()) return generation.status();
-  VmPolicy p = CurrentPolicy(*current);
+absl::StatusOr<VmPolicy> ControlPlane::PlanVmPolicy(
+    const v1::SetVmPolicyRequest& r, const VmPolicy& current,
+    uint64_t cap) const {
+  VmPolicy p = current;
   if (r.has_quota_bytes()) {
-    const uint64_t cap = agent_->store().GetHostStats().memory_cap_bytes;
     if (absl::Status s = CheckRange(ranges::kQuota, r.quota_bytes(),
                                     absl::StrCat("VM '", r.vm(), "'"));
         !s.ok()) {
@@ -396,17 +402,34 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
   }
   if (r.has_enabled()) p.enabled = r.enabled();
   if (r.has_frozen()) p.frozen = r.frozen();
-  if (absl::Status s = agent_->SetVmPolicy(r.vm(), p); !s.ok()) {
+  return p;
+}
+
+absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
+    const v1::SetVmPolicyRequest& r) {
+  if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
+  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
+  if (!current.ok()) return UnknownVm(r.vm());
+  absl::StatusOr<uint64_t> generation =
+      policies_->NextVmGeneration(r.vm(), r.generation());
+  if (!generation.ok()) return generation.status();
+  absl::StatusOr<VmPolicy> p =
+      PlanVmPolicy(r, CurrentPolicy(*current),
+                   agent_->store().GetHostStats().memory_cap_bytes);
+  if (!p.ok()) return p.status();
+  if (absl::Status s = agent_->SetVmPolicy(r.vm(), *p); !s.ok()) {
     if (s.code() == absl::StatusCode::kNotFound) return UnknownVm(r.vm());
     return s;
   }
-  if (absl::Status s = policies_->CommitVm(r.vm(), {p, *generation}); !s.ok()) {
+  if (absl::Status s = policies_->CommitVm(r.vm(), {*p, *generation});
+      !s.ok()) {
     return absl::InternalError(absl::StrCat(
         "the policy is applied but was not saved, so a restart loses it: ",
         s.message()));
   }
   v1::SetVmPolicyResponse out;
-  *out.mutable_policy() = PolicyMessage(r.vm(), p);
+  *out.mutable_policy() = PolicyMessage(r.vm(), *p);
   return out;
 }
 
@@ -418,21 +441,19 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetFrozen(
   return SetVmPolicy(r);
 }
 
-absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
-    const v1::SetHostPolicyRequest& r) {
-  std::lock_guard<std::mutex> lock(write_mu_);
-  absl::StatusOr<uint64_t> generation =
-      policies_->NextHostGeneration(r.generation());
-  if (!generation.ok()) return generation.status();
-  StoredHostPolicy stored = policies_->Host();
-  ValveOptions opts = agent_->GetValveOptions();
-  bool valve_changed = false;
+absl::StatusOr<ControlPlane::HostPlan> ControlPlane::PlanHostPolicy(
+    const v1::SetHostPolicyRequest& r) const {
+  HostPlan plan;
+  plan.stored = policies_->Host();
+  plan.valve = agent_->GetValveOptions();
   if (r.has_memory_cap_bytes()) {
     if (absl::Status s =
             CheckRange(ranges::kMemoryCap, r.memory_cap_bytes(), "host");
         !s.ok()) {
       return s;
     }
+    plan.memory_cap = r.memory_cap_bytes();
+    plan.stored.memory_cap_bytes = r.memory_cap_bytes();
   }
   if (r.has_cpu_budget_percent()) {
     const double b = r.cpu_budget_percent();
@@ -441,31 +462,48 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
         !s.ok()) {
       return s;
     }
-    opts.cpu_budget_percent = b;
-    stored.cpu_budget_percent = b;
-    valve_changed = true;
+    plan.valve.cpu_budget_percent = b;
+    plan.stored.cpu_budget_percent = b;
+    plan.valve_changed = true;
   }
   if (r.default_mode() != v1::MODE_UNSPECIFIED) {
     absl::StatusOr<ValveMode> m = FromProtoMode(r.default_mode(), false);
     if (!m.ok()) return m.status();
-    opts.default_mode = *m;
-    stored.default_mode = *m;
-    valve_changed = true;
+    plan.valve.default_mode = *m;
+    plan.stored.default_mode = *m;
+    plan.valve_changed = true;
   }
-  if (valve_changed) {
-    if (absl::Status s = Valve::ValidateOptions(opts); !s.ok()) return s;
+  if (plan.valve_changed) {
+    if (absl::Status s = Valve::ValidateOptions(plan.valve); !s.ok()) return s;
   }
-  if (r.has_memory_cap_bytes()) {
-    if (absl::Status s = agent_->SetMemoryCap(r.memory_cap_bytes()); !s.ok()) {
+  return plan;
+}
+
+absl::Status ControlPlane::ApplyHostPlan(const HostPlan& plan) {
+  if (plan.memory_cap) {
+    if (absl::Status s = agent_->SetMemoryCap(*plan.memory_cap); !s.ok()) {
       return s;
     }
-    stored.memory_cap_bytes = r.memory_cap_bytes();
   }
-  if (valve_changed) {
-    if (absl::Status s = agent_->SetValveOptions(opts); !s.ok()) return s;
+  if (plan.valve_changed) {
+    if (absl::Status s = agent_->SetValveOptions(plan.valve); !s.ok()) {
+      return s;
+    }
   }
-  stored.generation = *generation;
-  if (absl::Status s = policies_->CommitHost(stored); !s.ok()) {
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
+    const v1::SetHostPolicyRequest& r) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  absl::StatusOr<uint64_t> generation =
+      policies_->NextHostGeneration(r.generation());
+  if (!generation.ok()) return generation.status();
+  absl::StatusOr<HostPlan> plan = PlanHostPolicy(r);
+  if (!plan.ok()) return plan.status();
+  if (absl::Status s = ApplyHostPlan(*plan); !s.ok()) return s;
+  plan->stored.generation = *generation;
+  if (absl::Status s = policies_->CommitHost(plan->stored); !s.ok()) {
     return absl::InternalError(absl::StrCat(
         "the host policy is applied but was not saved, so a restart loses "
         "it: ",
@@ -474,6 +512,75 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
   v1::SetHostPolicyResponse out;
   *out.mutable_policy() = HostPolicyMessage();
   return out;
+}
+
+absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
+                                          bool dry_run) {
+  std::lock_guard<std::mutex> lock(write_mu_);
+  // 1. Plan everything; nothing changes until every part is valid.
+  absl::StatusOr<HostPlan> host = PlanHostPolicy(policy.host);
+  if (!host.ok()) return host.status();
+  const uint64_t old_cap = agent_->store().GetHostStats().memory_cap_bytes;
+  const uint64_t cap = host->memory_cap.value_or(old_cap);
+  struct VmChange {
+    std::string name;
+    VmPolicy before;
+    VmPolicy after;
+  };
+  std::vector<VmChange> vms;
+  for (const std::string& name : agent_->VmNames()) {
+    absl::StatusOr<VmInfo> info = agent_->GetVm(name);
+    if (!info.ok()) continue;  // removed meanwhile: nothing to apply
+    const VmPolicy before = CurrentPolicy(*info);
+    absl::StatusOr<VmPolicy> after =
+        PlanVmPolicy(policy.ForVm(name), before, cap);
+    if (!after.ok()) return after.status();
+    vms.push_back({name, before, *after});
+  }
+  if (dry_run) return absl::OkStatus();
+  // 2. Apply; a failure puts back what was changed before it.
+  const ValveOptions old_valve = agent_->GetValveOptions();
+  auto undo = [&](size_t vms_done) {
+    for (size_t i = 0; i < vms_done; ++i) {
+      (void)agent_->SetVmPolicy(vms[i].name, vms[i].before);
+    }
+    if (host->valve_changed) (void)agent_->SetValveOptions(old_valve);
+    if (host->memory_cap) (void)agent_->SetMemoryCap(old_cap);
+  };
+  if (absl::Status s = ApplyHostPlan(*host); !s.ok()) {
+    undo(0);
+    return s;
+  }
+  for (size_t i = 0; i < vms.size(); ++i) {
+    absl::Status s = agent_->SetVmPolicy(vms[i].name, vms[i].after);
+    if (s.code() == absl::StatusCode::kNotFound) continue;  // VM just left
+    if (!s.ok()) {
+      undo(i);
+      return s;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> fleet_lock(fleet_mu_);
+    fleet_ = policy;
+  }
+  // 3. Record it, so a restart enforces it before etcd is reachable.
+  absl::Status saved = absl::OkStatus();
+  if (host->memory_cap || host->valve_changed) {
+    absl::StatusOr<uint64_t> g = policies_->NextHostGeneration(0);
+    host->stored.generation = g.ok() ? *g : host->stored.generation;
+    saved.Update(policies_->CommitHost(host->stored));
+  }
+  for (const VmChange& vm : vms) {
+    absl::StatusOr<uint64_t> g = policies_->NextVmGeneration(vm.name, 0);
+    saved.Update(policies_->CommitVm(vm.name, {vm.after, g.ok() ? *g : 0}));
+  }
+  if (!saved.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the fleet policy is applied but was not saved, so a restart "
+        "loses it: ",
+        saved.message()));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(

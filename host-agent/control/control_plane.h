@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -23,6 +24,7 @@
 #include "host-agent/agent.h"
 #include "host-agent/control/policy_store.h"
 #include "host-agent/domain_control.h"
+#include "host-agent/fleet/fleet_policy.h"
 #include "proto/tmem/v1/control.pb.h"
 
 namespace tmem {
@@ -70,6 +72,13 @@ class ControlPlane {
   absl::StatusOr<v1::FlushVmResponse> FlushVm(const std::string& vm);
   absl::Status AuthorizeSharedPool(
       const v1::AuthorizeSharedPoolRequest& request);
+  // Fleet policy (issue 19): the host part and every present VM's part of
+  // one etcd revision, checked by the same rules as SetHostPolicy and
+  // SetVmPolicy, then applied all together or not at all (a failed step
+  // puts back what was changed before it). VMs added later get it through
+  // ResolveVmPolicy. With dry_run, only checks.
+  absl::Status ApplyPolicySet(const ResolvedFleetPolicy& policy,
+                              bool dry_run = false);
 
   // Domains (forwarded to DomainControl).
   absl::StatusOr<v1::DomainState> AttachDomain(const v1::DomainRequest& r);
@@ -77,6 +86,20 @@ class ControlPlane {
   absl::StatusOr<v1::ListDomainsResponse> ListDomains();
 
  private:
+  // What a host push would do, checked, with nothing applied yet.
+  struct HostPlan {
+    StoredHostPolicy stored;
+    ValveOptions valve;
+    bool valve_changed = false;
+    std::optional<uint64_t> memory_cap;
+  };
+  absl::StatusOr<HostPlan> PlanHostPolicy(
+      const v1::SetHostPolicyRequest& r) const;
+  absl::Status ApplyHostPlan(const HostPlan& plan);
+  // `current` with the request's fields applied, checked against `cap`.
+  absl::StatusOr<VmPolicy> PlanVmPolicy(const v1::SetVmPolicyRequest& r,
+                                        const VmPolicy& current,
+                                        uint64_t cap) const;
   v1::VmDetail Detail(const VmInfo& info) const;
   v1::VmPolicy PolicyMessage(const std::string& vm,
                              const VmPolicy& policy) const;
@@ -87,6 +110,10 @@ class ControlPlane {
   PolicyStore* const policies_;
   DomainControl* const domains_;
   std::mutex write_mu_;  // one write at a time: check, apply, commit
+  // Taken inside the Agent's mutex (ResolveVmPolicy runs there): nothing
+  // is called while holding it.
+  mutable std::mutex fleet_mu_;
+  std::optional<ResolvedFleetPolicy> fleet_;  // guarded by fleet_mu_
 };
 
 }  // namespace tmem

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "host-agent/config.h"
+#include "host-agent/tmemctl/fleet_commands.h"
 #include "host-agent/tmemctl/policy_file.h"
 #include "proto/tmem/v1/control.grpc.pb.h"
 
@@ -614,10 +615,35 @@ int Run(int argc, char** argv) {
   policy->require_subcommand(1);
   auto* apply = policy->add_subcommand("apply", "apply a TOML or JSON file");
   apply->add_option("file", o.file)->required();
+  FleetCliOptions fo;
+  auto* fleet = app.add_subcommand(
+      "fleet", "fleet policy in etcd (docs/fleet.md); exit 3: not converged");
+  fleet->require_subcommand(1);
+  fleet->add_option("--etcd", fo.endpoints, "etcd endpoints host:port,...")
+      ->delimiter(',')
+      ->required();
+  fleet->add_option("--etcd-cert", fo.tls_cert, "client certificate (PEM)");
+  fleet->add_option("--etcd-key", fo.tls_key, "client key (PEM)");
+  fleet->add_option("--etcd-ca", fo.tls_ca, "etcd's CA (PEM)");
+  auto* fleet_apply =
+      fleet->add_subcommand("apply", "make FILE the whole fleet policy");
+  fleet_apply->add_option("file", fo.file)->required();
+  fleet_apply->add_flag("--dry-run", fo.dry_run, "show the diff only");
+  auto* fleet_status = fleet->add_subcommand("status", "hosts' convergence");
+  fleet_status->add_flag("--json", fo.json, "JSON output");
+  fleet->add_subcommand("history", "past applies");
+  auto* fleet_rollback =
+      fleet->add_subcommand("rollback", "apply the policy of revision REV");
+  fleet_rollback->add_option("revision", fo.revision)->required();
+  fleet_rollback->add_flag("--dry-run", fo.dry_run, "show the diff only");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
+  }
+  if (*fleet) {
+    fo.command = fleet->get_subcommands().front()->get_name();
+    return RunFleetCommand(fo, std::cout, std::cerr);
   }
   std::string error;
   const std::vector<std::string> targets = Targets(o, &error);

@@ -321,3 +321,47 @@ TEST(CheckRangeTest, RefusesNanInfinityAndWrapAround) {
 
 }  // namespace
 }  // namespace tmem
+
+namespace tmem {
+namespace {
+
+TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
+  absl::StatusOr<TmemdConfig> off = ParseConfig("", "t.toml", TmemdConfig{});
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->fleet.enabled());
+  absl::StatusOr<TmemdConfig> c = ParseConfig(
+      "[fleet]\nendpoints = [\"10.0.0.1:2379\", \"10.0.0.2:2379\"]\n"
+      "host = \"hv-1\"\ngroups = [\"rack4\", \"ssd\"]\n"
+      "state_dir = \"/var/lib/tmemd\"\nlease_ttl_seconds = 5\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->fleet.enabled());
+  EXPECT_EQ(c->fleet.endpoints.size(), 2u);
+  EXPECT_EQ(c->fleet.host, "hv-1");
+  EXPECT_EQ(c->fleet.groups.back(), "ssd");
+  EXPECT_EQ(c->fleet.lease_ttl_seconds, 5);
+  struct Bad {
+    const char* toml;
+    const char* reason;
+  } bad[] = {
+      {"[fleet]\nendpoints = [\"nohostport\"]\n", "is not host:port"},
+      {"[fleet]\nendpoints = \"a:1\"\n", "fleet.endpoints"},
+      {"[fleet]\nhost = \"-x\"\n", "fleet.host"},
+      {"[fleet]\ngroups = [\"a/b\"]\n", "fleet.groups"},
+      {"[fleet]\ntls_cert = \"c.pem\"\n", "go together"},
+      {"[fleet]\nlease_ttl_seconds = 1\n", "lease_ttl_seconds"},
+      {"[fleet]\nendpoint = [\"a:1\"]\n", "unknown key 'fleet.endpoint'"},
+  };
+  for (const Bad& b : bad) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(b.toml, "t.toml", TmemdConfig{});
+    ASSERT_FALSE(r.ok()) << b.toml;
+    EXPECT_NE(r.status().message().find(b.reason), std::string::npos)
+        << b.toml << " -> " << r.status().message();
+    EXPECT_NE(r.status().message().find("t.toml:"), std::string::npos)
+        << r.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace tmem

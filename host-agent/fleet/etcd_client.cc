@@ -1,0 +1,140 @@
+#include "host-agent/fleet/etcd_client.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace tmem {
+namespace {
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const std::string& what) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read the etcd ", what, " '", path, "'"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return buf.str();
+}
+
+}  // namespace
+
+std::string EtcdPrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty()) {
+    if (static_cast<unsigned char>(end.back()) < 0xff) {
+      end.back() = static_cast<char>(end.back() + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return {'\0'};  // every key
+}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
+    const EtcdOptions& options) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("no etcd endpoints");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds;
+  const bool any_tls = !options.tls_cert.empty() || !options.tls_key.empty() ||
+                       !options.tls_ca.empty();
+  if (any_tls) {
+    if (options.tls_cert.empty() || options.tls_key.empty() ||
+        options.tls_ca.empty()) {
+      return absl::InvalidArgumentError(
+          "etcd TLS needs all of tls_cert, tls_key and tls_ca");
+    }
+    grpc::SslCredentialsOptions ssl;
+    absl::StatusOr<std::string> cert =
+        ReadPemFile(options.tls_cert, "client certificate");
+    if (!cert.ok()) return cert.status();
+    absl::StatusOr<std::string> key = ReadPemFile(options.tls_key, "key");
+    if (!key.ok()) return key.status();
+    absl::StatusOr<std::string> ca = ReadPemFile(options.tls_ca, "CA");
+    if (!ca.ok()) return ca.status();
+    ssl.pem_cert_chain = *cert;
+    ssl.pem_private_key = *key;
+    ssl.pem_root_certs = *ca;
+    creds = grpc::SslCredentials(ssl);
+  } else {
+    creds = grpc::InsecureChannelCredentials();
+  }
+  std::unique_ptr<EtcdClient> client(new EtcdClient(options, creds));
+  client->Connect();
+  return client;
+}
+
+void EtcdClient::Connect() {
+  grpc::ChannelArguments args;
+  // A member that vanished without closing TCP is noticed in seconds.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 3000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Reconnect attempts stay short: Rotate() moves on anyway.
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(endpoint(), credentials_, args);
+  kv_ = etcdserverpb::KV::NewStub(channel_);
+  watch_ = etcdserverpb::Watch::NewStub(channel_);
+  lease_ = etcdserverpb::Lease::NewStub(channel_);
+}
+
+void EtcdClient::Rotate() {
+  current_ = (current_ + 1) % options_.endpoints.size();
+  Connect();
+}
+
+void EtcdClient::Prepare(grpc::ClientContext* context, bool stream) const {
+  context->AddMetadata("hasleader", "true");
+  if (!stream) {
+    context->set_deadline(std::chrono::system_clock::now() +
+                          options_.call_timeout);
+  }
+}
+
+absl::Status EtcdClient::FromGrpc(const grpc::Status& status) const {
+  if (status.ok()) return absl::OkStatus();
+  return {static_cast<absl::StatusCode>(status.error_code()),
+          absl::StrCat("etcd ", endpoint(), ": ", status.error_message())};
+}
+
+absl::StatusOr<etcdserverpb::RangeResponse> EtcdClient::Range(
+    const etcdserverpb::RangeRequest& request) {
+  grpc::ClientContext context;
+  Prepare(&context, false);
+  etcdserverpb::RangeResponse response;
+  if (absl::Status s = FromGrpc(kv_->Range(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<etcdserverpb::TxnResponse> EtcdClient::Txn(
+    const etcdserverpb::TxnRequest& request) {
+  grpc::ClientContext context;
+  Prepare(&context, false);
+  etcdserverpb::TxnResponse response;
+  if (absl::Status s = FromGrpc(kv_->Txn(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<etcdserverpb::PutResponse> EtcdClient::Put(
+    const etcdserverpb::PutRequest& request) {
+  grpc::ClientContext context;
+  Prepare(&context, false);
+  etcdserverpb::PutResponse response;
+  if (absl::Status s = FromGrpc(kv_->Put(&context, request, &response));
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+}  // namespace tmem

@@ -1,0 +1,315 @@
+#include "host-agent/fleet/fleet_policy.h"
+
+#include <nlohmann/json.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "host-agent/config.h"
+#include "host-agent/setting_ranges.h"
+
+namespace tmem {
+namespace {
+
+using nlohmann::json;
+
+size_t PrefixSize() { return std::string_view(kFleetPolicyPrefix).size(); }
+
+bool SameMessage(const google::protobuf::Message& a,
+                 const google::protobuf::Message& b) {
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+absl::Status Refuse(const std::string& key, const std::string& field,
+                    const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(key, ": ", field, ": ", why));
+}
+
+// JSON integers only: 8.0 is not 8, "8" is not 8, -1 is not a size.
+absl::StatusOr<uint64_t> Unsigned(const std::string& key,
+                                  const std::string& field, const json& v) {
+  if (!v.is_number_integer()) return Refuse(key, field, "must be an integer");
+  if (v.is_number_unsigned()) return v.get<uint64_t>();
+  const int64_t i = v.get<int64_t>();
+  if (i < 0)
+    return Refuse(key, field, absl::StrCat("must not be negative, got ", i));
+  return static_cast<uint64_t>(i);
+}
+
+absl::StatusOr<v1::Mode> Mode(const std::string& key, const std::string& field,
+                              const json& v, bool allow_default) {
+  if (!v.is_string()) return Refuse(key, field, "must be a string");
+  const std::string text = v.get<std::string>();
+  ValveMode m;
+  if (ParseValveMode(text, &m)) {
+    switch (m) {
+      case ValveMode::kOff:
+        return v1::MODE_OFF;
+      case ValveMode::kAlways:
+        return v1::MODE_ALWAYS;
+      case ValveMode::kAdaptive:
+        return v1::MODE_ADAPTIVE;
+      case ValveMode::kDefault:
+        if (allow_default) return v1::MODE_DEFAULT;
+        break;
+    }
+  }
+  return Refuse(key, field,
+                absl::StrCat("'", text, "' is not a mode: use ",
+                             allow_default ? "default, " : "",
+                             "off, always or adaptive"));
+}
+
+const char* ModeText(v1::Mode m) {
+  switch (m) {
+    case v1::MODE_DEFAULT:
+      return "default";
+    case v1::MODE_OFF:
+      return "off";
+    case v1::MODE_ALWAYS:
+      return "always";
+    case v1::MODE_ADAPTIVE:
+      return "adaptive";
+    default:
+      return "";
+  }
+}
+
+absl::Status ParseHostSection(const std::string& key, const json& h,
+                              v1::SetHostPolicyRequest* out) {
+  if (!h.is_object()) return Refuse(key, "host", "must be an object");
+  for (const auto& [name, v] : h.items()) {
+    const std::string field = absl::StrCat("host.", name);
+    if (name == "memory_cap_bytes") {
+      absl::StatusOr<uint64_t> cap = Unsigned(key, field, v);
+      if (!cap.ok()) return cap.status();
+      if (absl::Status s = CheckRange(ranges::kMemoryCap, *cap,
+                                      absl::StrCat(key, ": ", field));
+          !s.ok()) {
+        return s;
+      }
+      out->set_memory_cap_bytes(*cap);
+    } else if (name == "cpu_budget_percent") {
+      if (!v.is_number()) return Refuse(key, field, "must be a number");
+      const double b = v.get<double>();
+      if (absl::Status s = CheckRange(ranges::kCpuBudgetPercent, b,
+                                      absl::StrCat(key, ": ", field));
+          !s.ok()) {
+        return s;
+      }
+      out->set_cpu_budget_percent(b);
+    } else if (name == "mode") {
+      absl::StatusOr<v1::Mode> m = Mode(key, field, v, false);
+      if (!m.ok()) return m.status();
+      out->set_default_mode(*m);
+    } else {
+      return Refuse(key, field,
+                    "unknown field (host takes memory_cap_bytes, "
+                    "cpu_budget_percent, mode)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseVmSection(const std::string& key, const json& vm,
+                            v1::SetVmPolicyRequest* out) {
+  if (!vm.is_object()) return Refuse(key, "vm", "must be an object");
+  for (const auto& [name, v] : vm.items()) {
+    const std::string field = absl::StrCat("vm.", name);
+    const std::string source = absl::StrCat(key, ": ", field);
+    if (name == "quota_bytes") {
+      absl::StatusOr<uint64_t> q = Unsigned(key, field, v);
+      if (!q.ok()) return q.status();
+      if (absl::Status s = CheckRange(ranges::kQuota, *q, source); !s.ok()) {
+        return s;
+      }
+      out->set_quota_bytes(*q);
+    } else if (name == "weight") {
+      absl::StatusOr<uint64_t> w = Unsigned(key, field, v);
+      if (!w.ok()) return w.status();
+      if (absl::Status s = CheckRange(ranges::kWeight, *w, source); !s.ok()) {
+        return s;
+      }
+      out->set_weight(static_cast<int64_t>(*w));
+    } else if (name == "mode") {
+      absl::StatusOr<v1::Mode> m = Mode(key, field, v, true);
+      if (!m.ok()) return m.status();
+      out->set_mode(*m);
+    } else if (name == "enabled" || name == "frozen") {
+      if (!v.is_boolean()) return Refuse(key, field, "must be true or false");
+      if (name == "enabled") {
+        out->set_enabled(v.get<bool>());
+      } else {
+        out->set_frozen(v.get<bool>());
+      }
+    } else {
+      return Refuse(key, field,
+                    "unknown field (vm takes quota_bytes, weight, mode, "
+                    "enabled, frozen)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Layers in resolution order (least specific first).
+std::vector<std::string> HostLayerKeys(const std::string& host,
+                                       const std::vector<std::string>& groups) {
+  std::vector<std::string> keys;
+  keys.push_back(absl::StrCat(kFleetPolicyPrefix, "fleet"));
+  for (const std::string& g : groups) {
+    keys.push_back(absl::StrCat(kFleetPolicyPrefix, "groups/", g));
+  }
+  keys.push_back(absl::StrCat(kFleetPolicyPrefix, "hosts/", host));
+  return keys;
+}
+
+}  // namespace
+
+bool operator==(const FleetLayer& a, const FleetLayer& b) {
+  return SameMessage(a.host, b.host) && SameMessage(a.vm, b.vm);
+}
+
+bool operator==(const ResolvedFleetPolicy& a, const ResolvedFleetPolicy& b) {
+  if (!SameMessage(a.host, b.host) ||
+      !SameMessage(a.vm_defaults, b.vm_defaults) ||
+      a.vms.size() != b.vms.size()) {
+    return false;
+  }
+  for (auto ia = a.vms.begin(), ib = b.vms.begin(); ia != a.vms.end();
+       ++ia, ++ib) {
+    if (ia->first != ib->first || !SameMessage(ia->second, ib->second)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+v1::SetVmPolicyRequest ResolvedFleetPolicy::ForVm(const std::string& vm) const {
+  v1::SetVmPolicyRequest r = vm_defaults;
+  if (auto it = vms.find(vm); it != vms.end()) r.MergeFrom(it->second);
+  r.set_vm(vm);
+  return r;
+}
+
+absl::Status CheckFleetKey(const std::string& key) {
+  if (!std::string_view(key).starts_with(kFleetPolicyPrefix)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("key '", key, "' is not under ", kFleetPolicyPrefix));
+  }
+  const std::string rest = key.substr(PrefixSize());
+  if (rest == "fleet") return absl::OkStatus();
+  for (const std::string kind : {"groups/", "hosts/", "vms/"}) {
+    if (rest.starts_with(kind)) {
+      const std::string name = rest.substr(kind.size());
+      if (absl::Status s = ValidateVmName(name); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key '", key, "': the name after ", kind,
+            " must be 1-64 of [A-Za-z0-9._-], starting with a letter or "
+            "digit"));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("key '", key, "': want ", kFleetPolicyPrefix,
+                   "fleet, groups/<group>, hosts/<host> or vms/<vm>"));
+}
+
+absl::StatusOr<FleetLayer> ParseFleetLayer(const std::string& key,
+                                           const std::string& value) {
+  if (absl::Status s = CheckFleetKey(key); !s.ok()) return s;
+  const bool vm_key =
+      std::string_view(key.substr(PrefixSize())).starts_with("vms/");
+  json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Refuse(key, "value", "is not valid JSON");
+  if (!j.is_object()) return Refuse(key, "value", "must be a JSON object");
+  if (!j.contains("version")) {
+    return Refuse(key, "version",
+                  absl::StrCat("missing (want ", kFleetFormatVersion, ")"));
+  }
+  if (!j.at("version").is_number_integer() ||
+      j.at("version").get<int64_t>() != kFleetFormatVersion) {
+    return Refuse(
+        key, "version",
+        absl::StrCat("unsupported ", j.at("version").dump(),
+                     " (this tmemd reads version ", kFleetFormatVersion, ")"));
+  }
+  FleetLayer layer;
+  for (const auto& [name, v] : j.items()) {
+    if (name == "version") continue;
+    if (name == "host" && !vm_key) {
+      if (absl::Status s = ParseHostSection(key, v, &layer.host); !s.ok()) {
+        return s;
+      }
+    } else if (name == "vm") {
+      if (absl::Status s = ParseVmSection(key, v, &layer.vm); !s.ok()) {
+        return s;
+      }
+    } else {
+      return Refuse(key, name,
+                    vm_key ? "unknown field (a vms/<vm> value takes version "
+                             "and vm)"
+                           : "unknown field (takes version, host, vm)");
+    }
+  }
+  return layer;
+}
+
+std::string FormatFleetLayer(const FleetLayer& layer) {
+  json j;
+  j["version"] = kFleetFormatVersion;
+  json h = json::object();
+  if (layer.host.has_memory_cap_bytes()) {
+    h["memory_cap_bytes"] = layer.host.memory_cap_bytes();
+  }
+  if (layer.host.has_cpu_budget_percent()) {
+    h["cpu_budget_percent"] = layer.host.cpu_budget_percent();
+  }
+  if (layer.host.default_mode() != v1::MODE_UNSPECIFIED) {
+    h["mode"] = ModeText(layer.host.default_mode());
+  }
+  if (!h.empty()) j["host"] = h;
+  json vm = json::object();
+  if (layer.vm.has_quota_bytes()) vm["quota_bytes"] = layer.vm.quota_bytes();
+  if (layer.vm.has_weight()) vm["weight"] = layer.vm.weight();
+  if (layer.vm.mode() != v1::MODE_UNSPECIFIED) {
+    vm["mode"] = ModeText(layer.vm.mode());
+  }
+  if (layer.vm.has_enabled()) vm["enabled"] = layer.vm.enabled();
+  if (layer.vm.has_frozen()) vm["frozen"] = layer.vm.frozen();
+  if (!vm.empty()) j["vm"] = vm;
+  return j.dump();
+}
+
+absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
+    const std::map<std::string, std::string>& keys, const std::string& host,
+    const std::vector<std::string>& groups) {
+  ResolvedFleetPolicy out;
+  for (const std::string& key : HostLayerKeys(host, groups)) {
+    auto it = keys.find(key);
+    if (it == keys.end()) continue;
+    absl::StatusOr<FleetLayer> layer = ParseFleetLayer(key, it->second);
+    if (!layer.ok()) return layer.status();
+    out.host.MergeFrom(layer->host);
+    out.vm_defaults.MergeFrom(layer->vm);
+  }
+  const std::string vm_prefix = absl::StrCat(kFleetPolicyPrefix, "vms/");
+  for (auto it = keys.lower_bound(vm_prefix);
+       it != keys.end() && std::string_view(it->first).starts_with(vm_prefix);
+       ++it) {
+    absl::StatusOr<FleetLayer> layer = ParseFleetLayer(it->first, it->second);
+    if (!layer.ok()) return layer.status();
+    out.vms[it->first.substr(vm_prefix.size())] = layer->vm;
+  }
+  return out;
+}
+
+bool FleetKeyConcernsHost(const std::string& key, const std::string& host,
+                          const std::vector<std::string>& groups) {
+  for (const std::string& k : HostLayerKeys(host, groups)) {
+    if (key == k) return true;
+  }
+  return std::string_view(key).starts_with(
+      absl::StrCat(kFleetPolicyPrefix, "vms/"));
+}
+
+}  // namespace tmem

@@ -1,0 +1,455 @@
+#include "host-agent/fleet/fleet_watcher.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/log.h"
+
+namespace tmem {
+namespace {
+
+using nlohmann::json;
+
+absl::Status WriteFileAtomically(const std::string& path,
+                                 const std::string& text) {
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  auto fail = [&](const char* what) {
+    absl::Status s = absl::InternalError(absl::StrCat(
+        what, " '", tmp, "': ", std::generic_category().message(errno)));
+    unlink(tmp.c_str());
+    return s;
+  };
+  (void)unlink(tmp.c_str());
+  const int fd = open(
+      tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0) return fail("cannot create");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return fail("cannot write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    close(fd);
+    return fail("cannot fsync");
+  }
+  close(fd);
+  if (rename(tmp.c_str(), path.c_str()) != 0) return fail("cannot rename");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
+    const FleetConfig& config, ControlPlane* control, Agent* agent) {
+  if (config.host.empty()) {
+    return absl::InvalidArgumentError("fleet: no host name");
+  }
+  EtcdOptions eo;
+  eo.endpoints = config.endpoints;
+  eo.tls_cert = config.tls_cert;
+  eo.tls_key = config.tls_key;
+  eo.tls_ca = config.tls_ca;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> watch = EtcdClient::Create(eo);
+  if (!watch.ok()) return watch.status();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> status = EtcdClient::Create(eo);
+  if (!status.ok()) return status.status();
+  std::unique_ptr<FleetWatcher> w(new FleetWatcher(
+      config, control, agent, std::move(*watch), std::move(*status)));
+  w->LoadState();
+  w->watch_thread_ = std::thread([p = w.get()] { p->WatchLoop(); });
+  w->status_thread_ = std::thread([p = w.get()] { p->StatusLoop(); });
+  return w;
+}
+
+FleetWatcher::FleetWatcher(FleetConfig config, ControlPlane* control,
+                           Agent* agent,
+                           std::unique_ptr<EtcdClient> watch_client,
+                           std::unique_ptr<EtcdClient> status_client)
+    : config_(std::move(config)),
+      state_path_(config_.state_dir.empty()
+                      ? std::string()
+                      : config_.state_dir + "/fleet-state.json"),
+      control_(control),
+      agent_(agent),
+      watch_client_(std::move(watch_client)),
+      status_client_(std::move(status_client)) {}
+
+FleetWatcher::~FleetWatcher() { Stop(); }
+
+void FleetWatcher::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  cv_.notify_all();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  if (status_thread_.joinable()) status_thread_.join();
+}
+
+FleetProgress FleetWatcher::Progress() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return progress_;
+}
+
+bool FleetWatcher::Pause(std::chrono::milliseconds d) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, d, [this] { return stop_; });
+  return !stop_;
+}
+
+void FleetWatcher::LoadState() {
+  if (state_path_.empty()) return;
+  std::ifstream in(state_path_);
+  if (!in) return;  // first start
+  std::stringstream buf;
+  buf << in.rdbuf();
+  const json j = json::parse(buf.str(), nullptr, false);
+  FleetProgress p;
+  std::map<std::string, std::string> keys;
+  try {
+    if (j.is_discarded() || j.value("version", 0) != 1 ||
+        j.at("host").get<std::string>() != config_.host) {
+      throw std::runtime_error("not this host's version 1 state");
+    }
+    p.seen_revision = j.at("seen_revision").get<int64_t>();
+    p.applied_revision = j.at("applied_revision").get<int64_t>();
+    p.rejected_revision = j.at("rejected_revision").get<int64_t>();
+    p.rejected_reason = j.at("rejected_reason").get<std::string>();
+    for (const auto& [k, v] : j.at("keys").items()) {
+      keys[k] = v.get<std::string>();
+    }
+  } catch (const std::exception& e) {
+    // Nothing is lost: the policy itself is in tmemd's state file, and a
+    // full read from etcd rebuilds the view.
+    Log(LogLevel::kWarn, "fleet_state_ignored",
+        {{"file", state_path_}, {"error", e.what()}});
+    return;
+  }
+  keys_ = std::move(keys);
+  absl::StatusOr<ResolvedFleetPolicy> resolved =
+      ResolveFleetPolicy(keys_, config_.host, config_.groups);
+  if (resolved.ok() && p.rejected_reason.empty()) {
+    if (absl::Status s = control_->ApplyPolicySet(*resolved); s.ok()) {
+      applied_ = *resolved;
+    } else {
+      Log(LogLevel::kWarn, "fleet_state_reapply_failed",
+          {{"error", s.message()}});
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_ = p;
+  }
+  Log(LogLevel::kInfo, "fleet_state_loaded",
+      {{"seen_revision", p.seen_revision},
+       {"applied_revision", p.applied_revision}});
+}
+
+absl::Status FleetWatcher::SaveState() const {
+  if (state_path_.empty()) return absl::OkStatus();
+  const FleetProgress p = Progress();
+  json j;
+  j["version"] = 1;
+  j["host"] = config_.host;
+  j["seen_revision"] = p.seen_revision;
+  j["applied_revision"] = p.applied_revision;
+  j["rejected_revision"] = p.rejected_revision;
+  j["rejected_reason"] = p.rejected_reason;
+  j["keys"] = keys_;
+  return WriteFileAtomically(state_path_, j.dump(2) + "\n");
+}
+
+void FleetWatcher::Process(int64_t revision) {
+  absl::StatusOr<ResolvedFleetPolicy> resolved =
+      ResolveFleetPolicy(keys_, config_.host, config_.groups);
+  absl::Status outcome = resolved.status();
+  bool changed = false;
+  if (resolved.ok() && !(applied_ && *applied_ == *resolved)) {
+    outcome = control_->ApplyPolicySet(*resolved);
+    if (outcome.ok()) {
+      applied_ = *resolved;
+      changed = true;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    progress_.seen_revision = revision;
+    if (outcome.ok()) {
+      progress_.applied_revision = revision;
+      progress_.rejected_revision = 0;
+      progress_.rejected_reason.clear();
+    } else {
+      progress_.rejected_revision = revision;
+      progress_.rejected_reason = std::string(outcome.message());
+    }
+    status_dirty_ = true;
+  }
+  cv_.notify_all();
+  if (absl::Status s = SaveState(); !s.ok()) {
+    Log(LogLevel::kError, "fleet_state_error", {{"error", s.message()}});
+  }
+  if (!outcome.ok()) {
+    Log(LogLevel::kWarn, "fleet_policy_rejected",
+        {{"revision", revision}, {"reason", outcome.message()}});
+  } else if (changed) {
+    Log(LogLevel::kInfo, "fleet_policy_applied", {{"revision", revision}});
+  }
+}
+
+absl::Status FleetWatcher::FullRead() {
+  etcdserverpb::RangeRequest r;
+  r.set_key(kFleetPolicyPrefix);
+  r.set_range_end(EtcdPrefixEnd(kFleetPolicyPrefix));
+  absl::StatusOr<etcdserverpb::RangeResponse> resp = watch_client_->Range(r);
+  if (!resp.ok()) return resp.status();
+  Log(LogLevel::kInfo, "fleet_full_read",
+      {{"endpoint", watch_client_->endpoint()},
+       {"revision", resp->header().revision()}});
+  keys_.clear();
+  for (const mvccpb::KeyValue& kv : resp->kvs()) {
+    if (FleetKeyConcernsHost(kv.key(), config_.host, config_.groups)) {
+      keys_[kv.key()] = kv.value();
+    }
+  }
+  Process(resp->header().revision());
+  return absl::OkStatus();
+}
+
+absl::Status FleetWatcher::RunWatch(bool* compacted) {
+  grpc::ClientContext context;
+  watch_client_->Prepare(&context, /*stream=*/true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stop_) return absl::OkStatus();
+    watch_context_ = &context;
+  }
+  auto stream = watch_client_->watch().Watch(&context);
+  etcdserverpb::WatchRequest request;
+  etcdserverpb::WatchCreateRequest* create = request.mutable_create_request();
+  create->set_key(kFleetPolicyPrefix);
+  create->set_range_end(EtcdPrefixEnd(kFleetPolicyPrefix));
+  create->set_start_revision(Progress().seen_revision + 1);
+  Log(LogLevel::kInfo, "fleet_watch",
+      {{"endpoint", watch_client_->endpoint()},
+       {"start_revision", create->start_revision()}});
+  absl::Status result = absl::OkStatus();
+  if (stream->Write(request)) {
+    etcdserverpb::WatchResponse response;
+    while (stream->Read(&response)) {
+      if (response.compact_revision() > 0) {
+        *compacted = true;
+        break;
+      }
+      if (response.canceled()) {
+        result = absl::UnavailableError(
+            absl::StrCat("watch canceled: ", response.cancel_reason()));
+        break;
+      }
+      if (response.events().empty()) continue;
+      // One response holds whole revisions (etcd never splits one), so
+      // the state after its last event is a revision's complete state.
+      for (const mvccpb::Event& e : response.events()) {
+        if (!FleetKeyConcernsHost(e.kv().key(), config_.host, config_.groups)) {
+          continue;
+        }
+        if (e.type() == mvccpb::Event::PUT) {
+          keys_[e.kv().key()] = e.kv().value();
+        } else {
+          keys_.erase(e.kv().key());
+        }
+      }
+      Process(response.events(response.events_size() - 1).kv().mod_revision());
+    }
+  }
+  context.TryCancel();
+  grpc::Status finished = stream->Finish();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    watch_context_ = nullptr;
+  }
+  if (result.ok() && !*compacted) result = watch_client_->FromGrpc(finished);
+  if (result.ok() && !*compacted) {
+    result = absl::UnavailableError("watch stream ended");
+  }
+  return result;
+}
+
+void FleetWatcher::WatchLoop() {
+  bool need_full_read = Progress().seen_revision == 0;
+  std::chrono::milliseconds backoff(100);
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    absl::Status s = absl::OkStatus();
+    if (need_full_read) {
+      s = FullRead();
+      if (s.ok()) need_full_read = false;
+    }
+    if (s.ok()) {
+      bool compacted = false;
+      s = RunWatch(&compacted);
+      if (compacted) {
+        Log(LogLevel::kInfo, "fleet_watch_compacted",
+            {{"revision", Progress().seen_revision}});
+        need_full_read = true;
+        backoff = std::chrono::milliseconds(100);
+        continue;
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) return;
+    }
+    Log(LogLevel::kWarn, "fleet_etcd_unavailable",
+        {{"endpoint", watch_client_->endpoint()}, {"error", s.message()}});
+    watch_client_->Rotate();
+    if (!Pause(backoff)) return;
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
+  }
+}
+
+std::string FleetWatcher::StatusJson() const {
+  const FleetProgress p = Progress();
+  json j;
+  j["version"] = 1;
+  j["host"] = config_.host;
+  j["seen_revision"] = p.seen_revision;
+  j["applied_revision"] = p.applied_revision;
+  j["rejected_revision"] = p.rejected_revision;
+  j["rejected_reason"] = p.rejected_reason;
+  j["mode"] =
+      std::string(ValveModeName(agent_->GetValveOptions().default_mode));
+  j["vms"] = agent_->VmNames().size();
+  j["pid"] = static_cast<int64_t>(getpid());
+  return j.dump();
+}
+
+void FleetWatcher::StatusLoop() {
+  const auto ttl = std::chrono::seconds(config_.lease_ttl_seconds);
+  const auto keepalive_every =
+      std::chrono::duration_cast<std::chrono::milliseconds>(ttl) / 3;
+  int64_t lease = 0;
+  bool registered = false;
+  auto next_keepalive = std::chrono::steady_clock::now();
+  EtcdClient& etcd = *status_client_;
+  auto failed = [&](const absl::Status& s, const char* what) {
+    Log(LogLevel::kWarn, "fleet_status_error",
+        {{"endpoint", etcd.endpoint()},
+         {"step", what},
+         {"error", s.message()}});
+    etcd.Rotate();
+    return Pause(std::chrono::milliseconds(500));
+  };
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stop_) break;
+    }
+    if (!registered) {
+      etcdserverpb::PutRequest r;
+      r.set_key(absl::StrCat(kFleetMembersPrefix, config_.host));
+      r.set_value(json{{"version", 1}, {"host", config_.host}}.dump());
+      if (absl::StatusOr<etcdserverpb::PutResponse> p = etcd.Put(r); !p.ok()) {
+        if (!failed(p.status(), "register")) break;
+        continue;
+      }
+      registered = true;
+    }
+    if (lease == 0) {
+      grpc::ClientContext context;
+      etcd.Prepare(&context, false);
+      etcdserverpb::LeaseGrantRequest r;
+      r.set_ttl(config_.lease_ttl_seconds);
+      etcdserverpb::LeaseGrantResponse resp;
+      absl::Status s =
+          etcd.FromGrpc(etcd.lease().LeaseGrant(&context, r, &resp));
+      if (s.ok() && !resp.error().empty()) {
+        s = absl::UnavailableError(resp.error());
+      }
+      if (!s.ok()) {
+        if (!failed(s, "lease_grant")) break;
+        continue;
+      }
+      lease = resp.id();
+      next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
+      std::lock_guard<std::mutex> lock(mu_);
+      status_dirty_ = true;
+    }
+    bool dirty = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      dirty = status_dirty_;
+      status_dirty_ = false;
+    }
+    if (dirty) {
+      etcdserverpb::PutRequest r;
+      r.set_key(absl::StrCat(kFleetStatusPrefix, config_.host));
+      r.set_value(StatusJson());
+      r.set_lease(lease);
+      if (absl::StatusOr<etcdserverpb::PutResponse> p = etcd.Put(r); !p.ok()) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          status_dirty_ = true;
+        }
+        // "requested lease not found": it expired while we were away.
+        if (p.status().code() == absl::StatusCode::kNotFound) lease = 0;
+        if (!failed(p.status(), "status_put")) break;
+        continue;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= next_keepalive) {
+      grpc::ClientContext context;
+      etcd.Prepare(&context, false);
+      auto stream = etcd.lease().LeaseKeepAlive(&context);
+      etcdserverpb::LeaseKeepAliveRequest r;
+      r.set_id(lease);
+      etcdserverpb::LeaseKeepAliveResponse resp;
+      const bool answered = stream->Write(r) && stream->Read(&resp);
+      stream->WritesDone();
+      context.TryCancel();
+      (void)stream->Finish();
+      if (!answered) {
+        if (!failed(absl::UnavailableError("no keepalive answer"),
+                    "keepalive")) {
+          break;
+        }
+        continue;
+      }
+      if (resp.ttl() <= 0) {  // expired: a new lease, the status again
+        lease = 0;
+        continue;
+      }
+      next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_until(lock, next_keepalive,
+                   [this] { return stop_ || status_dirty_; });
+  }
+  if (lease != 0) {
+    // Gone at once rather than after the TTL.
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(1));
+    etcdserverpb::LeaseRevokeRequest r;
+    r.set_id(lease);
+    etcdserverpb::LeaseRevokeResponse resp;
+    (void)etcd.lease().LeaseRevoke(&context, r, &resp);
+  }
+}
+
+}  // namespace tmem

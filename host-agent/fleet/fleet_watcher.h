@@ -1,0 +1,108 @@
+// FleetWatcher: tmemd's side of fleet policy (docs/fleet.md).
+//
+// One thread watches /tmemd/v1/policy/ over etcd's gRPC Watch from the
+// revision after the last one seen (a full Range first when there is none,
+// or when etcd compacted it away), resolves what concerns this host, and
+// applies each revision whole through ControlPlane::ApplyPolicySet, the
+// path SetHostPolicy/SetVmPolicy use. Its view (revision, the keys that
+// concern it, any rejection) is saved in STATE_DIR/fleet-state.json after
+// every revision; the applied policy itself is in tmemd's state file. While
+// etcd is unreachable nothing changes: the host keeps enforcing what it
+// applied, and the watcher retries the endpoints in turn.
+//
+// A second thread owns the lease and the status key
+// /tmemd/v1/status/hosts/<host> (applied revision, rejection, mode, VM
+// count), rewritten after every revision and kept alive every TTL/3; it
+// also registers the host under /tmemd/v1/members/<host>.
+//
+// Thread-safe: the two threads share only counters under one mutex; Stop()
+// (or the destructor) cancels the watch stream and joins both.
+#ifndef TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
+#define TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "host-agent/agent.h"
+#include "host-agent/config.h"
+#include "host-agent/control/control_plane.h"
+#include "host-agent/fleet/etcd_client.h"
+#include "host-agent/fleet/fleet_policy.h"
+
+namespace grpc {
+class ClientContext;
+}
+
+namespace tmem {
+
+struct FleetProgress {
+  int64_t seen_revision = 0;     // the view is complete up to here
+  int64_t applied_revision = 0;  // the policy in force is this revision's
+  int64_t rejected_revision = 0;
+  std::string rejected_reason;  // "" unless the current view is refused
+};
+
+class FleetWatcher {
+ public:
+  // Loads the saved view (re-applying it, so VMs added later get it) and
+  // starts both threads. `config.host` must be set. Control and agent
+  // must outlive the watcher.
+  static absl::StatusOr<std::unique_ptr<FleetWatcher>> Start(
+      const FleetConfig& config, ControlPlane* control, Agent* agent);
+  ~FleetWatcher();
+  FleetWatcher(const FleetWatcher&) = delete;
+  FleetWatcher& operator=(const FleetWatcher&) = delete;
+
+  // Stops both threads; revokes the lease so the status key goes at once.
+  void Stop();
+  FleetProgress Progress() const;
+
+ private:
+  FleetWatcher(FleetConfig config, ControlPlane* control, Agent* agent,
+               std::unique_ptr<EtcdClient> watch_client,
+               std::unique_ptr<EtcdClient> status_client);
+  void LoadState();
+  absl::Status SaveState() const;
+  void WatchLoop();
+  void StatusLoop();
+  absl::Status FullRead();
+  // Runs one watch stream until it ends; sets *compacted when etcd no
+  // longer has the revision asked for.
+  absl::Status RunWatch(bool* compacted);
+  // Resolves keys_ as of `revision` and applies it (or records why not).
+  void Process(int64_t revision);
+  // Sleeps up to `d` unless stopping; false when stopping.
+  bool Pause(std::chrono::milliseconds d);
+  std::string StatusJson() const;
+
+  const FleetConfig config_;
+  const std::string state_path_;
+  ControlPlane* const control_;
+  Agent* const agent_;
+  // Only the watch thread touches these (and LoadState before it starts).
+  std::unique_ptr<EtcdClient> watch_client_;
+  std::map<std::string, std::string> keys_;  // the keys that concern us
+  std::optional<ResolvedFleetPolicy> applied_;
+  // Only the status thread.
+  std::unique_ptr<EtcdClient> status_client_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;                             // guarded by mu_
+  bool status_dirty_ = true;                      // guarded by mu_
+  FleetProgress progress_;                        // guarded by mu_
+  grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_
+  std::thread watch_thread_;
+  std::thread status_thread_;
+};
+
+}  // namespace tmem
+
+#endif  // TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
