@@ -13,6 +13,9 @@ namespace {
 constexpr uint32_t kAdmitAll = 65536;  // TMEM_ADMIT_ALL
 // Below this many held pages, a VM's cost per page is taken as a raw page's.
 constexpr uint64_t kMinPagesForCost = 64;
+// A VM at least this share of whose puts come back is not cut for CPU (its
+// puts are stored raw when it is out of tokens): see valve.h.
+constexpr double kCpuCutExemptReuse = 0.5;
 
 int SlotOf(VmId vm) { return static_cast<int>(vm & 0xffff); }
 
@@ -105,7 +108,11 @@ struct Valve::VmState {
   std::atomic<bool> standing_aside{false};
   std::atomic<uint64_t> clock{0};  // guest evictions seen, x kClockUnit
   std::atomic<uint64_t> reach_pages{UINT64_MAX};  // set by Tick
-  std::atomic<uint64_t> guest_ram_pages{0};       // as the guest says
+  // Its weighted share of the cap in pages at its cost per page, less the
+  // memory headroom, and what it holds (set by Tick; no store: unbounded).
+  std::atomic<uint64_t> fair_pages{UINT64_MAX};
+  std::atomic<uint64_t> held_pages{0};
+  std::atomic<uint64_t> guest_ram_pages{0};  // as the guest says
   std::atomic<int64_t> tokens{0};
   std::atomic<int64_t> share{0};
   std::atomic<uint64_t> cpu_used{0};
@@ -156,6 +163,7 @@ Valve::Valve(const ValveOptions& options, const TmemStore* store)
   // Until samples say otherwise, assume the whole budget is there: a valve
   // that starts closed would drop the first puts of every VM.
   host_.budget_fraction = options.cpu_budget_percent / 100.0;
+  host_.token_fraction = host_.budget_fraction;
   host_.num_cpus = 1;
 }
 
@@ -332,7 +340,13 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
   // one more memcpy -- unless memory is short, or the guest ignores the
   // hint and is a whole period's share in debt.
   s->starved.fetch_add(1, std::memory_order_relaxed);
-  if (memory_tight_.load(std::memory_order_relaxed)) {
+  // Short of memory, a raw page would evict a compressed one -- but only a
+  // VM holding its share of the cap evicts its own: one below it makes the
+  // store evict from those above theirs (a throttled streamer first), so
+  // its raw put stands.
+  if (memory_tight_.load(std::memory_order_relaxed) &&
+      s->held_pages.load(std::memory_order_relaxed) >=
+          s->fair_pages.load(std::memory_order_relaxed)) {
     s->GhostInsert(key_hash);
     s->Count(ValveCounter::kDroppedMemory);
     return PutMode::kDrop;
@@ -431,8 +445,27 @@ void Valve::Tick(const CpuSample& sample) {
                                 (o.cpu_pressure_full - o.cpu_pressure_start));
   }
   host_.budget_fraction = std::max(o.cpu_floor_percent / 100.0, budget);
+
+  // tmemd's CPU that no VM was charged for comes out of the budget first,
+  // so the budget bounds all of tmemd, not only its ring batches.
+  uint64_t charged_ns = 0;
+  for (const auto& owned : owned_) {
+    charged_ns += owned->cpu_used.load(std::memory_order_relaxed);
+  }
+  const uint64_t d_charged =
+      charged_ns >= last_charged_ns_ ? charged_ns - last_charged_ns_ : 0;
+  last_charged_ns_ = charged_ns;
+  const double overhead = std::clamp(
+      (static_cast<double>(d_agent) - static_cast<double>(d_charged)) /
+          (static_cast<double>(dt) * host_.num_cpus),
+      0.0, 1.0);
+  host_.overhead_fraction =
+      first ? overhead : a * overhead + (1 - a) * host_.overhead_fraction;
+  host_.token_fraction =
+      std::max(o.cpu_floor_percent / 100.0,
+               host_.budget_fraction - host_.overhead_fraction);
   const double period_budget_ns =
-      host_.budget_fraction * host_.num_cpus * static_cast<double>(dt);
+      host_.token_fraction * host_.num_cpus * static_cast<double>(dt);
 
   // Memory headroom (host-wide).
   if (store_ != nullptr) {
@@ -471,6 +504,13 @@ void Valve::Tick(const CpuSample& sample) {
                            s->weight.load(std::memory_order_relaxed) /
                            std::max(weights, 1.0);
       const auto reach = static_cast<uint64_t>(share / page_bytes);
+      // Within the headroom of its share counts as holding it (a cap that
+      // is full to the headroom leaves every VM that much short).
+      s->fair_pages.store(
+          static_cast<uint64_t>(static_cast<double>(reach) *
+                                (1.0 - o.memory_headroom_fraction)),
+          std::memory_order_relaxed);
+      s->held_pages.store(held, std::memory_order_relaxed);
       s->reach_pages.store(std::max(reach, held), std::memory_order_relaxed);
     }
   }
@@ -566,12 +606,13 @@ void Valve::Tick(const CpuSample& sample) {
     // less (multiplicative decrease, at most halving per period); one well
     // within it gets admission back (multiplicative increase).
     VmState* s = c.s;
-    if (c.used > c.give * 1.1) {
+    const double reuse = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+    if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
       const double factor =
           std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
       s->cpu_admission =
           std::max<double>(o.min_admission, s->cpu_admission * factor);
-    } else if (c.used < c.give * 0.8) {
+    } else if (c.used < c.give * 0.8 || reuse >= kCpuCutExemptReuse) {
       s->cpu_admission =
           std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
     }

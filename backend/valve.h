@@ -11,11 +11,19 @@
 //    water-filled over the VMs' recent demand). A VM with tokens compresses;
 //    one without stores raw (a memcpy instead of LZ4), and its admission
 //    hint is cut in proportion to its overspend, so its guest stops even
-//    copying pages (the CPU that matters is saved there). A guest that
-//    ignores the hint and is a period's share in debt gets drops.
+//    copying pages (the CPU that matters is saved there) -- unless at least
+//    kCpuCutExemptReuse of its puts come back: a page that comes back saves
+//    the guest a disk read, which costs the host more CPU than the memcpy
+//    of a raw put and the get together, so cutting those puts would spend
+//    CPU, not save it. A guest that ignores the hint and is a period's
+//    share in debt gets drops. The budget covers all of tmemd's CPU: what
+//    no VM is charged for (polling, wake-ups, the control plane) is taken
+//    out of it before the token buckets are filled.
 //  * Memory: with less than memory_headroom_fraction of the cap free, a VM
-//    out of tokens drops instead of storing raw (raw pages would only evict
-//    compressed ones).
+//    out of tokens that holds at least its weighted share of the cap drops
+//    instead of storing raw (its raw pages would only evict its compressed
+//    ones); one below its share stores raw, and the store makes room by
+//    evicting from VMs above theirs.
 //  * Reuse: per VM, the share of admitted puts that came back (gets that hit,
 //    plus gets for "ghost" keys the valve dropped or the store evicted,
 //    which show admitting would have paid -- but only when the key comes
@@ -146,6 +154,12 @@ struct ValveHostStatus {
   double agent_busy_fraction = 0;  // smoothed, tmemd's share of the host
   double cpu_pressure = 0;         // PSI some avg10, percent
   double budget_fraction = 0;      // tmemd's current budget, share of host
+  // tmemd's CPU no VM was charged for (polling, wake-ups, the control
+  // plane), smoothed, share of host: it comes out of the budget first.
+  double overhead_fraction = 0;
+  // What is left of the budget for the VMs' token buckets (never below
+  // cpu_floor_percent).
+  double token_fraction = 0;
   uint64_t ticks = 0;
 };
 
@@ -212,6 +226,7 @@ class Valve final : public PutAdvisor, public EvictionListener {
   ValveOptions options_ ABSL_GUARDED_BY(mu_);
   ValveHostStatus host_ ABSL_GUARDED_BY(mu_);
   CpuSample last_sample_ ABSL_GUARDED_BY(mu_);
+  uint64_t last_charged_ns_ ABSL_GUARDED_BY(mu_) = 0;  // sum of cpu_used
   bool have_sample_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::unique_ptr<VmState>> owned_ ABSL_GUARDED_BY(mu_);
   // Indexed by VM slot; read lock-free on the hot path.

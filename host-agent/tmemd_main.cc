@@ -65,7 +65,9 @@ void LogStats(const Agent& agent, std::string_view event) {
        {"compression_ratio", CompressionRatio(h.counters)},
        {"host_busy", st.valve.host_busy_fraction},
        {"agent_busy", st.valve.agent_busy_fraction},
-       {"cpu_budget", st.valve.budget_fraction}});
+       {"cpu_budget", st.valve.budget_fraction},
+       {"cpu_overhead", st.valve.overhead_fraction},
+       {"cpu_tokens", st.valve.token_fraction}});
   for (const VmInfo& vm : agent.ListVms()) {
     auto ch = [&vm](ChannelCounter c) {
       return vm.channel[static_cast<int>(c)];

@@ -259,6 +259,65 @@ TEST(ValveTest, SaturatedHostGetsRawPutsAndGuestsToldToStopSending) {
   EXPECT_NEAR(v.HostStatus().budget_fraction, 0.02, 1e-9);
 }
 
+// The budget bounds all of tmemd: CPU no VM was charged for (polling,
+// wake-ups) is taken out of it before the VMs' buckets are filled.
+TEST(ValveTest, CpuNoVmWasChargedForComesOutOfTheBudget) {
+  Valve v(TestOptions(), nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  // VM 1 spends all its tokens (and wants more); tmemd used that plus
+  // 20 ms no VM was charged for: 10% of the 200 ms the 2 CPUs had.
+  const int64_t tokens = v.VmStatus(1).cpu_tokens_ns;
+  ASSERT_GT(tokens, 0);
+  v.ChargeCpu(1, tokens + 1);
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kRaw);
+  const double agent =
+      static_cast<double>(tokens + 1 + 20'000'000) / (2.0 * kPeriodNs);
+  v.Tick(host.Advance(agent, agent));
+  ValveHostStatus hs = v.HostStatus();
+  EXPECT_NEAR(hs.budget_fraction, 0.25, 1e-9);
+  EXPECT_NEAR(hs.overhead_fraction, 0.10, 1e-6);
+  EXPECT_NEAR(hs.token_fraction, 0.15, 1e-6);
+  EXPECT_NEAR(static_cast<double>(v.VmStatus(1).cpu_share_ns),
+              0.15 * 2 * kPeriodNs, 1e3);
+  // Overhead beyond the budget leaves the floor, never less.
+  ValveOptions floor = TestOptions();
+  floor.cpu_floor_percent = 2;
+  ASSERT_TRUE(v.SetOptions(floor).ok());
+  v.Tick(host.Advance(0.40, 0.40));
+  hs = v.HostStatus();
+  EXPECT_NEAR(hs.overhead_fraction, 0.40, 1e-6);
+  EXPECT_NEAR(hs.token_fraction, 0.02, 1e-9);
+}
+
+// Out of CPU, a VM whose puts come back is stored raw, not told to send
+// less: each page that comes back saves more CPU than it cost. One whose
+// puts do not come back is cut as before.
+TEST(ValveTest, VmWhosePutsComeBackIsNotCutForCpu) {
+  const ValveOptions o = TestOptions();
+  Valve v(o, nullptr);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());  // re-reader: every put read back
+  v.AddVm(2, Policy());  // no reuse
+  uint64_t key = 0;
+  for (int period = 0; period < 12; ++period) {
+    for (VmId vm : {VmId{1}, VmId{2}}) {
+      v.ChargeCpu(vm, 50'000'000);  // far beyond any share
+      for (int i = 0; i < 50; ++i) {
+        ++key;
+        EXPECT_NE(v.Decide(vm, key, true), PutMode::kDrop);
+        if (vm == 1) v.RecordGet(vm, key, true);
+      }
+    }
+    v.Tick(host.Advance(1.0, 0.0));  // others take every cycle
+  }
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+  EXPECT_GT(Count(v, 1, ValveCounter::kRaw), 0u);
+  EXPECT_EQ(v.AdmissionHint(2), o.min_admission);
+}
+
 TEST(ValveTest, AdmissionComesBackWhenTheVmFitsItsShareAgain) {
   const ValveOptions o = TestOptions();
   Valve v(o, nullptr);
@@ -569,6 +628,60 @@ TEST(ValveTest, StoreEvictionsBecomeGhosts) {
   v.ChargeCpu(*vm, v.VmStatus(*vm).cpu_tokens_ns + 1);
   EXPECT_EQ(v.Decide(*vm, 99, true), PutMode::kDrop);
   EXPECT_EQ(Count(v, *vm, ValveCounter::kDroppedMemory), 1u);
+}
+
+// Short of memory, only a VM holding its share of the cap is refused raw
+// puts; one below its share stores raw and the store evicts from the VM
+// above its share.
+TEST(ValveTest, MemoryShortageDropsOnlyForVmsHoldingTheirShare) {
+  Valve v(TestOptions(), nullptr);
+  StoreOptions so;
+  so.memory_cap_bytes = 1 << 20;
+  so.address_space_bytes = 64 << 20;
+  so.num_shards = 4;
+  so.eviction_listener = &v;
+  auto store = TmemStore::Create(so);
+  ASSERT_TRUE(store.ok());
+  v.AttachStore(store->get());
+  auto full = (*store)->AddVm("full", VmPolicy{});
+  auto empty = (*store)->AddVm("empty", VmPolicy{});
+  ASSERT_TRUE(full.ok() && empty.ok());
+  v.AddVm(*full, VmPolicy{});
+  v.AddVm(*empty, VmPolicy{});
+  auto pool = (*store)->NewPool(*full, nullptr);
+  auto empty_pool = (*store)->NewPool(*empty, nullptr);
+  ASSERT_TRUE(pool.ok() && empty_pool.ok());
+  const ObjectId oid = ObjectId::FromInode(42);
+  for (uint64_t i = 0; i < 2000; ++i) {
+    const Page page = RandomPage(i);
+    ASSERT_TRUE((*store)
+                    ->Put(*full, *pool, oid, i, ConstPage(page), PutMode::kRaw)
+                    .ok());
+  }
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0));
+  for (VmId vm : {*full, *empty}) {
+    v.ChargeCpu(vm, v.VmStatus(vm).cpu_tokens_ns + 1);
+  }
+  EXPECT_EQ(v.Decide(*full, 1, true), PutMode::kDrop);
+  EXPECT_EQ(Count(v, *full, ValveCounter::kDroppedMemory), 1u);
+  EXPECT_EQ(v.Decide(*empty, 2, true), PutMode::kRaw);
+  EXPECT_EQ(Count(v, *empty, ValveCounter::kDroppedMemory), 0u);
+  // The raw put makes the store evict from the VM above its share.
+  const uint64_t full_held =
+      (*store)
+          ->GetVmStats(*full)
+          ->counters[static_cast<int>(Counter::kPagesHeld)];
+  const Page page = RandomPage(7);
+  ASSERT_TRUE(
+      (*store)
+          ->Put(*empty, *empty_pool, oid, 0, ConstPage(page), PutMode::kRaw)
+          .ok());
+  EXPECT_LT((*store)
+                ->GetVmStats(*full)
+                ->counters[static_cast<int>(Counter::kPagesHeld)],
+            full_held);
 }
 
 TEST(ValveTest, RemovedVmIsForgotten) {
