@@ -22,10 +22,15 @@
 #          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
-#          [--repeat N]
+#          [--repeat N] [--sequential]
 # --repeat N: every pair N times; the summary table gives each row's median
 # ratio and the range (a pair's two guests share the host's noise, but
 # runs on a shared 2-core machine still differ from run to run).
+# --sequential: a pair's two guests run one after the other (the order
+# alternating between repeats) instead of at once. Two TCG guests at once
+# fill this 2-core machine, so tmemd (and QEMU's own threads) take their
+# CPU from the guest being measured, which a host with a spare core would
+# not; one at a time, each guest has the machine and tmemd a core.
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -33,7 +38,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1
+tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1 sequential=0
 tmemd_args=(--stats-interval 2)  # per-VM stats while the guest is attached
 # tmemd runs at the priority its systemd unit gives it (Nice= in
 # host-agent/tmemd.service): its data plane is latency-bound like a vhost
@@ -51,7 +56,8 @@ while (($#)); do
     --tmemd-args) read -r -a more <<<"$2"; tmemd_args+=("${more[@]}"); shift 2 ;;
     --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
     --repeat) repeat="$2"; shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    --sequential) sequential=1; shift ;;
+    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -90,7 +96,8 @@ failed=0
 
 # boot NAME WITH_TMEM DISK_CACHE WORKLOADS [TMEMD ARGS...]: one guest, in
 # its own directory (disk image, tmemd socket). Run two at once (with and
-# without tmem, see `pair`), so both see the same load on a shared host.
+# without tmem, see `pair`), so both see the same load on a shared host, or
+# one after the other (--sequential).
 boot() {
   local name="$1" with="$2" cache="$3" workloads="$4" sockarg=() append
   local dir="${work}/${name}" tmemd_pid=""
@@ -126,6 +133,10 @@ pair() {
   while [[ "$1" != -- ]]; do a+=("$1"); shift; done
   shift
   b=("$@")
+  if ((sequential)); then
+    if ((rep % 2)); then boot "${a[@]}"; boot "${b[@]}"; else boot "${b[@]}"; boot "${a[@]}"; fi
+    return
+  fi
   boot "${a[@]}" &
   local pa=$!
   boot "${b[@]}" &
