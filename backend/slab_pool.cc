@@ -37,7 +37,7 @@ SlabPool::SlabPool(MemoryBudget* budget, uint8_t* base, uint64_t max_slabs)
       max_slabs_(max_slabs),
       free_list_charge_(budget) {
   MutexLock lock(&mu_);
-  cached_.reserve(kCachedSlabs);
+  cached_.reserve(kMaxCachedSlabs);
 }
 
 SlabPool::~SlabPool() {
@@ -83,27 +83,56 @@ uint32_t SlabPool::Acquire() {
   return index;
 }
 
+size_t SlabPool::CacheLimit() const {
+  return std::clamp<size_t>(budget_->cap() / 16 / kSlabBytes, kCachedSlabs,
+                            kMaxCachedSlabs);
+}
+
 void SlabPool::Release(uint32_t slab) {
   {
     MutexLock lock(&mu_);
-    // Keep a few while the budget has room: a full budget wants its bytes
-    // back now so another size class can take a slab.
-    if (cached_.size() < kCachedSlabs && !budget_->OverCap()) {
-      cached_.push_back(slab);
+    // Keep it while the budget has room: a full budget wants its bytes back
+    // now so metadata can take them.
+    if (cached_.size() < CacheLimit() && !budget_->OverCap()) {
+      cached_.push_back(slab);  // capacity reserved at construction
       return;
     }
   }
   ReturnToOs(slab);
 }
 
-void SlabPool::TrimCache() {
+void SlabPool::TrimCache() { TrimCacheTo(0); }
+
+size_t SlabPool::TrimCacheTo(size_t keep) {
   std::vector<uint32_t> slabs;
   {
     MutexLock lock(&mu_);
-    slabs.swap(cached_);
-    cached_.reserve(kCachedSlabs);
+    if (cached_.size() <= keep) return 0;
+    // The most recently released stay: their pages are the warmest.
+    slabs.assign(cached_.begin(),
+                 cached_.end() - static_cast<std::ptrdiff_t>(keep));
+    cached_.erase(cached_.begin(),
+                  cached_.end() - static_cast<std::ptrdiff_t>(keep));
   }
-  for (uint32_t slab : slabs) ReturnToOs(slab);
+  const size_t n = slabs.size();
+  ReturnToOs(std::move(slabs));
+  return n;
+}
+
+void SlabPool::ReturnToOs(std::vector<uint32_t> slabs) {
+  std::sort(slabs.begin(), slabs.end());
+  for (size_t i = 0; i < slabs.size();) {
+    size_t j = i + 1;
+    while (j < slabs.size() && slabs[j] == slabs[j - 1] + 1) ++j;
+    madvise(SlabAddress(slabs[i]), (j - i) * kSlabBytes, MADV_DONTNEED);
+    i = j;
+  }
+  {
+    MutexLock lock(&mu_);
+    for (uint32_t slab : slabs) free_.push_back(slab);  // capacity reserved
+    in_use_ -= slabs.size();
+  }
+  budget_->Release(slabs.size() * kSlabBytes);
 }
 
 void SlabPool::ReturnToOs(uint32_t slab) {

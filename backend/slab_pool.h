@@ -3,10 +3,15 @@
 // One virtual-address reservation (MAP_NORESERVE, so nothing is committed
 // until touched) is cut into fixed 64 KiB slabs. A slab counts against the
 // MemoryBudget from Acquire until it is handed back to the OS with
-// MADV_DONTNEED. Up to kCachedSlabs released slabs are kept (still charged)
-// for the next Acquire, so a store that empties and refills (exclusive gets
-// of everything, then puts) does not fault pages in and out on every slab;
-// TrimCache gives them back when the budget needs the room. Because every slab
+// MADV_DONTNEED. Released slabs are kept (still charged) for the next
+// Acquire, up to kMaxCachedSlabs or 1/16 of the cap, so a store that empties
+// and refills (exclusive gets, then puts; a pool wiped, then refilled) does
+// not fault pages in and out on every slab: each MADV_DONTNEED is a TLB
+// shootdown on every CPU, and it and the refault were a third of tmemd's CPU
+// under a re-reading real guest. The owner's periodic TrimCacheTo gives back
+// what stayed unused beyond kCachedSlabs, in as few calls as the slabs'
+// address ranges allow, off the data path; TrimCache gives back everything
+// when the budget needs the room now. Because every slab
 // has the same size, a slab freed by one size class or shard is reusable by any
 // other, which is what keeps fragmentation from pinning memory: an emptied slab
 // is never stranded.
@@ -41,7 +46,10 @@ class SlabPool {
   SlabPool& operator=(const SlabPool&) = delete;
 
   static constexpr uint32_t kNoSlab = UINT32_MAX;
+  // Kept warm by TrimCacheTo; at most this many are cached between trims
+  // (and at most 1/16 of the budget's cap).
   static constexpr size_t kCachedSlabs = 8;
+  static constexpr size_t kMaxCachedSlabs = 1024;
 
   // Returns the index of a slab of kSlabBytes (contents unspecified), charged
   // to the budget, or kNoSlab when the budget or the reservation is
@@ -51,6 +59,9 @@ class SlabPool {
   void Release(uint32_t slab);
   // Returns every cached slab to the OS and uncharges it.
   void TrimCache();
+  // Returns cached slabs beyond `keep` to the OS (contiguous slabs in one
+  // madvise) and uncharges them; the number returned.
+  size_t TrimCacheTo(size_t keep);
   // Address of a slab; stable for the pool's lifetime. Lock-free.
   uint8_t* SlabAddress(uint32_t slab) const {
     return base_ + uint64_t{slab} * kSlabBytes;
@@ -65,6 +76,9 @@ class SlabPool {
  private:
   SlabPool(MemoryBudget* budget, uint8_t* base, uint64_t max_slabs);
   void ReturnToOs(uint32_t slab);
+  // The same for many slabs: one madvise per run of adjacent slabs.
+  void ReturnToOs(std::vector<uint32_t> slabs);
+  size_t CacheLimit() const;
 
   MemoryBudget* const budget_;
   uint8_t* const base_;

@@ -1005,6 +1005,8 @@ class TmemStore::Impl {
     return absl::OkStatus();
   }
 
+  size_t TrimIdleSlabs() { return slabs_->TrimCacheTo(SlabPool::kCachedSlabs); }
+
   HostStats GetHostStats() const {
     HostStats s;
     s.memory_cap_bytes = budget_->cap();
@@ -1193,6 +1195,7 @@ absl::Status TmemStore::SetMemoryCap(uint64_t cap_bytes) {
   return impl_->SetMemoryCap(cap_bytes);
 }
 HostStats TmemStore::GetHostStats() const { return impl_->GetHostStats(); }
+size_t TmemStore::TrimIdleSlabs() { return impl_->TrimIdleSlabs(); }
 absl::StatusOr<VmStats> TmemStore::GetVmStats(VmId vm) const {
   return impl_->GetVmStats(vm);
 }

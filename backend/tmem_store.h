@@ -260,6 +260,11 @@ class TmemStore {
   // Raising past the address-space reservation is INVALID_ARGUMENT.
   // Lowering evicts until the held bytes fit.
   absl::Status SetMemoryCap(uint64_t cap_bytes);
+  // Gives back to the OS the empty slabs kept for reuse beyond a few, off
+  // the data path (the agent calls it every valve period): freeing and
+  // refaulting slab memory on every put and get is what keeping them saves.
+  // The number of slabs returned.
+  size_t TrimIdleSlabs();
   HostStats GetHostStats() const;
   absl::StatusOr<VmStats> GetVmStats(VmId vm) const;
   const StoreOptions& options() const { return options_; }

@@ -319,6 +319,9 @@ AgentStatus Agent::Status() const {
 }
 
 absl::Status Agent::TickValve() {
+  // Empty slabs kept since the last period go back to the OS here, on the
+  // ticker, not on a worker's data path.
+  store_->TrimIdleSlabs();
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
   valve_->Tick(*sample);

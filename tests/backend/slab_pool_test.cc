@@ -39,7 +39,7 @@ TEST(SlabPoolTest, AcquireChargesAndReleaseUncharges) {
   MemoryBudget budget(kGiB);
   {
     auto pool = MakePool(&budget, 32 * kSlabBytes);
-    // More slabs than the cache keeps, so some go straight back to the OS.
+    // More slabs than a trim keeps, so some go back to the OS.
     constexpr int kSlabs = SlabPool::kCachedSlabs + 8;
     std::vector<uint32_t> slabs;
     for (int i = 0; i < kSlabs; ++i) {
@@ -53,7 +53,12 @@ TEST(SlabPoolTest, AcquireChargesAndReleaseUncharges) {
     }
     const uint64_t used_full = budget.used();
     for (uint32_t slab : slabs) pool->Release(slab);
-    // At most kCachedSlabs stay charged for reuse; the rest are uncharged.
+    // All are kept, charged, for reuse (the cap has room for 1024)...
+    EXPECT_EQ(pool->slabs_in_use(), static_cast<uint64_t>(kSlabs));
+    EXPECT_EQ(budget.used(), used_full);
+    // ...until a trim gives back all but kCachedSlabs, uncharged.
+    EXPECT_EQ(pool->TrimCacheTo(SlabPool::kCachedSlabs), 8u);
+    EXPECT_EQ(pool->TrimCacheTo(SlabPool::kCachedSlabs), 0u);
     EXPECT_EQ(pool->slabs_in_use(), SlabPool::kCachedSlabs);
     EXPECT_LE(budget.used(), SlabPool::kCachedSlabs * kSlabBytes + 1024);
     EXPECT_LE(budget.used() + (kSlabs - SlabPool::kCachedSlabs) * kSlabBytes,
@@ -73,6 +78,23 @@ TEST(SlabPoolTest, AcquireChargesAndReleaseUncharges) {
     EXPECT_LT(budget.used(), kSlabBytes) << "only free-list bookkeeping";
   }
   EXPECT_EQ(budget.used(), 0u) << "destroying the pool releases everything";
+}
+
+// Between trims the cache holds at most 1/16 of the cap (but kCachedSlabs
+// at least): a small cap is not filled with empty slabs.
+TEST(SlabPoolTest, CacheIsBoundedByTheCap) {
+  MemoryBudget budget(64 * kSlabBytes);  // 1/16 is 4 slabs: 8 are kept
+  auto pool = MakePool(&budget, 64 * kSlabBytes);
+  std::vector<uint32_t> slabs;
+  for (int i = 0; i < 32; ++i) {
+    const uint32_t slab = pool->Acquire();
+    ASSERT_NE(slab, SlabPool::kNoSlab);
+    slabs.push_back(slab);
+  }
+  for (uint32_t slab : slabs) pool->Release(slab);
+  EXPECT_EQ(pool->slabs_in_use(), SlabPool::kCachedSlabs);
+  EXPECT_EQ(pool->TrimCacheTo(SlabPool::kCachedSlabs), 0u);
+  EXPECT_LE(budget.used(), SlabPool::kCachedSlabs * kSlabBytes + 1024);
 }
 
 TEST(SlabPoolTest, DestroyingPoolWithCachedSlabsReleasesTheirCharge) {
