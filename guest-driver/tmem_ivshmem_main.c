@@ -455,6 +455,7 @@ static void debugfs_setup(void)
 	COUNTER(puts_skipped_aside);
 	COUNTER(invalidates_skipped_aside);
 	COUNTER(aside_samples_discarded);
+	COUNTER(aside_cost_rose);
 	COUNTER(put_ns);
 	COUNTER(get_ns);
 	COUNTER(round_trips);

@@ -1644,6 +1644,7 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit)
 		/* Each time it still does not pay, look again later. */
 		c->aside_backoff_ns = c->aside_backoff_ns ?
 				      min(c->aside_backoff_ns * 2, base * 64) : base;
+		c->aside_miss_ns = cost;
 		stand_aside(c);
 	} else {
 		c->aside_backoff_ns = 0;
@@ -1906,6 +1907,17 @@ void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page)
 
 	lock(c, &flags);
 	c->miss_cost_measured_ns = ns_per_page;
+	/*
+	 * What the guest reads changed (a sequential scan that readahead made
+	 * cheap gave way to random reads, say): a miss now costs at least
+	 * twice what it did when tmem did not pay, so look again at once
+	 * rather than after a backoff of up to a minute.
+	 */
+	if (c->aside && c->aside_miss_ns && ns_per_page / 2 >= c->aside_miss_ns) {
+		c->aside_until_ns = 0;
+		c->aside_backoff_ns = 0;
+		c->c.aside_cost_rose++;
+	}
 	unlock(c, flags);
 }
 

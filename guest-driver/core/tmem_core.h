@@ -164,6 +164,7 @@ struct tmem_core_counters {
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
 	u64 invalidates_skipped_aside;	/* private pools, nothing held */
 	u64 aside_samples_discarded;	/* cost samples under a sampling hint */
+	u64 aside_cost_rose;		/* resumed early: a miss costs 2x more */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
 	u64 round_trips;		/* gets that waited for a CQE */
@@ -307,6 +308,7 @@ struct tmem_core {
 	u32 sample_gets;
 	u64 get_ns_per_hit;	/* last sample's, as published */
 	u64 miss_cost_measured_ns; /* tmem_core_set_miss_cost(); 0: none yet */
+	u64 aside_miss_ns;	/* the miss cost when it last stood aside */
 
 	struct tmem_core_counters c;
 };

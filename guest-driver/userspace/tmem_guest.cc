@@ -268,6 +268,7 @@ void TmemGuest::SyncCounters() {
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;
   c.invalidates_skipped_aside = k.invalidates_skipped_aside;
+  c.aside_cost_rose = k.aside_cost_rose;
   c.aside_samples_discarded = k.aside_samples_discarded;
 }
 
@@ -331,6 +332,12 @@ void TmemGuest::InvalidatePool(PoolHandle pool) {
 
 void TmemGuest::Poll() {
   tmem_core_poll(&core_);
+  SyncCounters();
+}
+
+void TmemGuest::SetMeasuredMissCost(std::chrono::nanoseconds per_page) {
+  tmem_core_set_miss_cost(
+      &core_, static_cast<uint64_t>(std::max<int64_t>(per_page.count(), 0)));
   SyncCounters();
 }
 

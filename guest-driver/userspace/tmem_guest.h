@@ -183,6 +183,7 @@ struct GuestCounters {
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
   uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
   uint64_t aside_samples_discarded = 0;    // cost samples under a hint
+  uint64_t aside_cost_rose = 0;  // resumed early: a miss costs 2x more
 };
 
 // Calls fn(name, field) for every counter in declaration order; `c` may be
@@ -228,6 +229,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("puts_skipped_aside", c.puts_skipped_aside);
   fn("invalidates_skipped_aside", c.invalidates_skipped_aside);
   fn("aside_samples_discarded", c.aside_samples_discarded);
+  fn("aside_cost_rose", c.aside_cost_rose);
 }
 
 // (name, value) pairs in declaration order, for reports.
@@ -276,6 +278,10 @@ class TmemGuest {
   void InvalidatePool(PoolHandle pool);
   // Reaps completions and notices resets; for callers that go idle.
   void Poll();
+  // What a miss costs per page as measured now (the kernel module takes it
+  // from the block device): replaces TmemGuestOptions::miss_cost, and a
+  // rise to twice what it was when the guest stood aside ends the wait.
+  void SetMeasuredMissCost(std::chrono::nanoseconds per_page);
 
   const GuestCounters& counters() const { return counters_; }
   // For tests and reports.

@@ -141,6 +141,36 @@ TEST_F(AsideTest, ResumesAfterTheProbeIntervalAndStaysExact) {
   EXPECT_EQ(guest_->counters().stood_aside, 2u);
 }
 
+// What the guest reads changed: a miss now costs twice what it did when it
+// stood aside, so it looks again at once instead of after the backoff; a
+// smaller rise waits.
+TEST(AsideCostTest, AMissCostingTwiceAsMuchEndsTheWaitAtOnce) {
+  FakeHost host(Host());
+  TmemGuestOptions o = Options(std::chrono::nanoseconds(1));
+  o.aside_probe_interval = std::chrono::seconds(30);  // only the cost resumes
+  auto guest = MustCreate(&host, o);
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  Page out{};
+  for (uint64_t i = 0; i < 16; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  host.Step();
+  guest->Poll();
+  for (uint64_t i = 0; i < 8; ++i) ASSERT_TRUE(guest->Get(pool, kFile, i, out));
+  ASSERT_TRUE(guest->standing_aside());
+  guest->SetMeasuredMissCost(std::chrono::nanoseconds(1));
+  EXPECT_FALSE(guest->Get(pool, kFile, 9, out));
+  EXPECT_TRUE(guest->standing_aside()) << "same cost: still waiting";
+  EXPECT_EQ(guest->counters().aside_cost_rose, 0u);
+  guest->SetMeasuredMissCost(std::chrono::nanoseconds(2));
+  EXPECT_EQ(guest->counters().aside_cost_rose, 1u);
+  EXPECT_FALSE(guest->Get(pool, kFile, 9, out));
+  EXPECT_FALSE(guest->standing_aside());
+  guest->Put(pool, kFile, 9, MakePage(99));
+  host.Step();
+  ASSERT_TRUE(guest->Get(pool, kFile, 9, out));
+  EXPECT_EQ(out, MakePage(99));
+}
+
 // A probe after standing aside puts only a share of the blocks (whole ones:
 // tmem_guest_test checks that) until a sample says tmem pays: probing a guest
 // for which tmem does not pay costs that share of its puts, not all of them.
