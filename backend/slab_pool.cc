@@ -10,6 +10,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace tmem {
+namespace {
+#ifdef MADV_POPULATE_WRITE
+constexpr int kMadvPopulateWrite = MADV_POPULATE_WRITE;
+#else
+constexpr int kMadvPopulateWrite = 23;  // <linux/mman.h>, Linux 5.14
+#endif
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<SlabPool>> SlabPool::Create(
     MemoryBudget* budget, uint64_t address_space_bytes) {
@@ -56,6 +63,16 @@ uint32_t SlabPool::Acquire() {
     }
   }
   if (!budget_->TryCharge(kSlabBytes)) return kNoSlab;
+  const uint32_t index = TakeFresh();
+  if (index == kNoSlab) {
+    budget_->Release(kSlabBytes);
+    return kNoSlab;
+  }
+  Populate(index);  // outside the lock: it zeroes 64 KiB
+  return index;
+}
+
+uint32_t SlabPool::TakeFresh() {
   MutexLock lock(&mu_);
   uint32_t index;
   if (!free_.empty()) {
@@ -70,17 +87,26 @@ uint32_t SlabPool::Acquire() {
               cap * sizeof(uint32_t),
               // Runs inside TryGrow, still under mu_.
               [&]() ABSL_NO_THREAD_SAFETY_ANALYSIS { free_.reserve(cap); })) {
-        budget_->Release(kSlabBytes);
         return kNoSlab;
       }
     }
     index = static_cast<uint32_t>(next_unused_++);
   } else {
-    budget_->Release(kSlabBytes);
     return kNoSlab;
   }
   ++in_use_;
   return index;
+}
+
+void SlabPool::Populate(uint32_t slab) {
+  // A fresh slab's pages would each fault on first touch, in the middle of
+  // a put's copy: one call maps all 16 of them (Linux 5.14+; older kernels
+  // say EINVAL once and fault as before).
+  if (!populate_.load(std::memory_order_relaxed)) return;
+  if (madvise(SlabAddress(slab), kSlabBytes, kMadvPopulateWrite) != 0 &&
+      errno == EINVAL) {
+    populate_.store(false, std::memory_order_relaxed);
+  }
 }
 
 size_t SlabPool::CacheLimit() const {

@@ -21,6 +21,7 @@
 #ifndef TMEMD_BACKEND_SLAB_POOL_H_
 #define TMEMD_BACKEND_SLAB_POOL_H_
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -79,11 +80,17 @@ class SlabPool {
   // The same for many slabs: one madvise per run of adjacent slabs.
   void ReturnToOs(std::vector<uint32_t> slabs);
   size_t CacheLimit() const;
+  // A slab from the free list or the unused reservation (kNoSlab if none),
+  // counted in use; the caller has charged it.
+  uint32_t TakeFresh();
+  // Maps a fresh slab's pages in one call instead of a fault per page.
+  void Populate(uint32_t slab);
 
   MemoryBudget* const budget_;
   uint8_t* const base_;
   const uint64_t max_slabs_;
 
+  std::atomic<bool> populate_{true};  // until the kernel says EINVAL
   mutable Mutex mu_;
   uint64_t next_unused_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<uint32_t> free_ ABSL_GUARDED_BY(mu_);    // returned to the OS
