@@ -41,8 +41,6 @@ std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve);
 absl::StatusOr<PoolUuid> ParsePoolUuid(const std::string& text);
 std::string FormatPoolUuid(const PoolUuid& uuid);
 
-v1::Mode ToProtoMode(ValveMode mode);
-
 class ControlPlane {
  public:
   // `domains` may be null (no libvirt): domain RPCs then answer

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {
