@@ -29,17 +29,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   // gets its own random generation (SharedRegion::NewHostGeneration).
   a->host_generation_ = SharedRegion::NewHostGeneration();
   a->start_nanos_ = SteadyClock::Default()->NowNanos();
-  // The valve needs the store for memory headroom and the store tells the
-  // valve about evictions: build the valve first, point it at the store
-  // once the store exists (it reads the store only in Tick).
-  a->valve_ = std::make_unique<Valve>(options.valve, nullptr);
+  // The store tells the valve about evictions: build the valve first. The
+  // valve reads no store; TickValve hands it the store's memory sample.
+  a->valve_ = std::make_unique<Valve>(options.valve);
   StoreOptions store_options = options.store;
   store_options.eviction_listener = a->valve_.get();
   absl::StatusOr<std::unique_ptr<TmemStore>> store =
       TmemStore::Create(store_options);
   if (!store.ok()) return store.status();
   a->store_ = std::move(*store);
-  a->valve_->AttachStore(a->store_.get());
 
   if (options.cpu_sampler != nullptr) {
     a->sampler_ = options.cpu_sampler;
@@ -321,7 +319,7 @@ AgentStatus Agent::Status() const {
 absl::Status Agent::TickValve() {
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
-  valve_->Tick(*sample);
+  valve_->Tick(*sample, SampleStoreMemory(*store_));
   {
     // A VM throttled for no reuse holds only its samples' pages, which are
     // unlikely to come back: evict those before a re-reading VM's.
