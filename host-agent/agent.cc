@@ -51,7 +51,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   for (int i = 0; i < workers; ++i) {
     auto w = std::make_unique<Worker>(options.worker);
     if (absl::Status s = w->Start(); !s.ok()) return s;
-    a->load_[w.get()] = 0;
+    {
+      // Uncontended (nothing else sees `a` yet); the lock is what load_'s
+      // annotation asks for.
+      MutexLock lock(&a->mu_);
+      a->load_[w.get()] = 0;
+    }
     a->workers_.push_back(std::move(w));
   }
   if (options.run_valve_ticker) {
@@ -72,7 +77,7 @@ void Agent::StopServing() {
 
 Agent::~Agent() {
   StopServing();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, e] : vms_) {
     e.worker->RemoveChannel(e.channel.get());
     valve_->RemoveVm(e.channel->vm());
@@ -82,7 +87,7 @@ Agent::~Agent() {
 }
 
 void Agent::SetVmPolicyResolver(VmPolicyResolver resolver) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   resolver_ = std::move(resolver);
 }
 
@@ -110,8 +115,8 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
                                     const VmPolicy& requested,
                                     const std::string& socket_path) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
+  MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
     return absl::AlreadyExistsError(
@@ -142,8 +147,8 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
     close_all();
     return s;
   }
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
+  MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
     close_all();
@@ -167,7 +172,7 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
 }
 
 std::vector<NamedFd> Agent::HandoffFds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<NamedFd> out;
   for (const auto& [name, e] : vms_) {
     for (NamedFd& f : e.channel->HandoffFds()) out.push_back(std::move(f));
@@ -176,7 +181,7 @@ std::vector<NamedFd> Agent::HandoffFds() const {
 }
 
 void Agent::KeepChannelsForSuccessor() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, e] : vms_) e.channel->KeepForSuccessor();
 }
 
@@ -207,10 +212,10 @@ VmInfo Agent::InstallLocked(const std::string& name, const VmPolicy& policy,
 }
 
 absl::Status Agent::RemoveVm(const std::string& name) {
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
   std::unique_ptr<Channel> doomed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = vms_.find(name);
     if (it == vms_.end()) {
       return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -227,12 +232,12 @@ absl::Status Agent::RemoveVm(const std::string& name) {
 }
 
 bool Agent::HasVm(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return vms_.contains(name);
 }
 
 std::vector<std::string> Agent::VmNames() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> out;
   for (const auto& [name, e] : vms_) out.push_back(name);
   return out;
@@ -258,7 +263,7 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
 }
 
 absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -267,7 +272,7 @@ absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
 }
 
 std::vector<VmInfo> Agent::ListVms() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<VmInfo> out;
   for (const auto& [name, e] : vms_) out.push_back(InfoLocked(name, e));
   return out;
@@ -275,7 +280,7 @@ std::vector<VmInfo> Agent::ListVms() const {
 
 absl::Status Agent::SetVmPolicy(const std::string& name,
                                 const VmPolicy& policy) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -287,7 +292,7 @@ absl::Status Agent::SetVmPolicy(const std::string& name,
 }
 
 absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -323,7 +328,7 @@ absl::Status Agent::TickValve() {
   {
     // A VM throttled for no reuse holds only its samples' pages, which are
     // unlikely to come back: evict those before a re-reading VM's.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [name, e] : vms_) {
       const VmId vm = e.channel->vm();
       (void)store_->SetEvictionBias(

@@ -136,7 +136,7 @@ VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
   VmPolicy p = saved ? saved->policy : configured;
   std::optional<v1::SetVmPolicyRequest> fleet;
   {
-    std::lock_guard<std::mutex> lock(fleet_mu_);
+    MutexLock lock(&fleet_mu_);
     if (fleet_) fleet = fleet_->ForVm(vm);
   }
   if (fleet) {
@@ -150,7 +150,7 @@ VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
 }
 
 absl::Status ControlPlane::ApplyStoredPolicies() {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   const StoredHostPolicy host = policies_->Host();
   if (host.memory_cap_bytes) {
     if (absl::Status s = agent_->SetMemoryCap(*host.memory_cap_bytes);
@@ -377,7 +377,7 @@ absl::StatusOr<VmPolicy> ControlPlane::PlanVmPolicy(
 absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
     const v1::SetVmPolicyRequest& r) {
   if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
   if (!current.ok()) return UnknownVm(r.vm());
   absl::StatusOr<uint64_t> generation =
@@ -465,7 +465,7 @@ absl::Status ControlPlane::ApplyHostPlan(const HostPlan& plan) {
 
 absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
     const v1::SetHostPolicyRequest& r) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<uint64_t> generation =
       policies_->NextHostGeneration(r.generation());
   if (!generation.ok()) return generation.status();
@@ -486,7 +486,7 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
 
 absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
                                           bool dry_run) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   // 1. Plan everything; nothing changes until every part is valid.
   absl::StatusOr<HostPlan> host = PlanHostPolicy(policy.host);
   if (!host.ok()) return host.status();
@@ -530,7 +530,7 @@ absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
     }
   }
   {
-    std::lock_guard<std::mutex> fleet_lock(fleet_mu_);
+    MutexLock fleet_lock(&fleet_mu_);
     fleet_ = policy;
   }
   // 3. Record it, so a restart enforces it before etcd is reachable.
@@ -556,7 +556,7 @@ absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
 absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
     const std::string& vm) {
   if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
   if (!info.ok()) return UnknownVm(vm);
   const uint64_t before = C(info->stats.counters, Counter::kPagesHeld);
@@ -580,7 +580,7 @@ absl::Status ControlPlane::AuthorizeSharedPool(
   if (absl::Status s = ValidateVmName(r.vm()); !s.ok()) return s;
   absl::StatusOr<PoolUuid> uuid = ParsePoolUuid(r.uuid());
   if (!uuid.ok()) return uuid.status();
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   if (r.revoke()) {
     agent_->store().RevokeSharedPool(*uuid, r.vm());
   } else {
