@@ -106,14 +106,10 @@
 
 namespace tmem {
 
-inline constexpr uint64_t kUnlimitedQuota = UINT64_MAX;
 inline constexpr int kMaxVms = 4096;
 inline constexpr int kMaxPoolsPerVm = 1024;
 
 enum class PoorCompressionAction : uint8_t { kStoreRaw, kRefuse };
-
-// A VM's handle: slot and generation, so a stale id never reaches a new VM.
-using VmId = uint32_t;
 
 // Told about every page the store evicts (not invalidates), so the valve
 // can remember the key as a "ghost". Called with a shard lock held: must be
@@ -141,15 +137,6 @@ struct StoreOptions {
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
-};
-
-struct VmPolicy {
-  uint64_t quota_bytes = kUnlimitedQuota;
-  uint32_t weight = 100;
-  bool enabled = true;  // false: puts refused (policy); gets still served
-  bool frozen = false;  // like Xen's tmem-freeze: puts refused, gets served
-  // Read by the valve, not the store.
-  ValveMode mode = ValveMode::kDefault;
 };
 
 struct PutResult {

@@ -1,4 +1,5 @@
-// Identity types shared by every part of the tmem store.
+// Identity and policy types shared by every part of the tmem store, and by
+// the tools that speak about it (tmemctl links these, not the store).
 //
 // A tmem key is (VM, pool, object, index): a VM (the tmem "client") owns pools,
 // a pool holds objects named by the 24-byte cleancache filekey, and an object
@@ -105,6 +106,22 @@ enum class ValveMode : uint8_t {
 std::string_view ValveModeName(ValveMode mode);
 // "default", "off", "always", "adaptive"; false for anything else.
 bool ParseValveMode(std::string_view text, ValveMode* mode);
+
+// A VM's handle: slot and generation, so a stale id never reaches a new VM.
+using VmId = uint32_t;
+
+inline constexpr uint64_t kUnlimitedQuota = UINT64_MAX;
+
+// What the host allows one VM. The store keeps quota, weight, enabled and
+// frozen; the valve keeps the mode.
+struct VmPolicy {
+  uint64_t quota_bytes = kUnlimitedQuota;
+  uint32_t weight = 100;
+  bool enabled = true;  // false: puts refused (policy); gets still served
+  bool frozen = false;  // like Xen's tmem-freeze: puts refused, gets served
+  // Read by the valve, not the store.
+  ValveMode mode = ValveMode::kDefault;
+};
 
 }  // namespace tmem
 

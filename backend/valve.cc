@@ -153,9 +153,8 @@ struct Valve::VmState {
   }
 };
 
-Valve::Valve(const ValveOptions& options, const TmemStore* store)
-    : store_(store),
-      options_(options),
+Valve::Valve(const ValveOptions& options)
+    : options_(options),
       by_slot_(new std::atomic<VmState*>[size_t{kMaxVms} + 1]),
       default_mode_(static_cast<int>(options.default_mode)) {
   for (int i = 0; i <= kMaxVms; ++i) by_slot_[i].store(nullptr);
@@ -168,11 +167,6 @@ Valve::Valve(const ValveOptions& options, const TmemStore* store)
 }
 
 Valve::~Valve() = default;
-
-void Valve::AttachStore(const TmemStore* store) {
-  MutexLock lock(&mu_);
-  store_ = store;
-}
 
 absl::Status Valve::ValidateOptions(const ValveOptions& o) {
   if (o.default_mode == ValveMode::kDefault) {
@@ -391,7 +385,7 @@ void Valve::ChargeCpu(VmId vm, int64_t nanos) {
                         std::memory_order_relaxed);
 }
 
-void Valve::Tick(const CpuSample& sample) {
+void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
   MutexLock lock(&mu_);
   const ValveOptions& o = options_;
   host_.num_cpus = std::max(sample.num_cpus, 1);
@@ -468,13 +462,10 @@ void Valve::Tick(const CpuSample& sample) {
       host_.token_fraction * host_.num_cpus * static_cast<double>(dt);
 
   // Memory headroom (host-wide).
-  if (store_ != nullptr) {
-    const HostStats hs = store_->GetHostStats();
+  if (memory.cap_bytes != 0) {
     const double free_fraction =
-        hs.memory_cap_bytes == 0
-            ? 0.0
-            : 1.0 - static_cast<double>(hs.memory_used_bytes) /
-                        static_cast<double>(hs.memory_cap_bytes);
+        1.0 - static_cast<double>(memory.used_bytes) /
+                  static_cast<double>(memory.cap_bytes);
     memory_tight_.store(free_fraction < o.memory_headroom_fraction,
                         std::memory_order_relaxed);
   }
@@ -482,8 +473,8 @@ void Valve::Tick(const CpuSample& sample) {
   // Reach per VM: the pages its weighted share of the cap holds at what its
   // pages cost it now (raw pages until it holds enough to tell), or what
   // it holds, if more (others leave their share unused).
-  if (store_ != nullptr) {
-    const uint64_t cap = store_->GetHostStats().memory_cap_bytes;
+  if (memory.cap_bytes != 0) {
+    const uint64_t cap = memory.cap_bytes;
     double weights = 0;
     for (const auto& owned : owned_) {
       weights += owned->weight.load(std::memory_order_relaxed);
@@ -492,10 +483,9 @@ void Valve::Tick(const CpuSample& sample) {
       VmState* s = owned.get();
       auto page_bytes = static_cast<double>(kPageSize + kPageEntryCharge);
       uint64_t held = 0;
-      if (absl::StatusOr<VmStats> vs = store_->GetVmStats(s->id); vs.ok()) {
-        held = vs->counters[static_cast<int>(Counter::kPagesHeld)];
-        const uint64_t charged =
-            vs->counters[static_cast<int>(Counter::kChargedBytes)];
+      if (auto use = memory.vms.find(s->id); use != memory.vms.end()) {
+        held = use->second.pages_held;
+        const uint64_t charged = use->second.charged_bytes;
         if (held >= kMinPagesForCost) {
           page_bytes = static_cast<double>(charged) / static_cast<double>(held);
         }

@@ -19,11 +19,13 @@
 //    share in debt gets drops. The budget covers all of tmemd's CPU: what
 //    no VM is charged for (polling, wake-ups, the control plane) is taken
 //    out of it before the token buckets are filled.
-//  * Memory: with less than memory_headroom_fraction of the cap free, a VM
-//    out of tokens that holds at least its weighted share of the cap drops
-//    instead of storing raw (its raw pages would only evict its compressed
-//    ones); one below its share stores raw, and the store makes room by
-//    evicting from VMs above theirs.
+//  * Memory (MemorySample, taken by the caller from the store and passed
+//    to Tick; the valve holds no store): with less than
+//    memory_headroom_fraction of the cap free, a VM out of tokens that
+//    holds at least its weighted share of the cap drops instead of storing
+//    raw (its raw pages would only evict its compressed ones); one below
+//    its share stores raw, and the store makes room by evicting from VMs
+//    above theirs.
 //  * Reuse: per VM, the share of admitted puts that came back (gets that hit,
 //    plus gets for "ghost" keys the valve dropped or the store evicted,
 //    which show admitting would have paid -- but only when the key comes
@@ -69,6 +71,7 @@
 #include "absl/status/status.h"
 #include "backend/clock.h"
 #include "backend/cpu_sample.h"
+#include "backend/memory_sample.h"
 #include "backend/mutex.h"
 #include "backend/put_advisor.h"
 #include "backend/tmem_store.h"
@@ -165,14 +168,10 @@ struct ValveHostStatus {
 
 class Valve final : public PutAdvisor, public EvictionListener {
  public:
-  Valve(const ValveOptions& options, const TmemStore* store);
+  explicit Valve(const ValveOptions& options);
   ~Valve() override;
   Valve(const Valve&) = delete;
   Valve& operator=(const Valve&) = delete;
-
-  // The store whose memory headroom Tick reads (may be set after
-  // construction, since the store takes the valve as its eviction listener).
-  void AttachStore(const TmemStore* store);
 
   static absl::Status ValidateOptions(const ValveOptions& options);
   absl::Status SetOptions(const ValveOptions& options);
@@ -209,9 +208,11 @@ class Valve final : public PutAdvisor, public EvictionListener {
   // min(reach, 2 x this) evictions since the VM's last change of state.
   void OnGuestRamPages(uint32_t vm, uint64_t pages) override;
 
-  // Periodic (every sample_period_ms): CPU budget from the sample, token
-  // refill by weight with lending, reuse evaluation, admission rates.
-  void Tick(const CpuSample& sample);
+  // Periodic (every sample_period_ms): CPU budget from the CPU sample, token
+  // refill by weight with lending, reuse evaluation, admission rates; memory
+  // headroom and each VM's reach from the memory sample (default: not known,
+  // the previous verdicts stand).
+  void Tick(const CpuSample& sample, const MemorySample& memory = {});
 
   uint32_t AdmissionHint(VmId vm) const override;
   ValveVmStatus VmStatus(VmId vm) const;
@@ -222,7 +223,6 @@ class Valve final : public PutAdvisor, public EvictionListener {
   VmState* Find(VmId vm) const;
 
   mutable Mutex mu_;
-  const TmemStore* store_ ABSL_GUARDED_BY(mu_);
   ValveOptions options_ ABSL_GUARDED_BY(mu_);
   ValveHostStatus host_ ABSL_GUARDED_BY(mu_);
   CpuSample last_sample_ ABSL_GUARDED_BY(mu_);

@@ -29,17 +29,15 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   // gets its own random generation (SharedRegion::NewHostGeneration).
   a->host_generation_ = SharedRegion::NewHostGeneration();
   a->start_nanos_ = SteadyClock::Default()->NowNanos();
-  // The valve needs the store for memory headroom and the store tells the
-  // valve about evictions: build the valve first, point it at the store
-  // once the store exists (it reads the store only in Tick).
-  a->valve_ = std::make_unique<Valve>(options.valve, nullptr);
+  // The store tells the valve about evictions: build the valve first. The
+  // valve reads no store; TickValve hands it the store's memory sample.
+  a->valve_ = std::make_unique<Valve>(options.valve);
   StoreOptions store_options = options.store;
   store_options.eviction_listener = a->valve_.get();
   absl::StatusOr<std::unique_ptr<TmemStore>> store =
       TmemStore::Create(store_options);
   if (!store.ok()) return store.status();
   a->store_ = std::move(*store);
-  a->valve_->AttachStore(a->store_.get());
 
   if (options.cpu_sampler != nullptr) {
     a->sampler_ = options.cpu_sampler;
@@ -53,7 +51,12 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   for (int i = 0; i < workers; ++i) {
     auto w = std::make_unique<Worker>(options.worker);
     if (absl::Status s = w->Start(); !s.ok()) return s;
-    a->load_[w.get()] = 0;
+    {
+      // Uncontended (nothing else sees `a` yet); the lock is what load_'s
+      // annotation asks for.
+      MutexLock lock(&a->mu_);
+      a->load_[w.get()] = 0;
+    }
     a->workers_.push_back(std::move(w));
   }
   if (options.run_valve_ticker) {
@@ -74,7 +77,7 @@ void Agent::StopServing() {
 
 Agent::~Agent() {
   StopServing();
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, e] : vms_) {
     e.worker->RemoveChannel(e.channel.get());
     valve_->RemoveVm(e.channel->vm());
@@ -84,7 +87,7 @@ Agent::~Agent() {
 }
 
 void Agent::SetVmPolicyResolver(VmPolicyResolver resolver) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   resolver_ = std::move(resolver);
 }
 
@@ -112,8 +115,8 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
                                     const VmPolicy& requested,
                                     const std::string& socket_path) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
+  MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
     return absl::AlreadyExistsError(
@@ -144,8 +147,8 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
     close_all();
     return s;
   }
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
+  MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   if (vms_.contains(name)) {
     close_all();
@@ -169,7 +172,7 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
 }
 
 std::vector<NamedFd> Agent::HandoffFds() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<NamedFd> out;
   for (const auto& [name, e] : vms_) {
     for (NamedFd& f : e.channel->HandoffFds()) out.push_back(std::move(f));
@@ -178,7 +181,7 @@ std::vector<NamedFd> Agent::HandoffFds() const {
 }
 
 void Agent::KeepChannelsForSuccessor() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   for (auto& [name, e] : vms_) e.channel->KeepForSuccessor();
 }
 
@@ -209,10 +212,10 @@ VmInfo Agent::InstallLocked(const std::string& name, const VmPolicy& policy,
 }
 
 absl::Status Agent::RemoveVm(const std::string& name) {
-  std::lock_guard<std::mutex> lifecycle(lifecycle_mu_);
+  MutexLock lifecycle(&lifecycle_mu_);
   std::unique_ptr<Channel> doomed;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     auto it = vms_.find(name);
     if (it == vms_.end()) {
       return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -229,12 +232,12 @@ absl::Status Agent::RemoveVm(const std::string& name) {
 }
 
 bool Agent::HasVm(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return vms_.contains(name);
 }
 
 std::vector<std::string> Agent::VmNames() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<std::string> out;
   for (const auto& [name, e] : vms_) out.push_back(name);
   return out;
@@ -260,7 +263,7 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
 }
 
 absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -269,7 +272,7 @@ absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
 }
 
 std::vector<VmInfo> Agent::ListVms() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   std::vector<VmInfo> out;
   for (const auto& [name, e] : vms_) out.push_back(InfoLocked(name, e));
   return out;
@@ -277,7 +280,7 @@ std::vector<VmInfo> Agent::ListVms() const {
 
 absl::Status Agent::SetVmPolicy(const std::string& name,
                                 const VmPolicy& policy) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -289,7 +292,7 @@ absl::Status Agent::SetVmPolicy(const std::string& name,
 }
 
 absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(name);
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
@@ -324,11 +327,11 @@ absl::Status Agent::TickValve() {
   store_->TrimIdleSlabs();
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
-  valve_->Tick(*sample);
+  valve_->Tick(*sample, SampleStoreMemory(*store_));
   {
     // A VM throttled for no reuse holds only its samples' pages, which are
     // unlikely to come back: evict those before a re-reading VM's.
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     for (const auto& [name, e] : vms_) {
       const VmId vm = e.channel->vm();
       (void)store_->SetEvictionBias(

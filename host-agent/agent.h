@@ -34,6 +34,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/cpu_sample.h"
+#include "backend/mutex.h"
 #include "backend/tmem_store.h"
 #include "backend/valve.h"
 #include "host-agent/channel/channel.h"
@@ -158,7 +159,8 @@ class Agent {
   };
 
   explicit Agent(AgentOptions options);
-  VmInfo InfoLocked(const std::string& name, const VmEntry& e) const;
+  VmInfo InfoLocked(const std::string& name, const VmEntry& e) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Registers a built channel with the valve and the least loaded worker.
   // A channel's options from tmemd's; an empty `socket_path` is the VM's
   // default, SOCKET_DIR/NAME.sock (AddVm and RestoreVm alike).
@@ -166,8 +168,8 @@ class Agent {
                                    const VmPolicy& policy,
                                    const std::string& socket_path) const;
   VmInfo InstallLocked(const std::string& name, const VmPolicy& policy,
-                       std::unique_ptr<Channel> channel,
-                       std::string_view event);
+                       std::unique_ptr<Channel> channel, std::string_view event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TickerLoop();
 
   AgentOptions options_;
@@ -184,12 +186,14 @@ class Agent {
   // vms_ before its channel is destroyed outside mu_ (dropping its store VM
   // and unlinking its socket), and a VM of the same name added in that
   // window must wait for it rather than be refused by the store.
-  std::mutex lifecycle_mu_;
-  mutable std::mutex mu_;
-  std::map<std::string, VmEntry> vms_;  // guarded by mu_
-  std::map<Worker*, int> load_;         // guarded by mu_
-  VmPolicyResolver resolver_;           // guarded by mu_
+  // Lock order: host-agent/lock_order.h.
+  Mutex lifecycle_mu_;
+  mutable Mutex mu_ ABSL_ACQUIRED_AFTER(lifecycle_mu_);
+  std::map<std::string, VmEntry> vms_ ABSL_GUARDED_BY(mu_);
+  std::map<Worker*, int> load_ ABSL_GUARDED_BY(mu_);
+  VmPolicyResolver resolver_ ABSL_GUARDED_BY(mu_);
 
+  // A std::mutex: std::condition_variable waits on it (a leaf lock).
   std::mutex ticker_mu_;
   std::condition_variable ticker_cv_;
   bool ticker_stop_ = false;  // guarded by ticker_mu_

@@ -4,7 +4,6 @@
 #include <toml++/toml.h>
 
 #include <bit>
-#include <cctype>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,51 +11,10 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
-
-absl::StatusOr<uint64_t> ParseSize(std::string_view text_view) {
-  // Debian's abseil has its own string_view type; work in absl's.
-  const absl::string_view text(text_view.data(), text_view.size());
-  absl::string_view s = absl::StripAsciiWhitespace(text);
-  size_t digits = 0;
-  while (digits < s.size() &&
-         std::isdigit(static_cast<unsigned char>(s[digits]))) {
-    ++digits;
-  }
-  uint64_t value = 0;
-  if (digits == 0 || !absl::SimpleAtoi(s.substr(0, digits), &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "'", text, "' is not a size (examples: 4096, 64MiB, 2GiB)"));
-  }
-  std::string unit =
-      absl::AsciiStrToLower(absl::StripAsciiWhitespace(s.substr(digits)));
-  int shift = 0;
-  if (unit.empty() || unit == "b") {
-    shift = 0;
-  } else if (unit == "k" || unit == "kib" || unit == "kb") {
-    shift = 10;
-  } else if (unit == "m" || unit == "mib" || unit == "mb") {
-    shift = 20;
-  } else if (unit == "g" || unit == "gib" || unit == "gb") {
-    shift = 30;
-  } else if (unit == "t" || unit == "tib" || unit == "tb") {
-    shift = 40;
-  } else {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "': unknown size unit '", unit,
-                     "' (use KiB, MiB, GiB, TiB)"));
-  }
-  if (shift > 0 && value > (UINT64_MAX >> shift)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("'", text, "' is too large"));
-  }
-  return value << shift;
-}
 
 namespace {
 
@@ -640,20 +598,6 @@ absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
   std::stringstream buf;
   buf << in.rdbuf();
   return ParseConfig(buf.str(), path, std::move(base));
-}
-
-absl::Status ValidateVmName(std::string_view name) {
-  if (name.empty() || name.size() > 64 ||
-      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQR"
-                             "STUVWXYZ0123456789._-") != std::string::npos ||
-      !std::isalnum(static_cast<unsigned char>(name[0]))) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "VM name '", std::string(name),
-        "' must be 1-64 characters of letters, digits, '.', '_' or '-' "
-        "(it names the socket file) and start with a letter or digit (not "
-        "'.', nor '-' which reads as a flag)"));
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(const TmemdConfig& c) {

@@ -38,6 +38,8 @@
 #include "absl/status/statusor.h"
 #include "backend/tmem_store.h"
 #include "backend/valve.h"
+#include "host-agent/common/size_text.h"  // ParseSize, for config readers
+#include "host-agent/common/vm_name.h"    // ValidateVmName
 #include "host-agent/log.h"
 #include "host-agent/worker.h"
 
@@ -108,10 +110,6 @@ struct TmemdConfig {
   int stats_interval_seconds = 0;  // 0: stats only at exit
 };
 
-// "4096", "4KiB", "4 MiB", "1GiB", "1G" (binary units). INVALID_ARGUMENT
-// with the offending text otherwise.
-absl::StatusOr<uint64_t> ParseSize(std::string_view text);
-
 // Reads a TOML file over `base` (which holds defaults or earlier settings).
 absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
                                            TmemdConfig base);
@@ -120,10 +118,6 @@ absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
 absl::StatusOr<TmemdConfig> ParseConfig(std::string_view toml,
                                         std::string_view source_name,
                                         TmemdConfig base);
-
-// A VM name names its socket file: 1-64 of [A-Za-z0-9._-], not starting
-// with '.'. INVALID_ARGUMENT with the rule otherwise.
-absl::Status ValidateVmName(std::string_view name);
 
 // Cross-field checks (region size, vectors, VM names unique and safe as
 // file names, quota/weight ranges).

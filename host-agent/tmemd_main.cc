@@ -35,7 +35,7 @@
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {

@@ -227,10 +227,7 @@ bool Worker::SetNeedsDoorbell(bool needs) {
   bool pending = false;
   for (Channel* ch : channels_) {
     if (!ch->server().connected()) continue;
-    tmem_shm_header* h = ch->region().header();
-    // host_flags is host-owned; only tmemd writes it.
-    __atomic_store_n(&h->host_flags, needs ? TMEM_HOST_NEEDS_DOORBELL : 0u,
-                     __ATOMIC_RELEASE);
+    ch->region().SetNeedsDoorbell(needs);
   }
   if (!needs) return false;
   // Dekker with the guest (proto/tmem_abi.h): flag store, full fence, then

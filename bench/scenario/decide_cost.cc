@@ -32,7 +32,7 @@ DecideCost MeasureDecideCost(const bench::PageSet& pages, int rounds,
   DecideCost out;
   if (pages.empty() || rounds <= 0 || puts_per_round == 0) return out;
   bench::BenchStore s(1);
-  Valve valve(ValveOptions{}, &s.store());
+  Valve valve(ValveOptions{});
   valve.AddVm(s.vm(0), VmPolicy{});
   // Two samples so the VM has a CPU share and tokens, as in tmemd.
   CpuSample a;
@@ -43,8 +43,8 @@ DecideCost MeasureDecideCost(const bench::PageSet& pages, int rounds,
   b.wall_nanos += 100'000'000;
   b.host_total_nanos += 200'000'000;
   b.host_busy_nanos += 20'000'000;
-  valve.Tick(a);
-  valve.Tick(b);
+  valve.Tick(a, SampleStoreMemory(s.store()));
+  valve.Tick(b, SampleStoreMemory(s.store()));
 
   // Warm the store to steady state (every key holds a page).
   uint64_t k = 0;

@@ -157,10 +157,7 @@ Channel::~Channel() {
   // Tell an attached guest (which keeps its mapping) that nobody serves this
   // region any more, so it stops waiting on it (a successor re-initializes
   // it with a new generation).
-  if (region_ != nullptr) {
-    __atomic_store_n(&region_->header()->host_state, TMEM_HOST_STATE_RESET,
-                     __ATOMIC_RELEASE);
-  }
+  if (region_ != nullptr) region_->MarkUnserved();
   server_.reset();  // unlinks the socket first: no new client can arrive
   consumer_.reset();
   region_.reset();
@@ -174,13 +171,7 @@ void Channel::OnGuestDetached() {
   consumer_->DropPools();
   // The guest's self-report leaves with it (a reset with the guest still
   // attached keeps it: that guest rewrites it).
-  tmem_shm_header* h = region_->header();
-  __atomic_store_n(&h->guest_flags, tmem_u32{0}, __ATOMIC_RELAXED);
-  __atomic_store_n(&h->guest_get_ns, tmem_u64{0}, __ATOMIC_RELAXED);
-  __atomic_store_n(&h->guest_miss_ns, tmem_u64{0}, __ATOMIC_RELAXED);
-  __atomic_store_n(&h->guest_prefetch_used, tmem_u64{0}, __ATOMIC_RELAXED);
-  __atomic_store_n(&h->guest_prefetch_unused, tmem_u64{0}, __ATOMIC_RELAXED);
-  __atomic_store_n(&h->guest_ram_pages, tmem_u64{0}, __ATOMIC_RELAXED);
+  region_->ClearGuestReport();
   region_->Reset();
   // A fresh consumer starts from the reset region's zero indices.
   consumer_ = std::make_unique<RingConsumer>(region_.get(), store_, vm_,
@@ -205,11 +196,7 @@ void Channel::PublishAdmissionHint() {
     guest_ram_pages_ = ram_pages;
     advisor_->OnGuestRamPages(vm_, ram_pages);
   }
-  const uint32_t hint = advisor_->AdmissionHint(vm_);
-  uint32_t* field = &region_->header()->admission_hint;
-  if (__atomic_load_n(field, __ATOMIC_RELAXED) != hint) {
-    __atomic_store_n(field, hint, __ATOMIC_RELAXED);
-  }
+  region_->PublishAdmissionHint(advisor_->AdmissionHint(vm_));
 }
 
 }  // namespace tmem

@@ -73,10 +73,6 @@ template <typename T>
 T LoadRelaxed(const T* field) {
   return __atomic_load_n(field, __ATOMIC_RELAXED);
 }
-template <typename T>
-void StoreRelease(T* field, T value) {
-  __atomic_store_n(field, value, __ATOMIC_RELEASE);
-}
 
 // ---------------------------------------------------------------------------
 // Entry execution: a validated local copy of one SQE in, a completion out.
@@ -453,7 +449,7 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
       flush_done_seq_ = flush_seq;
       // Release: the guest that sees the ack also sees everything we
       // published before it (the CQEs up to flush_at).
-      StoreRelease(&h->flush_done_seq, flush_seq);
+      region_->PublishFlushDone(flush_seq);
       metrics_->Inc(ChannelCounter::kFlushBarriers);
     };
 
@@ -490,10 +486,10 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
       // Release: the CQE (and a GET's slot bytes) before the tail that
       // hands them over. One entry at a time, so a waiting get completes
       // without waiting for the rest of the batch.
-      StoreRelease(&h->cq_tail.value, cq_tail_);
+      region_->PublishCqTail(cq_tail_);
       ++sq_head_;
       // Release: our copy of the SQE is done before the guest may reuse it.
-      StoreRelease(&h->sq_head.value, sq_head_);
+      region_->PublishSqHead(sq_head_);
       metrics_->Inc(ChannelCounter::kSqeProcessed);
       metrics_->Inc(ChannelCounter::kCqeWritten);
     }

@@ -201,6 +201,23 @@ bool SharedRegion::IsForeign() const {
          host_generation_;
 }
 
+void SharedRegion::MarkUnserved() {
+  __atomic_store_n(&header()->host_state, TMEM_HOST_STATE_RESET,
+                   __ATOMIC_RELEASE);
+}
+
+void SharedRegion::ClearGuestReport() {
+  tmem_shm_header* h = header();
+  // Relaxed: the guest is gone; Reset (which follows) publishes with its
+  // release store of READY.
+  StoreRelaxed(&h->guest_flags, tmem_u32{0});
+  StoreRelaxed(&h->guest_get_ns, tmem_u64{0});
+  StoreRelaxed(&h->guest_miss_ns, tmem_u64{0});
+  StoreRelaxed(&h->guest_prefetch_used, tmem_u64{0});
+  StoreRelaxed(&h->guest_prefetch_unused, tmem_u64{0});
+  StoreRelaxed(&h->guest_ram_pages, tmem_u64{0});
+}
+
 SharedRegion::SharedRegion(int fd, uint8_t* base, const RegionLayout& layout,
                            uint64_t host_generation)
     : fd_(fd),

@@ -14,6 +14,12 @@
 // region arrived by live migration holding another host's header (QEMU
 // copies the shared memory of a master=on device), or a guest scribbled
 // on a host-owned field; either way the caller resets it.
+//
+// Every host write to the header goes through this class, each with the
+// ordering the protocol (proto/tmem_abi.h) asks of it: the channel and the
+// worker call the setters below, the ring consumer publishes its indices and
+// flush acks here. What the host writes into ring entries and page slots is
+// copied by the ring consumer into layout() offsets of base().
 #ifndef TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
 #define TMEMD_HOST_AGENT_CHANNEL_SHARED_REGION_H_
 
@@ -58,6 +64,44 @@ class SharedRegion {
   void SetHostPeerId(uint32_t peer_id);
   // The header's host_generation is not ours (see above). One relaxed load.
   bool IsForeign() const;
+
+  // host_flags: whether tmemd sleeps on the doorbell (guests must ring it).
+  // Release; the caller that sets it then issues the full fence of the
+  // Dekker handshake (proto/tmem_abi.h) before re-reading the rings.
+  void SetNeedsDoorbell(bool needs) {
+    __atomic_store_n(&header()->host_flags,
+                     needs ? TMEM_HOST_NEEDS_DOORBELL : tmem_u32{0},
+                     __ATOMIC_RELEASE);
+  }
+  // admission_hint, stored only when it changes (no cache-line write per
+  // worker round). Relaxed: a hint the guest samples, ordering nothing.
+  void PublishAdmissionHint(uint32_t hint) {
+    uint32_t* field = &header()->admission_hint;
+    if (__atomic_load_n(field, __ATOMIC_RELAXED) != hint) {
+      __atomic_store_n(field, hint, __ATOMIC_RELAXED);
+    }
+  }
+  // Ring indices and the flush ack (the ring consumer). Release: the CQE
+  // (and a get's slot bytes) before the tail that hands them over; the copy
+  // of an SQE done before the head lets the guest reuse it; the CQEs up to
+  // a flush point before its ack.
+  void PublishCqTail(uint32_t tail) {
+    __atomic_store_n(&header()->cq_tail.value, tail, __ATOMIC_RELEASE);
+  }
+  void PublishSqHead(uint32_t head) {
+    __atomic_store_n(&header()->sq_head.value, head, __ATOMIC_RELEASE);
+  }
+  void PublishFlushDone(uint64_t seq) {
+    __atomic_store_n(&header()->flush_done_seq, tmem_u64{seq},
+                     __ATOMIC_RELEASE);
+  }
+  // Nobody serves this region any more (the channel closes; the guest keeps
+  // its mapping): host_state RESET with a release store, so a guest stops
+  // waiting on it; a successor re-initializes it with a new generation.
+  void MarkUnserved();
+  // Zeroes the guest's self-report (flags, cost report, prefetch counts,
+  // RAM size) when its guest detaches: the next guest writes its own.
+  void ClearGuestReport();
 
   // A random 64-bit generation, nonzero and != previous: unique per init,
   // so a region from another host (live migration) is recognisably

@@ -7,8 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "host-agent/common/proto_mode.h"
+#include "host-agent/common/setting_ranges.h"
 #include "host-agent/config.h"
-#include "host-agent/setting_ranges.h"
 
 #ifndef TMEMD_VERSION
 #define TMEMD_VERSION "unknown"
@@ -47,25 +48,6 @@ std::string FormatBytes(uint64_t b) {
   return absl::StrCat(b, " bytes");
 }
 
-absl::StatusOr<ValveMode> FromProtoMode(v1::Mode mode, bool allow_default) {
-  switch (mode) {
-    case v1::MODE_DEFAULT:
-      if (allow_default) return ValveMode::kDefault;
-      break;
-    case v1::MODE_OFF:
-      return ValveMode::kOff;
-    case v1::MODE_ALWAYS:
-      return ValveMode::kAlways;
-    case v1::MODE_ADAPTIVE:
-      return ValveMode::kAdaptive;
-    default:
-      break;
-  }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "mode ", static_cast<int>(mode), " is not valid here: use ",
-      allow_default ? "default, " : "", "off, always or adaptive"));
-}
-
 // The VM's whole policy. The store keeps quota, weight, enabled and frozen
 // but not the mode (the valve does), so Agent's VmInfo.policy.mode is always
 // kDefault: take the mode from the valve.
@@ -85,20 +67,6 @@ absl::Status NeedVmName(const std::string& vm) {
 }  // namespace
 
 std::string TmemdVersion() { return TMEMD_VERSION; }
-
-v1::Mode ToProtoMode(ValveMode mode) {
-  switch (mode) {
-    case ValveMode::kDefault:
-      return v1::MODE_DEFAULT;
-    case ValveMode::kOff:
-      return v1::MODE_OFF;
-    case ValveMode::kAlways:
-      return v1::MODE_ALWAYS;
-    case ValveMode::kAdaptive:
-      return v1::MODE_ADAPTIVE;
-  }
-  return v1::MODE_UNSPECIFIED;
-}
 
 std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve) {
   if (!policy.enabled) return "disabled";
@@ -168,7 +136,7 @@ VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
   VmPolicy p = saved ? saved->policy : configured;
   std::optional<v1::SetVmPolicyRequest> fleet;
   {
-    std::lock_guard<std::mutex> lock(fleet_mu_);
+    MutexLock lock(&fleet_mu_);
     if (fleet_) fleet = fleet_->ForVm(vm);
   }
   if (fleet) {
@@ -182,7 +150,7 @@ VmPolicy ControlPlane::ResolveVmPolicy(const std::string& vm,
 }
 
 absl::Status ControlPlane::ApplyStoredPolicies() {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   const StoredHostPolicy host = policies_->Host();
   if (host.memory_cap_bytes) {
     if (absl::Status s = agent_->SetMemoryCap(*host.memory_cap_bytes);
@@ -218,7 +186,7 @@ v1::HostPolicy ControlPlane::HostPolicyMessage() const {
   const ValveOptions opts = agent_->GetValveOptions();
   p.set_memory_cap_bytes(agent_->store().GetHostStats().memory_cap_bytes);
   p.set_cpu_budget_percent(opts.cpu_budget_percent);
-  p.set_default_mode(ToProtoMode(opts.default_mode));
+  p.set_default_mode(ProtoMode(opts.default_mode));
   p.set_generation(policies_->Host().generation);
   return p;
 }
@@ -256,7 +224,7 @@ v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,
   p.set_quota_bytes(policy.quota_bytes == kUnlimitedQuota ? 0
                                                           : policy.quota_bytes);
   p.set_weight(policy.weight);
-  p.set_mode(ToProtoMode(policy.mode));
+  p.set_mode(ProtoMode(policy.mode));
   p.set_enabled(policy.enabled);
   p.set_frozen(policy.frozen);
   std::optional<StoredVmPolicy> saved = policies_->Vm(vm);
@@ -300,8 +268,8 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
     m->set_value(info.channel[i]);
   }
   v1::ValveVm* v = d.mutable_valve();
-  v->set_mode(ToProtoMode(info.valve.mode));
-  v->set_effective_mode(ToProtoMode(info.valve.effective_mode));
+  v->set_mode(ProtoMode(info.valve.mode));
+  v->set_effective_mode(ProtoMode(info.valve.effective_mode));
   v->set_admission(info.valve.admission);
   v->set_throttled(info.valve.throttled);
   v->set_reuse_ratio(info.valve.reuse_ratio);
@@ -396,7 +364,8 @@ absl::StatusOr<VmPolicy> ControlPlane::PlanVmPolicy(
     p.weight = static_cast<uint32_t>(r.weight());
   }
   if (r.mode() != v1::MODE_UNSPECIFIED) {
-    absl::StatusOr<ValveMode> m = FromProtoMode(r.mode(), true);
+    absl::StatusOr<ValveMode> m = ValveModeFromProto(
+        r.mode(), DefaultMode::kAllowed, absl::StrCat("VM '", r.vm(), "'"));
     if (!m.ok()) return m.status();
     p.mode = *m;
   }
@@ -408,7 +377,7 @@ absl::StatusOr<VmPolicy> ControlPlane::PlanVmPolicy(
 absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
     const v1::SetVmPolicyRequest& r) {
   if (absl::Status s = NeedVmName(r.vm()); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<VmInfo> current = agent_->GetVm(r.vm());
   if (!current.ok()) return UnknownVm(r.vm());
   absl::StatusOr<uint64_t> generation =
@@ -467,7 +436,8 @@ absl::StatusOr<ControlPlane::HostPlan> ControlPlane::PlanHostPolicy(
     plan.valve_changed = true;
   }
   if (r.default_mode() != v1::MODE_UNSPECIFIED) {
-    absl::StatusOr<ValveMode> m = FromProtoMode(r.default_mode(), false);
+    absl::StatusOr<ValveMode> m = ValveModeFromProto(
+        r.default_mode(), DefaultMode::kRefused, "host default_mode");
     if (!m.ok()) return m.status();
     plan.valve.default_mode = *m;
     plan.stored.default_mode = *m;
@@ -495,7 +465,7 @@ absl::Status ControlPlane::ApplyHostPlan(const HostPlan& plan) {
 
 absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
     const v1::SetHostPolicyRequest& r) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<uint64_t> generation =
       policies_->NextHostGeneration(r.generation());
   if (!generation.ok()) return generation.status();
@@ -516,7 +486,7 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
 
 absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
                                           bool dry_run) {
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   // 1. Plan everything; nothing changes until every part is valid.
   absl::StatusOr<HostPlan> host = PlanHostPolicy(policy.host);
   if (!host.ok()) return host.status();
@@ -560,7 +530,7 @@ absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
     }
   }
   {
-    std::lock_guard<std::mutex> fleet_lock(fleet_mu_);
+    MutexLock fleet_lock(&fleet_mu_);
     fleet_ = policy;
   }
   // 3. Record it, so a restart enforces it before etcd is reachable.
@@ -586,7 +556,7 @@ absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
 absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
     const std::string& vm) {
   if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
   if (!info.ok()) return UnknownVm(vm);
   const uint64_t before = C(info->stats.counters, Counter::kPagesHeld);
@@ -610,7 +580,7 @@ absl::Status ControlPlane::AuthorizeSharedPool(
   if (absl::Status s = ValidateVmName(r.vm()); !s.ok()) return s;
   absl::StatusOr<PoolUuid> uuid = ParsePoolUuid(r.uuid());
   if (!uuid.ok()) return uuid.status();
-  std::lock_guard<std::mutex> lock(write_mu_);
+  MutexLock lock(&write_mu_);
   if (r.revoke()) {
     agent_->store().RevokeSharedPool(*uuid, r.vm());
   } else {

@@ -15,7 +15,6 @@
 #define TMEMD_HOST_AGENT_CONTROL_CONTROL_PLANE_H_
 
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 
@@ -40,8 +39,6 @@ std::string ValveDecision(const VmPolicy& policy, const ValveVmStatus& valve);
 // Parses an 8-4-4-4-12 hex UUID.
 absl::StatusOr<PoolUuid> ParsePoolUuid(const std::string& text);
 std::string FormatPoolUuid(const PoolUuid& uuid);
-
-v1::Mode ToProtoMode(ValveMode mode);
 
 class ControlPlane {
  public:
@@ -109,11 +106,12 @@ class ControlPlane {
   Agent* const agent_;
   PolicyStore* const policies_;
   DomainControl* const domains_;
-  std::mutex write_mu_;  // one write at a time: check, apply, commit
+  // Lock order: host-agent/lock_order.h.
+  Mutex write_mu_;  // one write at a time: check, apply, commit
   // Taken inside the Agent's mutex (ResolveVmPolicy runs there): nothing
   // is called while holding it.
-  mutable std::mutex fleet_mu_;
-  std::optional<ResolvedFleetPolicy> fleet_;  // guarded by fleet_mu_
+  mutable Mutex fleet_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
+  std::optional<ResolvedFleetPolicy> fleet_ ABSL_GUARDED_BY(fleet_mu_);
 };
 
 }  // namespace tmem

@@ -12,7 +12,7 @@
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {
@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Open(
   }
   std::stringstream buf;
   buf << in.rdbuf();
-  std::lock_guard<std::mutex> lock(store->mu_);
+  MutexLock lock(&store->mu_);
   if (absl::Status s = store->LoadLocked(buf.str()); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "state file '", path, "' is not valid (", s.message(),
@@ -171,7 +171,7 @@ std::string PolicyStore::SerializeLocked() const {
 }
 
 std::string PolicyStore::Serialize() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return SerializeLocked();
 }
 
@@ -225,7 +225,7 @@ absl::Status PolicyStore::SaveLocked() const {
 
 absl::StatusOr<uint64_t> PolicyStore::NextVmGeneration(
     const std::string& vm, uint64_t requested) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(vm);
   const uint64_t applied = it == vms_.end() ? 0 : it->second.generation;
   if (requested == 0) return applied + 1;
@@ -237,7 +237,7 @@ absl::StatusOr<uint64_t> PolicyStore::NextVmGeneration(
 
 absl::StatusOr<uint64_t> PolicyStore::NextHostGeneration(
     uint64_t requested) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   if (requested == 0) return host_.generation + 1;
   if (requested <= host_.generation) {
     return StaleGeneration("the host", requested, host_.generation);
@@ -247,20 +247,20 @@ absl::StatusOr<uint64_t> PolicyStore::NextHostGeneration(
 
 absl::Status PolicyStore::CommitVm(const std::string& vm,
                                    const StoredVmPolicy& policy) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   vms_[vm] = policy;
   return SaveLocked();
 }
 
 absl::Status PolicyStore::CommitHost(const StoredHostPolicy& policy) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   host_ = policy;
   return SaveLocked();
 }
 
 absl::Status PolicyStore::SetSharedPoolGrant(const SharedPoolGrant& grant,
                                              bool granted) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = std::lower_bound(grants_.begin(), grants_.end(), grant);
   const bool present = it != grants_.end() && *it == grant;
   if (granted && !present) grants_.insert(it, grant);
@@ -269,19 +269,19 @@ absl::Status PolicyStore::SetSharedPoolGrant(const SharedPoolGrant& grant,
 }
 
 std::optional<StoredVmPolicy> PolicyStore::Vm(const std::string& vm) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   auto it = vms_.find(vm);
   if (it == vms_.end()) return std::nullopt;
   return it->second;
 }
 
 StoredHostPolicy PolicyStore::Host() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return host_;
 }
 
 std::vector<SharedPoolGrant> PolicyStore::SharedPoolGrants() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return grants_;
 }
 

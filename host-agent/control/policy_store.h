@@ -21,7 +21,6 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -29,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/mutex.h"
 #include "backend/tmem_store.h"
 
 namespace tmem {
@@ -88,15 +88,16 @@ class PolicyStore {
 
  private:
   explicit PolicyStore(std::string path) : path_(std::move(path)) {}
-  absl::Status LoadLocked(const std::string& text);
-  std::string SerializeLocked() const;
-  absl::Status SaveLocked() const;
+  absl::Status LoadLocked(const std::string& text)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string SerializeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status SaveLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
-  mutable std::mutex mu_;
-  std::map<std::string, StoredVmPolicy> vms_;  // guarded by mu_
-  StoredHostPolicy host_;                      // guarded by mu_
-  std::vector<SharedPoolGrant> grants_;        // guarded by mu_, sorted
+  mutable Mutex mu_;  // lock order: host-agent/lock_order.h
+  std::map<std::string, StoredVmPolicy> vms_ ABSL_GUARDED_BY(mu_);
+  StoredHostPolicy host_ ABSL_GUARDED_BY(mu_);
+  std::vector<SharedPoolGrant> grants_ ABSL_GUARDED_BY(mu_);  // sorted
 };
 
 }  // namespace tmem

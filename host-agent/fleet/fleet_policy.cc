@@ -4,8 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/util/message_differencer.h"
-#include "host-agent/config.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/proto_mode.h"
+#include "host-agent/common/setting_ranges.h"
+#include "host-agent/common/vm_name.h"
 
 namespace tmem {
 namespace {
@@ -36,42 +37,10 @@ absl::StatusOr<uint64_t> Unsigned(const std::string& key,
 }
 
 absl::StatusOr<v1::Mode> Mode(const std::string& key, const std::string& field,
-                              const json& v, bool allow_default) {
+                              const json& v, DefaultMode default_mode) {
   if (!v.is_string()) return Refuse(key, field, "must be a string");
-  const std::string text = v.get<std::string>();
-  ValveMode m;
-  if (ParseValveMode(text, &m)) {
-    switch (m) {
-      case ValveMode::kOff:
-        return v1::MODE_OFF;
-      case ValveMode::kAlways:
-        return v1::MODE_ALWAYS;
-      case ValveMode::kAdaptive:
-        return v1::MODE_ADAPTIVE;
-      case ValveMode::kDefault:
-        if (allow_default) return v1::MODE_DEFAULT;
-        break;
-    }
-  }
-  return Refuse(key, field,
-                absl::StrCat("'", text, "' is not a mode: use ",
-                             allow_default ? "default, " : "",
-                             "off, always or adaptive"));
-}
-
-const char* ModeText(v1::Mode m) {
-  switch (m) {
-    case v1::MODE_DEFAULT:
-      return "default";
-    case v1::MODE_OFF:
-      return "off";
-    case v1::MODE_ALWAYS:
-      return "always";
-    case v1::MODE_ADAPTIVE:
-      return "adaptive";
-    default:
-      return "";
-  }
+  return ProtoModeFromText(v.get<std::string>(), default_mode,
+                           absl::StrCat(key, ": ", field));
 }
 
 absl::Status ParseHostSection(const std::string& key, const json& h,
@@ -98,7 +67,7 @@ absl::Status ParseHostSection(const std::string& key, const json& h,
       }
       out->set_cpu_budget_percent(b);
     } else if (name == "mode") {
-      absl::StatusOr<v1::Mode> m = Mode(key, field, v, false);
+      absl::StatusOr<v1::Mode> m = Mode(key, field, v, DefaultMode::kRefused);
       if (!m.ok()) return m.status();
       out->set_default_mode(*m);
     } else {
@@ -131,7 +100,7 @@ absl::Status ParseVmSection(const std::string& key, const json& vm,
       }
       out->set_weight(static_cast<int64_t>(*w));
     } else if (name == "mode") {
-      absl::StatusOr<v1::Mode> m = Mode(key, field, v, true);
+      absl::StatusOr<v1::Mode> m = Mode(key, field, v, DefaultMode::kAllowed);
       if (!m.ok()) return m.status();
       out->set_mode(*m);
     } else if (name == "enabled" || name == "frozen") {
@@ -265,14 +234,14 @@ std::string FormatFleetLayer(const FleetLayer& layer) {
     h["cpu_budget_percent"] = layer.host.cpu_budget_percent();
   }
   if (layer.host.default_mode() != v1::MODE_UNSPECIFIED) {
-    h["mode"] = ModeText(layer.host.default_mode());
+    h["mode"] = ProtoModeText(layer.host.default_mode());
   }
   if (!h.empty()) j["host"] = h;
   json vm = json::object();
   if (layer.vm.has_quota_bytes()) vm["quota_bytes"] = layer.vm.quota_bytes();
   if (layer.vm.has_weight()) vm["weight"] = layer.vm.weight();
   if (layer.vm.mode() != v1::MODE_UNSPECIFIED) {
-    vm["mode"] = ModeText(layer.vm.mode());
+    vm["mode"] = ProtoModeText(layer.vm.mode());
   }
   if (layer.vm.has_enabled()) vm["enabled"] = layer.vm.enabled();
   if (layer.vm.has_frozen()) vm["frozen"] = layer.vm.frozen();

@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "host-agent/config.h"
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {

@@ -7,7 +7,9 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "host-agent/config.h"
+#include "host-agent/common/proto_mode.h"
+#include "host-agent/common/size_text.h"
+#include "host-agent/common/vm_name.h"
 
 namespace tmem {
 namespace {
@@ -89,6 +91,10 @@ class Reader {
     if (!s.ok()) return Bad(key, s.status().message());
     return *s;
   }
+  // "vm[0].mode": names a key in error messages.
+  std::string Where(std::string_view key) const {
+    return absl::StrCat(where_, std::string(key));
+  }
   absl::Status Bad(std::string_view key, absl::string_view why) const {
     return absl::InvalidArgumentError(
         absl::StrCat("'", where_, std::string(key), "' ", why));
@@ -134,8 +140,9 @@ absl::Status ParseHost(const json& j, v1::SetHostPolicyRequest& out) {
   if (r.Has("mode")) {
     std::string m;
     if (auto s = Take(r.String("mode"), &m); !s.ok()) return s;
-    absl::StatusOr<v1::Mode> mode = ParseModeName(m, false);
-    if (!mode.ok()) return r.Bad("mode", mode.status().message());
+    absl::StatusOr<v1::Mode> mode =
+        ProtoModeFromText(m, DefaultMode::kRefused, r.Where("mode"));
+    if (!mode.ok()) return mode.status();
     out.set_default_mode(*mode);
   }
   return absl::OkStatus();
@@ -172,8 +179,9 @@ absl::Status ParseVm(const json& j, size_t i, v1::SetVmPolicyRequest& out) {
   if (r.Has("mode")) {
     std::string m;
     if (auto s = Take(r.String("mode"), &m); !s.ok()) return s;
-    absl::StatusOr<v1::Mode> mode = ParseModeName(m, true);
-    if (!mode.ok()) return r.Bad("mode", mode.status().message());
+    absl::StatusOr<v1::Mode> mode =
+        ProtoModeFromText(m, DefaultMode::kAllowed, r.Where("mode"));
+    if (!mode.ok()) return mode.status();
     out.set_mode(*mode);
   }
   for (const char* key : {"enabled", "frozen"}) {
@@ -190,32 +198,6 @@ absl::Status ParseVm(const json& j, size_t i, v1::SetVmPolicyRequest& out) {
 }
 
 }  // namespace
-
-absl::StatusOr<v1::Mode> ParseModeName(std::string_view name,
-                                       bool allow_default) {
-  if (name == "off") return v1::MODE_OFF;
-  if (name == "always") return v1::MODE_ALWAYS;
-  if (name == "adaptive") return v1::MODE_ADAPTIVE;
-  if (name == "default" && allow_default) return v1::MODE_DEFAULT;
-  return absl::InvalidArgumentError(
-      absl::StrCat("mode '", std::string(name), "' is not one of ",
-                   allow_default ? "default, " : "", "off, always, adaptive"));
-}
-
-std::string ModeName(v1::Mode mode) {
-  switch (mode) {
-    case v1::MODE_DEFAULT:
-      return "default";
-    case v1::MODE_OFF:
-      return "off";
-    case v1::MODE_ALWAYS:
-      return "always";
-    case v1::MODE_ADAPTIVE:
-      return "adaptive";
-    default:
-      return "-";
-  }
-}
 
 absl::StatusOr<uint64_t> ParseQuota(std::string_view text) {
   if (text == "unlimited" || text == "none") return 0;

@@ -41,10 +41,6 @@ absl::StatusOr<PolicyFile> ParsePolicyFile(std::string_view text,
                                            std::string_view source_name);
 absl::StatusOr<PolicyFile> LoadPolicyFile(const std::string& path);
 
-// "off" -> MODE_OFF etc.; "default" only when allowed.
-absl::StatusOr<v1::Mode> ParseModeName(std::string_view name,
-                                       bool allow_default);
-std::string ModeName(v1::Mode mode);
 // "512MiB", "0", "unlimited" (0: unlimited).
 absl::StatusOr<uint64_t> ParseQuota(std::string_view text);
 

@@ -32,7 +32,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "host-agent/config.h"
+#include "host-agent/common/proto_mode.h"
+#include "host-agent/common/size_text.h"
 #include "host-agent/tmemctl/fleet_commands.h"
 #include "host-agent/tmemctl/policy_file.h"
 #include "proto/tmem/v1/control.grpc.pb.h"
@@ -228,7 +229,8 @@ absl::StatusOr<Result> Status(Host& h) {
       Pct(s.cpu_used_fraction()), Pct(s.valve().host_busy_fraction()),
       s.valve().cpu_pressure());
   absl::StrAppendFormat(&t, "valve      default mode %s, %d ticks\n",
-                        ModeName(s.policy().default_mode()), s.valve().ticks());
+                        ProtoModeText(s.policy().default_mode()),
+                        s.valve().ticks());
   absl::StrAppendFormat(&t, "vms        %d, workers %d\n", s.vms(),
                         s.workers());
   absl::StrAppendFormat(&t, "policy     generation %d\n",
@@ -247,7 +249,7 @@ absl::StatusOr<Result> Vms(Host& h) {
            "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN"});
   for (const v1::VmSummary& v : r->vms()) {
     t.Add({v.name(), v.connected() ? "yes" : "no", State(v.policy()),
-           ModeName(v.policy().mode()), Quota(v.policy().quota_bytes()),
+           ProtoModeText(v.policy().mode()), Quota(v.policy().quota_bytes()),
            absl::StrCat(v.policy().weight()), absl::StrCat(v.pages()),
            Bytes(v.stored_bytes()), Pct(v.hit_ratio()), absl::StrCat(v.puts()),
            absl::StrCat(v.gets_hit() + v.gets_miss()), v.decision(),
@@ -268,13 +270,13 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
                         r->socket_path());
   absl::StrAppendFormat(
       &t, "policy     %s, mode %s, quota %s, weight %d, generation %d\n",
-      State(s.policy()), ModeName(s.policy().mode()),
+      State(s.policy()), ProtoModeText(s.policy().mode()),
       Quota(s.policy().quota_bytes()), s.policy().weight(),
       s.policy().generation());
   absl::StrAppendFormat(
       &t,
       "valve      %s (effective mode %s), admission %d/65536, reuse %.3f%s\n",
-      s.decision(), ModeName(r->valve().effective_mode()),
+      s.decision(), ProtoModeText(r->valve().effective_mode()),
       r->valve().admission(), r->valve().reuse_ratio(),
       r->valve().throttled() ? ", throttled" : "");
   absl::StrAppendFormat(&t, "held       %d pages, %s stored, %s charged\n",
@@ -313,8 +315,8 @@ absl::StatusOr<Result> PolicyResult(
   return Result{
       ToJson(*r),
       absl::StrFormat("%s: %s, mode %s, quota %s, weight %d (generation %d)\n",
-                      vm, State(p), ModeName(p.mode()), Quota(p.quota_bytes()),
-                      p.weight(), p.generation())};
+                      vm, State(p), ProtoModeText(p.mode()),
+                      Quota(p.quota_bytes()), p.weight(), p.generation())};
 }
 
 absl::StatusOr<Result> SetVmPolicy(Host& h, const v1::SetVmPolicyRequest& req) {
@@ -330,7 +332,7 @@ absl::StatusOr<Result> SetHost(Host& h, const v1::SetHostPolicyRequest& req) {
       absl::StrFormat("host: memory cap %s, cpu budget %.1f%%, "
                       "default mode %s (generation %d)\n",
                       Bytes(p.memory_cap_bytes()), p.cpu_budget_percent(),
-                      ModeName(p.default_mode()), p.generation())};
+                      ProtoModeText(p.default_mode()), p.generation())};
 }
 
 absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
@@ -679,7 +681,8 @@ int Run(int argc, char** argv) {
       }
       req.set_weight(w);  // range checked by tmemd
     } else {
-      absl::StatusOr<v1::Mode> m = ParseModeName(o.value, true);
+      absl::StatusOr<v1::Mode> m =
+          ProtoModeFromText(o.value, DefaultMode::kAllowed, "set-mode MODE");
       if (!m.ok()) return usage(m.status());
       req.set_mode(*m);
     }
@@ -694,7 +697,8 @@ int Run(int argc, char** argv) {
     }
     if (o.cpu_budget >= 0) req.set_cpu_budget_percent(o.cpu_budget);
     if (!o.mode.empty()) {
-      absl::StatusOr<v1::Mode> m = ParseModeName(o.mode, false);
+      absl::StatusOr<v1::Mode> m =
+          ProtoModeFromText(o.mode, DefaultMode::kRefused, "set-host --mode");
       if (!m.ok()) return usage(m.status());
       req.set_default_mode(*m);
     }

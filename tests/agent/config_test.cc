@@ -5,7 +5,7 @@
 #include <cmath>
 #include <string>
 
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {

@@ -101,7 +101,7 @@ TEST(ValveTest, ValidateOptionsRejectsNonsense) {
 }
 
 TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   v.AddVm(1, Policy(100, ValveMode::kOff));
   v.AddVm(2, Policy(100, ValveMode::kAlways));
   Starve(v, 2);  // deep in debt: always compresses anyway
@@ -122,7 +122,7 @@ TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
 }
 
 TEST(ValveTest, AGuestStandingAsideIsAdmittedNothingInAnyMode) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   v.AddVm(1, Policy(100, ValveMode::kAdaptive));
   v.AddVm(2, Policy(100, ValveMode::kAlways));
   v.AddVm(3, Policy(100, ValveMode::kAdaptive));
@@ -150,7 +150,7 @@ TEST(ValveTest, AGuestStandingAsideIsAdmittedNothingInAnyMode) {
 }
 
 TEST(ValveTest, AdaptiveCompressesWithTokensThenRawThenDrops) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -173,7 +173,7 @@ TEST(ValveTest, AdaptiveCompressesWithTokensThenRawThenDrops) {
 }
 
 TEST(ValveTest, BudgetIsSplitByWeightAmongHungryVms) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy(100));
@@ -189,7 +189,7 @@ TEST(ValveTest, BudgetIsSplitByWeightAmongHungryVms) {
 }
 
 TEST(ValveTest, UnusedShareIsLent) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy(100));  // light: uses 1 ms per period
@@ -210,7 +210,7 @@ TEST(ValveTest, UnusedShareIsLent) {
 }
 
 TEST(ValveTest, BudgetUsesOnlySpareCpuAndShrinksUnderPressure) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.Tick(host.Advance(0.0, 0.0));
@@ -230,7 +230,7 @@ TEST(ValveTest, BudgetUsesOnlySpareCpuAndShrinksUnderPressure) {
 
 TEST(ValveTest, SaturatedHostGetsRawPutsAndGuestsToldToStopSending) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -262,7 +262,7 @@ TEST(ValveTest, SaturatedHostGetsRawPutsAndGuestsToldToStopSending) {
 // The budget bounds all of tmemd: CPU no VM was charged for (polling,
 // wake-ups) is taken out of it before the VMs' buckets are filled.
 TEST(ValveTest, CpuNoVmWasChargedForComesOutOfTheBudget) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -296,7 +296,7 @@ TEST(ValveTest, CpuNoVmWasChargedForComesOutOfTheBudget) {
 // puts do not come back is cut as before.
 TEST(ValveTest, VmWhosePutsComeBackIsNotCutForCpu) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());  // re-reader: every put read back
@@ -320,7 +320,7 @@ TEST(ValveTest, VmWhosePutsComeBackIsNotCutForCpu) {
 
 TEST(ValveTest, AdmissionComesBackWhenTheVmFitsItsShareAgain) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -339,7 +339,7 @@ TEST(ValveTest, AdmissionComesBackWhenTheVmFitsItsShareAgain) {
 
 TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -368,13 +368,15 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
 // the guest sends at the admission rate it is told), and the host keeps the
 // last `capacity` admitted pages (LRU), evicting the oldest. Returns the
 // VM's status after `periods` periods of `misses` page-cache misses each.
+// Each tick gets `store`'s memory sample, as tmemd's valve ticker does.
 struct CyclicResult {
   ValveVmStatus status;
   uint64_t hits = 0;
   uint64_t puts_sent = 0;
 };
-CyclicResult CyclicReread(Valve& v, FakeHost& host, VmId vm, uint64_t keys,
-                          size_t capacity, int periods, int misses = 500) {
+CyclicResult CyclicReread(Valve& v, FakeHost& host, const TmemStore& store,
+                          VmId vm, uint64_t keys, size_t capacity, int periods,
+                          int misses = 500) {
   CyclicResult out;
   std::list<uint64_t> lru;  // front: newest
   std::unordered_map<uint64_t, std::list<uint64_t>::iterator> held;
@@ -410,7 +412,7 @@ CyclicResult CyclicReread(Valve& v, FakeHost& host, VmId vm, uint64_t keys,
         v.RecordEviction(vm, KeyHash(oid, victim));
       }
     }
-    v.Tick(host.Advance(0, 0));
+    v.Tick(host.Advance(0, 0), SampleStoreMemory(store));
   }
   out.status = v.VmStatus(vm);
   return out;
@@ -435,14 +437,14 @@ TEST(ValveTest, CyclicRereadFarBeyondTheCapIsThrottled) {
   // holds, no admitted page could have survived until its get.
   std::unique_ptr<TmemStore> store = OneMiBStore();
   const ValveOptions o = TestOptions();
-  Valve v(o, store.get());
+  Valve v(o);
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(*store));
   absl::StatusOr<VmId> vm = store->AddVm("streamer", Policy());
   ASSERT_TRUE(vm.ok());
   v.AddVm(*vm, Policy());
   const CyclicResult r =
-      CyclicReread(v, host, *vm, 40 * kReachPages, kReachPages, 80);
+      CyclicReread(v, host, *store, *vm, 40 * kReachPages, kReachPages, 80);
   EXPECT_TRUE(r.status.throttled) << "reuse ratio " << r.status.reuse_ratio;
   EXPECT_EQ(r.status.admission, o.min_admission);
   EXPECT_GT(Count(v, *vm, ValveCounter::kGhostHitsFar), 0u);
@@ -453,14 +455,14 @@ TEST(ValveTest, CyclicRereadJustBeyondTheCapStaysAdmitted) {
   // each comes back within the share's reach of its eviction, so more
   // memory (or a better-placed share) would hit: keep admitting.
   std::unique_ptr<TmemStore> store = OneMiBStore();
-  Valve v(TestOptions(), store.get());
+  Valve v(TestOptions());
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(*store));
   absl::StatusOr<VmId> vm = store->AddVm("rereader", Policy());
   ASSERT_TRUE(vm.ok());
   v.AddVm(*vm, Policy());
   const CyclicResult r =
-      CyclicReread(v, host, *vm, kReachPages * 3 / 2, kReachPages, 80);
+      CyclicReread(v, host, *store, *vm, kReachPages * 3 / 2, kReachPages, 80);
   EXPECT_FALSE(r.status.throttled) << "reuse ratio " << r.status.reuse_ratio;
   EXPECT_EQ(r.status.admission, kAll);
   EXPECT_GT(Count(v, *vm, ValveCounter::kGhostHits), 1000u);
@@ -471,7 +473,7 @@ TEST(ValveTest, RereadOfMoreThanGuestRamIsNotJudgedOnItsFirstPass) {
   // before anything can come back. Judged only after 2 x RAM evictions, it
   // is still fully admitted when its pages start to return.
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -495,7 +497,7 @@ TEST(ValveTest, RereadOfMoreThanGuestRamIsNotJudgedOnItsFirstPass) {
 
 TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -508,13 +510,13 @@ TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
   EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
   // A guest that claims a huge RAM is bounded by its reach.
   std::unique_ptr<TmemStore> store = OneMiBStore();
-  Valve capped(o, store.get());
-  capped.Tick(host.Advance(0, 0));
+  Valve capped(o);
+  capped.Tick(host.Advance(0, 0), SampleStoreMemory(*store));
   absl::StatusOr<VmId> vm = store->AddVm("liar", Policy());
   ASSERT_TRUE(vm.ok());
   capped.AddVm(*vm, Policy());
   capped.OnGuestRamPages(*vm, uint64_t{1} << 40);
-  capped.Tick(host.Advance(0, 0));
+  capped.Tick(host.Advance(0, 0), SampleStoreMemory(*store));
   const ValveVmStatus st = capped.VmStatus(*vm);
   EXPECT_LE(st.judge_after_evictions, st.reach_pages);
   EXPECT_LT(st.judge_after_evictions, uint64_t{1} << 20);
@@ -522,7 +524,7 @@ TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
 
 TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
   const ValveOptions o = TestOptions();  // throttle < 0.02, restore > 0.08
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -544,7 +546,7 @@ TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
 }
 
 TEST(ValveTest, FewSamplesNeverThrottle) {
-  Valve v(TestOptions(), nullptr);  // min_samples 100
+  Valve v(TestOptions());  // min_samples 100
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -555,7 +557,7 @@ TEST(ValveTest, FewSamplesNeverThrottle) {
 
 TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
   const ValveOptions o = TestOptions();
-  Valve v(o, nullptr);
+  Valve v(o);
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -575,7 +577,7 @@ TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
 }
 
 TEST(ValveTest, GetOfADroppedKeyIsAGhostHitAndCountsAsReuse) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   FakeHost host;
   v.Tick(host.Advance(0, 0));
   v.AddVm(1, Policy());
@@ -593,7 +595,7 @@ TEST(ValveTest, GetOfADroppedKeyIsAGhostHitAndCountsAsReuse) {
 
 TEST(ValveTest, StoreEvictionsBecomeGhosts) {
   ValveOptions vo = TestOptions();
-  Valve v(vo, nullptr);
+  Valve v(vo);
   StoreOptions so;
   so.memory_cap_bytes = 1 << 20;
   so.address_space_bytes = 64 << 20;
@@ -601,7 +603,6 @@ TEST(ValveTest, StoreEvictionsBecomeGhosts) {
   so.eviction_listener = &v;
   auto store = TmemStore::Create(so);
   ASSERT_TRUE(store.ok());
-  v.AttachStore(store->get());
   auto vm = (*store)->AddVm("a", VmPolicy{});
   ASSERT_TRUE(vm.ok());
   v.AddVm(*vm, VmPolicy{});
@@ -623,8 +624,8 @@ TEST(ValveTest, StoreEvictionsBecomeGhosts) {
   EXPECT_EQ(Count(v, *vm, ValveCounter::kGhostHits), 1u);
   // Memory headroom: the store is full, so a VM out of tokens drops.
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
-  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(**store));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(**store));
   v.ChargeCpu(*vm, v.VmStatus(*vm).cpu_tokens_ns + 1);
   EXPECT_EQ(v.Decide(*vm, 99, true), PutMode::kDrop);
   EXPECT_EQ(Count(v, *vm, ValveCounter::kDroppedMemory), 1u);
@@ -634,7 +635,7 @@ TEST(ValveTest, StoreEvictionsBecomeGhosts) {
 // puts; one below its share stores raw and the store evicts from the VM
 // above its share.
 TEST(ValveTest, MemoryShortageDropsOnlyForVmsHoldingTheirShare) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   StoreOptions so;
   so.memory_cap_bytes = 1 << 20;
   so.address_space_bytes = 64 << 20;
@@ -642,7 +643,6 @@ TEST(ValveTest, MemoryShortageDropsOnlyForVmsHoldingTheirShare) {
   so.eviction_listener = &v;
   auto store = TmemStore::Create(so);
   ASSERT_TRUE(store.ok());
-  v.AttachStore(store->get());
   auto full = (*store)->AddVm("full", VmPolicy{});
   auto empty = (*store)->AddVm("empty", VmPolicy{});
   ASSERT_TRUE(full.ok() && empty.ok());
@@ -659,8 +659,8 @@ TEST(ValveTest, MemoryShortageDropsOnlyForVmsHoldingTheirShare) {
                     .ok());
   }
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
-  v.Tick(host.Advance(0, 0));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(**store));
+  v.Tick(host.Advance(0, 0), SampleStoreMemory(**store));
   for (VmId vm : {*full, *empty}) {
     v.ChargeCpu(vm, v.VmStatus(vm).cpu_tokens_ns + 1);
   }
@@ -684,8 +684,44 @@ TEST(ValveTest, MemoryShortageDropsOnlyForVmsHoldingTheirShare) {
             full_held);
 }
 
+TEST(ValveTest, MemoryHeadroomComesFromTheSampleItIsGiven) {
+  // The valve reads no store: headroom is whatever the caller's memory
+  // sample says, and a sample that knows nothing (cap 0) changes nothing.
+  const ValveOptions o = TestOptions();  // memory_headroom_fraction 0.05
+  Valve v(o);
+  v.AddVm(1, Policy());
+  FakeHost host;
+  MemorySample roomy;
+  roomy.cap_bytes = 100 << 20;
+  roomy.used_bytes = 50 << 20;
+  MemorySample full = roomy;
+  full.used_bytes = 99 << 20;
+  // VM 1 holds all of it: its share and more (a VM below its share would
+  // store raw and make the store evict from those above theirs).
+  full.vms[1] = VmMemoryUse{(99 << 20) / kPageSize, 99 << 20};
+  const auto out_of_tokens = [&] {
+    v.ChargeCpu(1, v.VmStatus(1).cpu_tokens_ns + 1);
+  };
+  v.Tick(host.Advance(0, 0), roomy);
+  v.Tick(host.Advance(0, 0), roomy);
+  out_of_tokens();
+  EXPECT_EQ(v.Decide(1, 1, true), PutMode::kRaw);
+  v.Tick(host.Advance(0, 0), full);
+  out_of_tokens();
+  EXPECT_EQ(v.Decide(1, 2, true), PutMode::kDrop);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedMemory), 1u);
+  v.Tick(host.Advance(0, 0), MemorySample{});  // not known: still tight
+  out_of_tokens();
+  EXPECT_EQ(v.Decide(1, 3, true), PutMode::kDrop);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedMemory), 2u);
+  v.Tick(host.Advance(0, 0), roomy);
+  out_of_tokens();
+  EXPECT_EQ(v.Decide(1, 4, true), PutMode::kRaw);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedMemory), 2u);
+}
+
 TEST(ValveTest, RemovedVmIsForgotten) {
-  Valve v(TestOptions(), nullptr);
+  Valve v(TestOptions());
   v.AddVm(1, Policy(100, ValveMode::kOff));
   v.RemoveVm(1);
   // Unknown VMs are not throttled (the store decides what happens to them).

@@ -9,14 +9,14 @@
 // Quota: 0 means "unlimited" everywhere (file, flag, state file, RPC,
 // metadata, tmemctl); QuotaFromSetting turns it into kUnlimitedQuota. A VM
 // that must store nothing is disabled (enabled = false), not given quota 0.
-#ifndef TMEMD_HOST_AGENT_SETTING_RANGES_H_
-#define TMEMD_HOST_AGENT_SETTING_RANGES_H_
+#ifndef TMEMD_HOST_AGENT_COMMON_SETTING_RANGES_H_
+#define TMEMD_HOST_AGENT_COMMON_SETTING_RANGES_H_
 
 #include <cstdint>
 #include <string_view>
 
 #include "absl/status/status.h"
-#include "backend/tmem_store.h"
+#include "backend/types.h"
 
 namespace tmem {
 
@@ -102,4 +102,4 @@ inline uint64_t QuotaFromSetting(uint64_t bytes) {
 
 }  // namespace tmem
 
-#endif  // TMEMD_HOST_AGENT_SETTING_RANGES_H_
+#endif  // TMEMD_HOST_AGENT_COMMON_SETTING_RANGES_H_

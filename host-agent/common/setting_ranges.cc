@@ -1,4 +1,4 @@
-#include "host-agent/setting_ranges.h"
+#include "host-agent/common/setting_ranges.h"
 
 #include <cmath>
 #include <string>
