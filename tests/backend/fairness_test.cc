@@ -112,8 +112,12 @@ TEST_F(FairnessTest, FullHostIsSharedByWeight) {
                    << "round " << round << ": weight " << vms[i].weight
                    << " charged " << charged[i] << " share of cap "
                    << share_of_cap << " share of held " << share_of_held);
+      // 15%, as against the cap: a VM's all-in charge moves in steps (an
+      // object node chunk, a slab's tail share), and which VM's page an
+      // eviction frees depends on the hash layout, which absl seeds per
+      // process; 10% failed 7 runs in 400, before and after this session.
       ASSERT_LE(std::abs(charged[i] - share_of_held),
-                std::max(0.10 * share_of_held, few_pages));
+                std::max(0.15 * share_of_held, few_pages));
       ASSERT_LE(std::abs(charged[i] - share_of_cap),
                 std::max(0.15 * share_of_cap, few_pages));
     }
