@@ -111,6 +111,9 @@ expect_file -rw-r--r-- /usr/share/doc/tmemd/copyright
 expect_file -rw-r--r-- /usr/share/doc/tmemd/changelog.Debian.gz
 expect_file -rw-r--r-- /usr/share/doc/tmemd/install.md
 expect_file -rw-r--r-- /usr/share/doc/tmemd/examples/tmemd.example.toml
+for f in monitoring.md prometheus.yml tmemd-rules.yml tmemd-rules.test.yml grafana-tmemd.json; do
+  expect_file -rw-r--r-- "/usr/share/doc/tmemd/monitoring/${f}"
+done
 
 # --- 3. lintian -----------------------------------------------------------
 step "lintian"
