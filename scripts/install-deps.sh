@@ -71,6 +71,10 @@ PACKAGES=(
 
   # --- Debian package and systemd unit (issue 18) --------------------------
   lintian              # tests/package: lint the .deb (errors fail)
+  bash-completion      # tests/package: the installed tmemctl completion loads
+  dkms                 # tests/package/dkms_test.sh: dkms build of tmem-ivshmem-dkms
+  prometheus           # tests/monitoring: promtool check metrics/config/rules,
+                       # and a real Prometheus scraping tmemd
   # (cpack, dpkg-deb, dpkg-shlibdeps, fakeroot: cmake and dpkg-dev above;
   # systemd-analyze: systemd; setpriv: util-linux; adduser: base system)
   # --- fleet policy in etcd (issue 19) -------------------------------------

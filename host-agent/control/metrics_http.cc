@@ -15,103 +15,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "host-agent/control/control_plane.h"
+#include "host-agent/control/prometheus_text.h"
 
 namespace tmem {
-namespace {
-
-void Series(std::string& out, const std::string& name, bool gauge,
-            const std::string& labels, uint64_t value, bool& typed) {
-  const std::string metric = absl::StrCat("tmem_", name, gauge ? "" : "_total");
-  if (!typed) {
-    absl::StrAppend(&out, "# TYPE ", metric, gauge ? " gauge\n" : " counter\n");
-    typed = true;
-  }
-  absl::StrAppend(&out, metric, labels, " ", value, "\n");
-}
-
-}  // namespace
-
-std::string RenderPrometheus(const Agent& agent) {
-  std::string out;
-  const AgentStatus st = agent.Status();
-  absl::StrAppend(
-      &out, "# TYPE tmem_memory_cap_bytes gauge\n", "tmem_memory_cap_bytes ",
-      st.store.memory_cap_bytes, "\n", "# TYPE tmem_memory_used_bytes gauge\n",
-      "tmem_memory_used_bytes ", st.store.memory_used_bytes, "\n",
-      "# TYPE tmem_cpu_budget_fraction gauge\n", "tmem_cpu_budget_fraction ",
-      st.valve.budget_fraction, "\n", "# TYPE tmem_agent_busy_fraction gauge\n",
-      "tmem_agent_busy_fraction ", st.valve.agent_busy_fraction, "\n",
-      "# TYPE tmem_host_busy_fraction gauge\n", "tmem_host_busy_fraction ",
-      st.valve.host_busy_fraction, "\n", "# TYPE tmem_uptime_seconds gauge\n",
-      "tmem_uptime_seconds ", st.uptime_nanos / 1000000000, "\n");
-  const std::vector<VmInfo> vms = agent.ListVms();
-  // Store counters: host total (no label) and per VM.
-  for (int i = 0; i < kNumCounters; ++i) {
-    const auto c = static_cast<Counter>(i);
-    bool typed = false;
-    Series(out, std::string(CounterName(c)), CounterIsGauge(c), "",
-           st.store.counters[i], typed);
-    for (const VmInfo& vm : vms) {
-      Series(out, std::string(CounterName(c)), CounterIsGauge(c),
-             absl::StrCat("{vm=\"", vm.name, "\"}"), vm.stats.counters[i],
-             typed);
-    }
-  }
-  for (int i = 0; i < kNumValveCounters; ++i) {
-    bool typed = false;
-    const std::string name = absl::StrCat(
-        "valve_", std::string(ValveCounterName(static_cast<ValveCounter>(i))));
-    for (const VmInfo& vm : vms) {
-      Series(out, name, false, absl::StrCat("{vm=\"", vm.name, "\"}"),
-             vm.valve.counters[i], typed);
-    }
-  }
-  for (int i = 0; i < kNumChannelCounters; ++i) {
-    bool typed = false;
-    const std::string name = absl::StrCat(
-        "channel_",
-        std::string(ChannelCounterName(static_cast<ChannelCounter>(i))));
-    for (const VmInfo& vm : vms) {
-      Series(out, name, false, absl::StrCat("{vm=\"", vm.name, "\"}"),
-             vm.channel[i], typed);
-    }
-  }
-  bool typed = false;
-  for (const VmInfo& vm : vms) {
-    Series(out, "vm_admission", true, absl::StrCat("{vm=\"", vm.name, "\"}"),
-           vm.valve.admission, typed);
-  }
-  // The guest's own report (ABI v2; untrusted, shown as written).
-  struct GuestSeries {
-    const char* name;
-    bool gauge;
-    uint64_t (*value)(const GuestReport&);
-  };
-  static constexpr GuestSeries kGuestSeries[] = {
-      {"guest_standing_aside", true,
-       [](const GuestReport& g) -> uint64_t { return g.standing_aside; }},
-      {"guest_get_ns", true,
-       [](const GuestReport& g) -> uint64_t { return g.get_ns; }},
-      {"guest_miss_ns", true,
-       [](const GuestReport& g) -> uint64_t { return g.miss_ns; }},
-      {"guest_prefetch_used", false,
-       [](const GuestReport& g) -> uint64_t { return g.prefetch_used; }},
-      {"guest_prefetch_unused", false,
-       [](const GuestReport& g) -> uint64_t { return g.prefetch_unused; }},
-      {"guest_ram_pages", true,
-       [](const GuestReport& g) -> uint64_t { return g.ram_pages; }},
-  };
-  for (const GuestSeries& series : kGuestSeries) {
-    bool guest_typed = false;
-    for (const VmInfo& vm : vms) {
-      Series(out, series.name, series.gauge,
-             absl::StrCat("{vm=\"", vm.name, "\"}"), series.value(vm.guest),
-             guest_typed);
-    }
-  }
-  return out;
-}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const Agent* agent, const std::string& address, int port) {
@@ -175,13 +81,27 @@ bool RequestComplete(const std::string& r) {
          r.find("\n\n") != std::string::npos || r.size() >= kMaxRequestBytes;
 }
 
-std::string Respond(const Agent& agent, const std::string& request) {
+constexpr MetricFamily kHttpRefused{
+    "tmem_metrics_http_refused_connections_total", MetricType::kCounter,
+    "Connections to /metrics closed at accept: the open-connection limit "
+    "was reached."};
+constexpr MetricFamily kHttpTimedOut{
+    "tmem_metrics_http_timed_out_connections_total", MetricType::kCounter,
+    "Connections to /metrics closed at their deadline (slow or idle "
+    "clients)."};
+
+std::string Respond(const Agent& agent, const MetricsServer& server,
+                    const std::string& request) {
   std::string status = "200 OK";
   std::string body;
   const std::string type = "text/plain; version=0.0.4; charset=utf-8";
   if (request.rfind("GET /metrics ", 0) == 0 ||
       request.rfind("GET /metrics\r", 0) == 0) {
-    body = RenderPrometheus(agent);
+    PrometheusText text;
+    AppendAgentMetrics(agent, text);
+    text.Add(kHttpRefused, {}, server.refused());
+    text.Add(kHttpTimedOut, {}, server.timed_out());
+    body = text.Render();
   } else if (request.rfind("GET ", 0) == 0) {
     status = "404 Not Found";
     body = "tmemd serves only /metrics\n";
@@ -241,7 +161,7 @@ void MetricsServer::Loop() {
         const ssize_t n = read(c.fd, buf, sizeof(buf));
         if (n > 0) c.request.append(buf, static_cast<size_t>(n));
         if (n > 0 ? RequestComplete(c.request) : n == 0) {
-          c.response = Respond(*agent_, c.request);
+          c.response = Respond(*agent_, *this, c.request);
         } else if (n < 0 && errno != EAGAIN && errno != EINTR) {
           done = true;
         }

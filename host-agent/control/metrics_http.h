@@ -1,10 +1,7 @@
-// Prometheus text exposition of tmemd's counters, and a tiny HTTP/1.0
-// responder that serves it on GET /metrics (there is no prometheus-cpp in
-// Debian 12). Opt-in: tmemd starts it only with a metrics port.
-//
-// The names are the counters' stable names (backend/stats.h,
-// backend/valve.h, host-agent/channel/channel_metrics.h) with a tmem_
-// prefix; per-VM series carry a vm label. Counters end in _total.
+// A tiny HTTP/1.0 responder that serves tmemd's Prometheus exposition
+// (metrics_exposition.h) on GET /metrics (there is no prometheus-cpp in
+// Debian 12), plus its own two counters (tmem_metrics_http_*). Opt-in:
+// tmemd starts it only with a metrics port.
 //
 // MetricsServer runs one thread polling non-blocking sockets: it accepts,
 // reads the request, writes the response and closes. No client can block
@@ -24,10 +21,9 @@
 
 #include "absl/status/statusor.h"
 #include "host-agent/agent.h"
+#include "host-agent/control/metrics_exposition.h"
 
 namespace tmem {
-
-std::string RenderPrometheus(const Agent& agent);
 
 class MetricsServer {
  public:

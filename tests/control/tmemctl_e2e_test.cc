@@ -271,20 +271,21 @@ TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
   ASSERT_GT(port, 0) << tmemd.Log();
   const std::string metrics = HttpGet(static_cast<int>(port), "/metrics");
   EXPECT_NE(metrics.find("HTTP/1.0 200 OK"), std::string::npos) << metrics;
-  EXPECT_NE(metrics.find("# TYPE tmem_gets_hit_total counter"),
-            std::string::npos)
+  EXPECT_NE(metrics.find("# TYPE tmem_gets_total counter"), std::string::npos)
       << metrics;
-  EXPECT_NE(metrics.find("tmem_gets_hit_total{vm=\"g1\"} "), std::string::npos);
+  EXPECT_NE(metrics.find("tmem_gets_total{vm=\"g1\",result=\"hit\"} "),
+            std::string::npos);
   EXPECT_NE(metrics.find("tmem_memory_cap_bytes 67108864"), std::string::npos);
   // The guest's self-report (ABI v2), per VM.
   for (const char* series :
        {"# TYPE tmem_guest_standing_aside gauge",
         "tmem_guest_standing_aside{vm=\"g1\"} 0",
-        "# TYPE tmem_guest_get_ns gauge", "# TYPE tmem_guest_miss_ns gauge",
-        "# TYPE tmem_guest_prefetch_used_total counter",
-        "# TYPE tmem_guest_prefetch_unused_total counter",
+        "# TYPE tmem_guest_get_seconds gauge",
+        "# TYPE tmem_guest_miss_seconds gauge",
+        "# TYPE tmem_guest_prefetch_used_pages_total counter",
+        "# TYPE tmem_guest_prefetch_unused_pages_total counter",
         "tmem_channel_get_batches_total{vm=\"g1\"} ",
-        "tmem_valve_dropped_aside_total{vm=\"g1\"} 0"}) {
+        "tmem_valve_dropped_puts_total{vm=\"g1\",reason=\"aside\"} 0"}) {
     EXPECT_NE(metrics.find(series), std::string::npos) << series;
   }
   EXPECT_NE(HttpGet(static_cast<int>(port), "/other").find("404"),

@@ -111,6 +111,10 @@ expect_file -rw-r--r-- /usr/share/doc/tmemd/copyright
 expect_file -rw-r--r-- /usr/share/doc/tmemd/changelog.Debian.gz
 expect_file -rw-r--r-- /usr/share/doc/tmemd/install.md
 expect_file -rw-r--r-- /usr/share/doc/tmemd/examples/tmemd.example.toml
+expect_file -rw-r--r-- /usr/share/bash-completion/completions/tmemctl
+for f in monitoring.md prometheus.yml tmemd-rules.yml tmemd-rules.test.yml grafana-tmemd.json; do
+  expect_file -rw-r--r-- "/usr/share/doc/tmemd/monitoring/${f}"
+done
 
 # --- 3. lintian -----------------------------------------------------------
 step "lintian"
@@ -168,6 +172,19 @@ echo "user tmemd: uid ${uid}, group tmemd gid ${gid}, shell ${shell}"
 [[ -L /etc/systemd/system/multi-user.target.wants/tmemd.service ]] \
   || die "tmemd.service not enabled (no multi-user.target.wants link)"
 /usr/bin/tmemctl --help >/dev/null || die "installed tmemctl does not run"
+# bash-completion finds the installed completion on demand (as an
+# interactive shell does at the first TAB) and it completes subcommands.
+if [[ -f /usr/share/bash-completion/bash_completion ]]; then
+  loaded="$(bash -c 'source /usr/share/bash-completion/bash_completion
+    __load_completion tmemctl; complete -p tmemctl
+    COMP_WORDS=(tmemctl set-); COMP_CWORD=1; _tmemctl; echo "${COMPREPLY[*]}"')" \
+    || die "bash-completion cannot load the tmemctl completion"
+  [[ "${loaded}" == *"complete -F _tmemctl tmemctl"*"set-quota"* ]] \
+    || die "bash-completion loaded: ${loaded}"
+  echo "bash-completion: ${loaded//$'\n'/; }"
+else
+  echo "bash-completion not installed here: loading on demand not checked"
+fi
 man_warnings="$(zcat /usr/share/man/man8/tmemd.8.gz | groff -man -Tutf8 -ww -z 2>&1 || true)"
 [[ -z "${man_warnings}" ]] || die "tmemd.8: ${man_warnings}"
 

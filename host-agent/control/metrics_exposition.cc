@@ -1,0 +1,422 @@
+#include "host-agent/control/metrics_exposition.h"
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backend/tmem_store.h"
+#include "host-agent/channel/guest_report.h"
+#include "proto/tmem_abi.h"
+
+namespace tmem {
+namespace {
+
+constexpr MetricType kCounter = MetricType::kCounter;
+constexpr MetricType kGauge = MetricType::kGauge;
+constexpr MetricFamily kNone{"", kCounter, ""};
+
+// --- store counters (backend/stats.h) -----------------------------------
+constexpr MetricFamily kPuts{
+    "tmem_puts_total", kCounter,
+    "Pages the VM put that the store kept, by how they are stored "
+    "(compressed: an LZ4 block; raw: verbatim; zero, same_filled: metadata "
+    "only)."};
+constexpr MetricFamily kHostPuts{
+    "tmem_host_puts_total", kCounter,
+    "Pages put that the store kept, by how they are stored, over every VM "
+    "since tmemd started (removed VMs included)."};
+constexpr MetricFamily kPutsRefused{
+    "tmem_puts_refused_total", kCounter,
+    "Puts of the VM the store refused, by reason (quota: the VM's quota; "
+    "poor_compression: LZ4 missed the threshold and raw is not allowed; "
+    "no_memory: the host cap left nothing to evict; policy: the valve, or "
+    "the VM disabled or frozen)."};
+constexpr MetricFamily kHostPutsRefused{
+    "tmem_host_puts_refused_total", kCounter,
+    "Puts the store refused, by reason, over every VM since tmemd started "
+    "(removed VMs included)."};
+constexpr MetricFamily kGets{
+    "tmem_gets_total", kCounter,
+    "Gets of the VM, by result (hit: the page was served; miss: not held)."};
+constexpr MetricFamily kHostGets{
+    "tmem_host_gets_total", kCounter,
+    "Gets, by result, over every VM since tmemd started (removed VMs "
+    "included)."};
+constexpr MetricFamily kInvalidateCalls{
+    "tmem_invalidate_calls_total", kCounter,
+    "Invalidate calls of the VM (not pages removed), by scope."};
+constexpr MetricFamily kHostInvalidateCalls{
+    "tmem_host_invalidate_calls_total", kCounter,
+    "Invalidate calls, by scope, over every VM since tmemd started (removed "
+    "VMs included)."};
+constexpr MetricFamily kPagesInvalidated{
+    "tmem_invalidated_pages_total", kCounter,
+    "Pages of the VM removed by invalidates (page, object, pool) and pool "
+    "destruction."};
+constexpr MetricFamily kHostPagesInvalidated{
+    "tmem_host_invalidated_pages_total", kCounter,
+    "Pages removed by invalidates and pool destruction, over every VM since "
+    "tmemd started (removed VMs included)."};
+constexpr MetricFamily kEvictions{
+    "tmem_evicted_pages_total", kCounter,
+    "Pages of the VM evicted, by cause (host_cap: to keep the host memory "
+    "cap; quota: to keep the VM's own quota)."};
+constexpr MetricFamily kHostEvictions{
+    "tmem_host_evicted_pages_total", kCounter,
+    "Pages evicted, by cause, over every VM since tmemd started (removed VMs "
+    "included)."};
+constexpr MetricFamily kVmHeldPages{"tmem_held_pages", kGauge,
+                                    "Pages the store holds for the VM."};
+constexpr MetricFamily kVmStoredBytes{
+    "tmem_stored_bytes", kGauge,
+    "Blob slot bytes held for the VM (0 for zero and same-filled pages)."};
+constexpr MetricFamily kVmChargedBytes{
+    "tmem_charged_bytes", kGauge,
+    "Stored bytes plus the per-page metadata charge: what the VM's quota "
+    "counts."};
+
+// --- valve counters (backend/valve.h) -----------------------------------
+constexpr MetricFamily kValveAdmitted{
+    "tmem_valve_admitted_puts_total", kCounter,
+    "Puts the valve let through, by what it told the store (compress, or "
+    "raw: store verbatim, out of CPU tokens)."};
+constexpr MetricFamily kValveDropped{
+    "tmem_valve_dropped_puts_total", kCounter,
+    "Puts the valve dropped, by reason (cpu: deep in CPU debt; reuse: "
+    "throttled for no reuse; memory: no tokens and no memory headroom; off: "
+    "mode off; aside: the guest stands aside)."};
+constexpr MetricFamily kValveGhostHits{
+    "tmem_valve_ghost_hits_total", kCounter,
+    "Gets that missed on a key the valve or store had let go, by reuse "
+    "distance (within: inside the VM's reach, admitting would have paid; "
+    "beyond: no admitted page survives that long)."};
+constexpr MetricFamily kValveThrottles{
+    "tmem_valve_throttle_events_total", kCounter,
+    "Times the valve throttled the VM for no reuse."};
+constexpr MetricFamily kValveRestores{
+    "tmem_valve_restore_events_total", kCounter,
+    "Times the valve restored the VM to full admission."};
+
+// --- per-VM and host gauges -----------------------------------------------
+constexpr MetricFamily kMemoryCap{"tmem_memory_cap_bytes", kGauge,
+                                  "Host memory cap of the store."};
+constexpr MetricFamily kMemoryUsed{
+    "tmem_memory_used_bytes", kGauge,
+    "Bytes charged to the host memory cap (slabs, entries, indexes)."};
+constexpr MetricFamily kMemorySlabBytes{
+    "tmem_memory_slab_bytes", kGauge,
+    "Of the memory used, bytes in blob slabs (the gap to "
+    "tmem_memory_blob_slot_bytes is fragmentation)."};
+constexpr MetricFamily kMemoryBlobSlotBytes{
+    "tmem_memory_blob_slot_bytes", kGauge, "Slot bytes of live blobs."};
+constexpr MetricFamily kMemoryMetadataBytes{
+    "tmem_memory_metadata_bytes", kGauge,
+    "Of the memory used, bytes in entries, indexes and tables."};
+constexpr MetricFamily kVms{"tmem_vms", kGauge, "VMs the store knows."};
+constexpr MetricFamily kUnknownVmIds{
+    "tmem_unknown_vm_ids_refused_total", kCounter,
+    "Store calls refused because their VM id names no live VM."};
+constexpr MetricFamily kCpuBudget{
+    "tmem_cpu_budget_ratio", kGauge,
+    "tmemd's current CPU budget, as a share of the whole host (0..1)."};
+constexpr MetricFamily kAgentBusy{
+    "tmem_agent_busy_ratio", kGauge,
+    "tmemd's CPU use, smoothed, as a share of the whole host (0..1)."};
+constexpr MetricFamily kHostBusy{
+    "tmem_host_busy_ratio", kGauge,
+    "Whole-host CPU use, smoothed, tmemd included (0..1)."};
+constexpr MetricFamily kCpuPressure{
+    "tmem_host_cpu_pressure_ratio", kGauge,
+    "Host CPU pressure (PSI some avg10) as a fraction (0..1)."};
+constexpr MetricFamily kUptime{"tmem_uptime_seconds", kGauge,
+                               "Seconds since tmemd started."};
+constexpr MetricFamily kVmConnected{
+    "tmem_vm_connected", kGauge,
+    "1 while a QEMU (or tmem-guestsim) is attached to the VM's channel."};
+constexpr MetricFamily kVmQuota{
+    "tmem_vm_quota_bytes", kGauge,
+    "The VM's quota (absent when unlimited); compare tmem_charged_bytes."};
+constexpr MetricFamily kVmAdmission{
+    "tmem_vm_admission_ratio", kGauge,
+    "Share of the VM's puts the valve admits now (0..1)."};
+constexpr MetricFamily kValveThrottled{
+    "tmem_valve_throttled", kGauge,
+    "1 while the valve throttles the VM for no reuse."};
+constexpr MetricFamily kValveReuse{
+    "tmem_valve_reuse_ratio", kGauge,
+    "Smoothed (hits + ghost hits) / admitted puts of the VM."};
+constexpr MetricFamily kValveCpu{
+    "tmem_valve_cpu_seconds_total", kCounter,
+    "CPU time tmemd spent on the VM's pages, as the valve charged it."};
+
+// --- the guest's own report (ABI v2/v3; untrusted, shown as written) ------
+constexpr MetricFamily kGuestAside{
+    "tmem_guest_standing_aside", kGauge,
+    "1 while the guest says tmem does not pay for it (guest-reported)."};
+constexpr MetricFamily kGuestGet{
+    "tmem_guest_get_seconds", kGauge,
+    "The guest's time per page served by tmem (guest-reported)."};
+constexpr MetricFamily kGuestMiss{
+    "tmem_guest_miss_seconds", kGauge,
+    "The guest's estimate of a disk read per page (guest-reported)."};
+constexpr MetricFamily kGuestPrefetchUsed{
+    "tmem_guest_prefetch_used_pages_total", kCounter,
+    "Batched (prefetched) pages the guest served from its slots "
+    "(guest-reported)."};
+constexpr MetricFamily kGuestPrefetchUnused{
+    "tmem_guest_prefetch_unused_pages_total", kCounter,
+    "Batched (prefetched) pages the guest dropped unused (guest-reported)."};
+constexpr MetricFamily kGuestRam{
+    "tmem_guest_ram_bytes", kGauge,
+    "The guest's RAM as the guest says (absent when unsaid; "
+    "guest-reported)."};
+
+// The channel counters keep one family each, named after the counter.
+std::string_view ChannelFamilyName(ChannelCounter c) {
+  static const auto* const names = [] {
+    auto* n = new std::array<std::string, kNumChannelCounters>;
+    for (int i = 0; i < kNumChannelCounters; ++i) {
+      (*n)[i] =
+          "tmem_channel_" +
+          std::string(ChannelCounterName(static_cast<ChannelCounter>(i))) +
+          "_total";
+    }
+    return n;
+  }();
+  return (*names)[static_cast<int>(c)];
+}
+
+std::string_view ChannelCounterHelp(ChannelCounter c) {
+  switch (c) {
+    case ChannelCounter::kClientsAccepted:
+      return "ivshmem clients (QEMU) accepted on the VM's socket.";
+    case ChannelCounter::kClientsRejectedBusy:
+      return "ivshmem clients refused because one was already connected.";
+    case ChannelCounter::kHandshakeFailures:
+      return "ivshmem handshakes that failed (sendmsg failed or would block); "
+             "the client was dropped.";
+    case ChannelCounter::kClientDisconnects:
+      return "ivshmem clients that disconnected.";
+    case ChannelCounter::kClientGarbage:
+      return "ivshmem clients that sent bytes (QEMU never does).";
+    case ChannelCounter::kSqeProcessed:
+      return "Ring entries the VM's consumer processed.";
+    case ChannelCounter::kSqeBadOpcode:
+      return "Ring entries refused: unknown opcode.";
+    case ChannelCounter::kSqeBadPool:
+      return "Ring entries refused: pool id out of range or not created.";
+    case ChannelCounter::kSqeBadSlot:
+      return "Ring entries refused: slot index beyond the slot count.";
+    case ChannelCounter::kSqeBadFlags:
+      return "Ring entries refused: unknown flag bits or nonzero reserved "
+             "bytes.";
+    case ChannelCounter::kSqeStoreErrors:
+      return "Ring entries the store answered with an error status.";
+    case ChannelCounter::kCqeWritten:
+      return "Completions written to the VM's ring.";
+    case ChannelCounter::kPutsDroppedByHost:
+      return "Puts completed with TMEM_ERR_DROPPED (the host chose not to "
+             "keep them).";
+    case ChannelCounter::kGetBatches:
+      return "GET_BATCH entries executed.";
+    case ChannelCounter::kGetBatchPages:
+      return "Pages GET_BATCH entries asked for.";
+    case ChannelCounter::kGetBatchHits:
+      return "Pages GET_BATCH entries found.";
+    case ChannelCounter::kGetBatchBadCount:
+      return "GET_BATCH entries refused: count 0, above TMEM_GET_BATCH_MAX, "
+             "or indices that wrap.";
+    case ChannelCounter::kGetBatchBadSlots:
+      return "GET_BATCH entries refused: slot + count beyond the slot count.";
+    case ChannelCounter::kGetBatchSharedPool:
+      return "GET_BATCH entries refused: on a shared pool.";
+    case ChannelCounter::kRingCorruptIndex:
+      return "Ring faults: tail - head beyond the ring, or head moved "
+             "backwards.";
+    case ChannelCounter::kChannelResets:
+      return "Channel resets by the host (any reason).";
+    case ChannelCounter::kGuestRestarts:
+      return "Guest restarts seen (guest_generation changed).";
+    case ChannelCounter::kRegionForeign:
+      return "Resets because the region's host_generation was not the one "
+             "tmemd wrote (migrated in from another host).";
+    case ChannelCounter::kFlushBarriers:
+      return "Flush requests applied.";
+    case ChannelCounter::kDoorbells:
+      return "Doorbell (eventfd) wakeups from the guest.";
+    case ChannelCounter::kInterruptsSent:
+      return "Interrupts sent to the guest.";
+    case ChannelCounter::kPollRounds:
+      return "Ring drains that found work without a doorbell.";
+    case ChannelCounter::kRestoredAcrossRestart:
+      return "Channels taken over from a previous tmemd (restart, upgrade).";
+    case ChannelCounter::kForeignRegions:
+      return "Regions that held another host's generation (migration).";
+    case ChannelCounter::kNumCounters:
+      break;
+  }
+  return "";
+}
+
+std::vector<MetricLabel> VmLabel(const VmInfo& vm) { return {{"vm", vm.name}}; }
+
+std::vector<MetricLabel> WithLabel(std::vector<MetricLabel> labels,
+                                   const CounterSeries& s) {
+  if (!s.label.empty()) labels.push_back({s.label, std::string(s.label_value)});
+  return labels;
+}
+
+}  // namespace
+
+CounterSeries StoreCounterSeries(Counter c) {
+  switch (c) {
+    case Counter::kPutsCompressed:
+      return {kPuts, "stored", "compressed", kHostPuts};
+    case Counter::kPutsRaw:
+      return {kPuts, "stored", "raw", kHostPuts};
+    case Counter::kPutsZero:
+      return {kPuts, "stored", "zero", kHostPuts};
+    case Counter::kPutsSameFilled:
+      return {kPuts, "stored", "same_filled", kHostPuts};
+    case Counter::kPutsRefusedQuota:
+      return {kPutsRefused, "reason", "quota", kHostPutsRefused};
+    case Counter::kPutsRefusedPoorCompression:
+      return {kPutsRefused, "reason", "poor_compression", kHostPutsRefused};
+    case Counter::kPutsRefusedNoMemory:
+      return {kPutsRefused, "reason", "no_memory", kHostPutsRefused};
+    case Counter::kPutsRefusedPolicy:
+      return {kPutsRefused, "reason", "policy", kHostPutsRefused};
+    case Counter::kGetsHit:
+      return {kGets, "result", "hit", kHostGets};
+    case Counter::kGetsMiss:
+      return {kGets, "result", "miss", kHostGets};
+    case Counter::kInvalidatePage:
+      return {kInvalidateCalls, "scope", "page", kHostInvalidateCalls};
+    case Counter::kInvalidateObject:
+      return {kInvalidateCalls, "scope", "object", kHostInvalidateCalls};
+    case Counter::kInvalidatePool:
+      return {kInvalidateCalls, "scope", "pool", kHostInvalidateCalls};
+    case Counter::kPagesInvalidated:
+      return {kPagesInvalidated, "", "", kHostPagesInvalidated};
+    case Counter::kEvictionsHostCap:
+      return {kEvictions, "cause", "host_cap", kHostEvictions};
+    case Counter::kEvictionsQuota:
+      return {kEvictions, "cause", "quota", kHostEvictions};
+    // Gauges: the host-wide value is the sum of the live VMs' (a removed
+    // VM holds nothing), so only the per-VM series are exported.
+    case Counter::kPagesHeld:
+      return {kVmHeldPages, "", "", kNone};
+    case Counter::kStoredBytes:
+      return {kVmStoredBytes, "", "", kNone};
+    case Counter::kChargedBytes:
+      return {kVmChargedBytes, "", "", kNone};
+    case Counter::kNumCounters:
+      break;
+  }
+  return {kNone, "", "", kNone};
+}
+
+CounterSeries ValveCounterSeries(ValveCounter c) {
+  switch (c) {
+    case ValveCounter::kCompressed:
+      return {kValveAdmitted, "advice", "compress", kNone};
+    case ValveCounter::kRaw:
+      return {kValveAdmitted, "advice", "raw", kNone};
+    case ValveCounter::kDroppedCpu:
+      return {kValveDropped, "reason", "cpu", kNone};
+    case ValveCounter::kDroppedReuse:
+      return {kValveDropped, "reason", "reuse", kNone};
+    case ValveCounter::kDroppedMemory:
+      return {kValveDropped, "reason", "memory", kNone};
+    case ValveCounter::kDroppedOff:
+      return {kValveDropped, "reason", "off", kNone};
+    case ValveCounter::kDroppedAside:
+      return {kValveDropped, "reason", "aside", kNone};
+    case ValveCounter::kGhostHits:
+      return {kValveGhostHits, "distance", "within", kNone};
+    case ValveCounter::kGhostHitsFar:
+      return {kValveGhostHits, "distance", "beyond", kNone};
+    case ValveCounter::kThrottleEvents:
+      return {kValveThrottles, "", "", kNone};
+    case ValveCounter::kRestoreEvents:
+      return {kValveRestores, "", "", kNone};
+    case ValveCounter::kNumCounters:
+      break;
+  }
+  return {kNone, "", "", kNone};
+}
+
+CounterSeries ChannelCounterSeries(ChannelCounter c) {
+  return {
+      {ChannelFamilyName(c), kCounter, ChannelCounterHelp(c)}, "", "", kNone};
+}
+
+void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
+  const AgentStatus st = agent.Status();
+  out.Add(kMemoryCap, {}, st.store.memory_cap_bytes);
+  out.Add(kMemoryUsed, {}, st.store.memory_used_bytes);
+  out.Add(kMemorySlabBytes, {}, st.store.slab_bytes);
+  out.Add(kMemoryBlobSlotBytes, {}, st.store.blob_slot_bytes);
+  out.Add(kMemoryMetadataBytes, {}, st.store.metadata_bytes);
+  out.Add(kVms, {}, st.store.vms);
+  out.Add(kUnknownVmIds, {}, st.store.unknown_vm_ids_refused);
+  out.Add(kCpuBudget, {}, st.valve.budget_fraction);
+  out.Add(kAgentBusy, {}, st.valve.agent_busy_fraction);
+  out.Add(kHostBusy, {}, st.valve.host_busy_fraction);
+  out.Add(kCpuPressure, {}, st.valve.cpu_pressure / 100.0);
+  out.Add(kUptime, {}, static_cast<double>(st.uptime_nanos) / 1e9);
+  for (int i = 0; i < kNumCounters; ++i) {
+    const CounterSeries s = StoreCounterSeries(static_cast<Counter>(i));
+    if (!s.host_family.name.empty()) {
+      out.Add(s.host_family, WithLabel({}, s), st.store.counters[i]);
+    }
+  }
+
+  for (const VmInfo& vm : agent.ListVms()) {
+    const std::vector<MetricLabel> vm_label = VmLabel(vm);
+    for (int i = 0; i < kNumCounters; ++i) {
+      const CounterSeries s = StoreCounterSeries(static_cast<Counter>(i));
+      out.Add(s.vm_family, WithLabel(vm_label, s), vm.stats.counters[i]);
+    }
+    for (int i = 0; i < kNumValveCounters; ++i) {
+      const CounterSeries s = ValveCounterSeries(static_cast<ValveCounter>(i));
+      out.Add(s.vm_family, WithLabel(vm_label, s), vm.valve.counters[i]);
+    }
+    for (int i = 0; i < kNumChannelCounters; ++i) {
+      const CounterSeries s =
+          ChannelCounterSeries(static_cast<ChannelCounter>(i));
+      out.Add(s.vm_family, vm_label, vm.channel[i]);
+    }
+    out.Add(kVmConnected, vm_label, uint64_t{vm.connected ? 1u : 0u});
+    if (vm.policy.quota_bytes != kUnlimitedQuota) {
+      out.Add(kVmQuota, vm_label, vm.policy.quota_bytes);
+    }
+    out.Add(kVmAdmission, vm_label,
+            static_cast<double>(vm.valve.admission) / 65536.0);
+    out.Add(kValveThrottled, vm_label, uint64_t{vm.valve.throttled ? 1u : 0u});
+    out.Add(kValveReuse, vm_label, vm.valve.reuse_ratio);
+    out.Add(kValveCpu, vm_label,
+            static_cast<double>(vm.valve.cpu_used_ns) / 1e9);
+
+    const GuestReport& g = vm.guest;
+    out.Add(kGuestAside, vm_label, uint64_t{g.standing_aside ? 1u : 0u});
+    out.Add(kGuestGet, vm_label, static_cast<double>(g.get_ns) / 1e9);
+    out.Add(kGuestMiss, vm_label, static_cast<double>(g.miss_ns) / 1e9);
+    out.Add(kGuestPrefetchUsed, vm_label, g.prefetch_used);
+    out.Add(kGuestPrefetchUnused, vm_label, g.prefetch_unused);
+    // Untrusted: pages x 4096 in double never wraps around.
+    if (g.ram_pages != 0) {
+      out.Add(kGuestRam, vm_label,
+              static_cast<double>(g.ram_pages) * TMEM_PAGE_SIZE);
+    }
+  }
+}
+
+std::string RenderPrometheus(const Agent& agent) {
+  PrometheusText out;
+  AppendAgentMetrics(agent, out);
+  return out.Render();
+}
+
+}  // namespace tmem
