@@ -187,6 +187,8 @@ class LibvirtQemuTest : public ::testing::Test {
                          "run with libvirt's default qemu.conf";
     struct stat st {};
     ASSERT_EQ(stat(agent_->GetVm(domain)->socket_path.c_str(), &st), 0);
+    // tmemd's, as tmemd made it: dynamic ownership did not relabel it.
+    EXPECT_EQ(st.st_uid, geteuid());
     EXPECT_EQ(st.st_gid, qemu_gid_);
     EXPECT_EQ(st.st_mode & 07777, 0660u);
   }
@@ -339,6 +341,8 @@ TEST_F(LibvirtQemuTest, PolicySetOverTheControlPlaneIsWrittenIntoMetadata) {
   std::string err;
   ASSERT_TRUE(raw_->Define(DomainXml(name, true, dir_ + "/policy.sock"), &err))
       << err;
+  // The socket listens once tmemd has handled DEFINED.
+  ASSERT_TRUE(WaitFor([&] { return agent_->HasVm(name); }, kTimeout));
   ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
   ExpectUnprivilegedQemu(name);
