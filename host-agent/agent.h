@@ -50,9 +50,11 @@ struct AgentOptions {
   uint64_t region_bytes = uint64_t{4} << 20;
   uint32_t ring_entries = 256;
   int vectors = 1;
-  // ivshmem peer id of tmemd; the VM is the other of {0, 1}. 1 makes the VM
-  // peer 0, which QEMU needs to migrate the device (master=on).
-  int host_peer_id = 0;
+  // ivshmem peer id of tmemd; the VM is the other of {0, 1}. 1 (the
+  // default) makes the VM peer 0, which QEMU needs to migrate the device
+  // (master=on); 0 is for guests whose driver predates ABI v2 (it always
+  // rings peer 0).
+  int host_peer_id = 1;
   // Where descriptors are kept for a successor (systemd's fd store); must
   // outlive the agent. nullptr: none.
   FdStore* fd_store = nullptr;

@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/tmem_store.h"
 
 namespace tmem {
 
@@ -40,6 +41,14 @@ class DomainControl {
   virtual absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
                                                    bool persistent) = 0;
   virtual std::vector<DomainAttachState> List() = 0;
+  // A policy set for VM `vm` through the control plane (gRPC), already
+  // applied: written into the tmemd metadata element of the domain the VM
+  // serves (live, and the persistent config when the domain has one), so it
+  // travels with the domain (migration) and survives a tmemd restart. OK
+  // and nothing done when no domain is served by `vm`; an error (libvirt's)
+  // when the write failed.
+  virtual absl::Status PolicyChanged(const std::string& vm,
+                                     const VmPolicy& policy) = 0;
 };
 
 }  // namespace tmem

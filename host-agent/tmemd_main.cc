@@ -2,7 +2,6 @@
 // one TmemStore until SIGTERM/SIGINT, then shuts down cleanly: the worker
 // stops, sockets are unlinked, every VM's pages are released, and the final
 // statistics are logged.
-#include <grp.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,11 +18,12 @@
 #include <system_error>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
 #include "host-agent/channel/socket_file.h"
+#include "host-agent/channel/socket_group.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
 #include "host-agent/control/grpc_service.h"
@@ -141,21 +141,6 @@ std::string ServiceStatus(Agent& agent) {
       std::string(ValveModeName(agent.valve().options().default_mode)));
 }
 
-absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
-  gid_t gid;
-  if (absl::SimpleAtoi(group, &gid)) return gid;
-  // getgrnam_r: tmemd has threads (not yet here, but keep it reentrant).
-  struct group entry {};
-  struct group* g = nullptr;
-  std::vector<char> buf(16384);
-  if (getgrnam_r(group.c_str(), &entry, buf.data(), buf.size(), &g) != 0 ||
-      g == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("socket group '", group, "' does not exist on this host"));
-  }
-  return g->gr_gid;
-}
-
 // The binary to exec on an upgrade: the path this process was started
 // from, so a package that replaced the file (rename over it) runs the new
 // one. /proc/self/exe would name the old, deleted inode.
@@ -226,12 +211,13 @@ int Run(int argc, char** argv) {
       state_file;
   std::vector<std::string> control_admins;
   int64_t metrics_port = -1;
-  int host_peer_id = 0;
+  int host_peer_id = 1;
   bool no_fd_store = false;
   app.add_option("--host-peer-id", host_peer_id,
-                 "ivshmem peer id of tmemd, 0 or 1 (the VM is the other); 1 "
-                 "makes the device migratable (QEMU master=on needs the VM "
-                 "to be peer 0)")
+                 "ivshmem peer id of tmemd, 0 or 1 (the VM is the other); 1, "
+                 "the default, makes the device migratable (QEMU master=on "
+                 "needs the VM to be peer 0); 0 only for guest drivers older "
+                 "than ABI v2, which always ring peer 0")
       ->check(CLI::Range(0, 1));
   app.add_flag("--no-fd-store", no_fd_store,
                "do not keep channel descriptors in systemd's fd store "
@@ -401,10 +387,9 @@ int Run(int argc, char** argv) {
   if (check_only) {
     // What else a start would refuse before serving: a socket group that
     // does not exist here.
-    if (config.socket_group) {
-      absl::StatusOr<gid_t> gid = ResolveGroup(*config.socket_group);
-      if (!gid.ok()) return check_failed(gid.status().message());
-    }
+    absl::StatusOr<SocketGroupChoice> group =
+        ChooseSocketGroup(config.socket_group);
+    if (!group.ok()) return check_failed(group.status().message());
     std::printf("tmemd: %s: configuration OK\n", config_path.c_str());
     return 0;
   }
@@ -423,17 +408,24 @@ int Run(int argc, char** argv) {
   std::unique_ptr<SystemdFdStore> fd_store =
       no_fd_store ? nullptr : SystemdFdStore::FromEnvironment();
 
-  std::optional<gid_t> group;
-  if (config.socket_group) {
-    absl::StatusOr<gid_t> gid = ResolveGroup(*config.socket_group);
-    if (!gid.ok()) {
-      Log(LogLevel::kError, "config_error",
-          {{"error", gid.status().message()}});
-      return 2;
-    }
-    group = *gid;
+  // The group QEMU runs in gets the VM sockets (mode 0660): configured, or
+  // Debian's libvirt-qemu when tmemd may use it (socket_group.h).
+  absl::StatusOr<SocketGroupChoice> group =
+      ChooseSocketGroup(config.socket_group);
+  if (!group.ok()) {
+    Log(LogLevel::kError, "config_error",
+        {{"error", group.status().message()}});
+    return 2;
   }
-  if (mkdir(config.socket_dir.c_str(), 0755) != 0 && errno != EEXIST) {
+  if (!group->note.empty()) {
+    Log(LogLevel::kWarn, "socket_group_default", {{"note", group->note}});
+  }
+  if (mkdir(config.socket_dir.c_str(), 0750) == 0) {
+    // Ours: searchable by QEMU's group and nobody else (the umask, 0077
+    // under the unit, would leave it 0700).
+    if (group->gid) (void)chown(config.socket_dir.c_str(), -1, *group->gid);
+    (void)chmod(config.socket_dir.c_str(), 0750);
+  } else if (errno != EEXIST) {
     Log(LogLevel::kError, "socket_dir_error",
         {{"dir", config.socket_dir},
          {"error", std::generic_category().message(errno)}});
@@ -446,6 +438,21 @@ int Run(int argc, char** argv) {
         {{"dir", config.socket_dir}, {"error", s.message()}});
     return 1;
   }
+  // QEMU must be able to reach it: refused for a configured group, a
+  // warning for the default one.
+  if (group->gid) {
+    if (absl::Status s = CheckGroupCanReach(config.socket_dir, *group->gid);
+        !s.ok()) {
+      Log(group->configured ? LogLevel::kError : LogLevel::kWarn,
+          "socket_dir_unreachable",
+          {{"dir", config.socket_dir}, {"error", s.message()}});
+      if (group->configured) return 1;
+    }
+  }
+  Log(LogLevel::kInfo, "socket_group",
+      {{"group", group->gid ? group->name : std::string("(tmemd's own)")},
+       {"configured", group->configured},
+       {"mode", absl::StrFormat("%04o", config.socket_mode)}});
 
   // Signals are taken synchronously by this thread; block them before any
   // other thread exists so none of them is picked to run a handler.
@@ -465,7 +472,7 @@ int Run(int argc, char** argv) {
   options.ring_entries = config.ring_entries;
   options.vectors = config.vectors;
   options.socket_mode = config.socket_mode;
-  options.socket_gid = group;
+  options.socket_gid = group->gid;
   options.workers = config.workers;
   options.worker = config.worker;
   options.host_peer_id = host_peer_id;
@@ -501,7 +508,6 @@ int Run(int argc, char** argv) {
     hypervisor = std::move(*hv);
     DomainManagerOptions mo;
     mo.vectors = config.vectors;
-    mo.master = host_peer_id == 1;
     mo.detach_timeout =
         std::chrono::seconds(config.libvirt.detach_timeout_seconds);
     domain_manager =

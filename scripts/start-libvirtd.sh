@@ -4,11 +4,13 @@
 # qemu:///system. Exit 0 when `virsh -c qemu:///system version` works at the
 # end, 1 otherwise (the tests then skip, saying why).
 #
-# Test settings go into /etc/libvirt/qemu.conf inside a marked block (libvirt
-# 9.0 has no qemu.conf.d): QEMU runs as root so it can reach tmemd's sockets
-# wherever a test puts them, logs go to files (no virtlogd dependency for
-# stdio), and no security driver relabels or confines the test sockets
-# (libvirt does not add a hot-attached socket to an AppArmor profile).
+# The tests run with libvirt's default qemu.conf, as a production Debian
+# host does: QEMU as user libvirt-qemu (group libvirt-qemu), dynamic
+# ownership on, stdio through virtlogd, the default security driver (this
+# machine has no AppArmor or SELinux, so that is DAC only). tmemd hands its
+# sockets to QEMU through their group (docs/libvirt.md, "Unprivileged
+# QEMU"). Earlier versions of this script appended a block making QEMU run
+# as root; it is removed here (and libvirtd restarted) when found.
 #
 # Usage: scripts/start-libvirtd.sh [--restart]
 set -uo pipefail
@@ -33,19 +35,15 @@ fi
 conf=/etc/libvirt/qemu.conf
 begin='# BEGIN tmemd tests (scripts/start-libvirtd.sh)'
 end='# END tmemd tests'
-if ! grep -qF "${begin}" "${conf}" 2>/dev/null; then
-  log "adding the test block to ${conf}"
-  "${sudo_cmd[@]}" tee -a "${conf}" >/dev/null <<CONF
-${begin}
-user = "root"
-group = "root"
-dynamic_ownership = 0
-stdio_handler = "file"
-security_driver = "none"
-namespaces = []
-${end}
-CONF
+if grep -qF "${begin}" "${conf}" 2>/dev/null; then
+  log "removing the old test block (QEMU as root) from ${conf}"
+  "${sudo_cmd[@]}" sed -i "\|^${begin}\$|,\|^${end}\$|d" "${conf}"
   restart=1
+fi
+if grep -Eq '^[[:space:]]*(user|group|dynamic_ownership|security_driver)[[:space:]]*=' \
+    "${conf}" 2>/dev/null; then
+  log "note: ${conf} overrides user/group/dynamic_ownership/security_driver;" \
+      "the tests expect libvirt's defaults"
 fi
 
 running() { pgrep -x libvirtd >/dev/null 2>&1; }

@@ -212,12 +212,8 @@ class IvshmemHandshake {
           "): expected our peer id in [0, ", IvshmemClient::kMaxPeerId,
           "] without a file descriptor"));
     }
-    if (m->value == IvshmemClient::kHostPeerId) {
-      return absl::FailedPreconditionError(
-          "the server gave us peer id 0, which is tmemd's own: this socket "
-          "is not a tmemd guest channel");
-    }
     c_->own_id_ = m->value;
+    c_->host_peer_id_ = m->value == 0 ? 1 : 0;
 
     m = ReadMessage(sock, deadline, "the shared-memory message");
     if (!m.ok()) return m.status();
@@ -315,12 +311,12 @@ class IvshmemHandshake {
   // Before our own eventfds: tmemd (peer 0) must have one eventfd per vector,
   // or some doorbells would go nowhere (QEMU drops them silently).
   absl::Status CheckHostPeer() const {
-    auto it = c_->peers_.find(IvshmemClient::kHostPeerId);
+    auto it = c_->peers_.find(c_->host_peer_id_);
     const int have =
         it == c_->peers_.end() ? 0 : static_cast<int>(it->second.size());
     if (have != vectors_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "peer 0 (tmemd) sent ", have, " eventfds for ", vectors_,
+          "peer ", c_->host_peer_id_, " (tmemd) sent ", have, " eventfds for ", vectors_,
           " vectors before our own; doorbells need all of them (does the "
           "server's vector count match?)"));
     }
@@ -356,7 +352,9 @@ IvshmemClient::~IvshmemClient() {
   if (base_ != nullptr) munmap(base_, size_);
 }
 
-void IvshmemClient::Doorbell(int vector) { DoorbellPeer(kHostPeerId, vector); }
+void IvshmemClient::Doorbell(int vector) {
+  DoorbellPeer(static_cast<uint32_t>(host_peer_id_), vector);
+}
 
 void IvshmemClient::DoorbellPeer(uint32_t peer, int vector) {
   // QEMU uses only the low 8 bits of the doorbell value as the vector, and

@@ -6,14 +6,16 @@
 // it; each message is one little-endian int64, optionally with one fd
 // (SCM_RIGHTS):
 //   1. version 0, no fd (any other version is refused, as QEMU does);
-//   2. our own peer id (1..65535), no fd;
+//   2. our own peer id (0..65535), no fd;
 //   3. -1 with the shared-memory fd;
 //   4. per other peer, that peer's id once per vector, each with one
 //      eventfd (the peer's doorbells), a peer's messages contiguous;
 //   5. our own id once per vector, each with one of our eventfds.
-// The handshake is complete after our `vectors`-th own eventfd. tmemd must be
-// peer 0 with exactly `vectors` eventfds (a guest doorbell (0 << 16) | v
-// lands on its eventfd v), so an own id of 0 or a short peer 0 is refused.
+// The handshake is complete after our `vectors`-th own eventfd. tmemd is the
+// other of peers {0, 1}: peer 1 when we are peer 0 (tmemd's default, which a
+// migratable master=on device needs), else peer 0; it must send exactly
+// `vectors` eventfds before ours (a guest doorbell (host << 16) | v lands on
+// its eventfd v), so a short host peer is refused.
 // Anything else (a wrong value, an fd where none belongs or none where one
 // does, more than one fd, a truncated message, EOF, a stall past the
 // timeout, more eventfds than vectors) fails Connect with a message that
@@ -56,8 +58,9 @@ struct IvshmemClientOptions {
 
 class IvshmemClient final : public GuestDevice {
  public:
-  // The ivshmem server's peer id for tmemd (the peer guests ring).
-  static constexpr int64_t kHostPeerId = 0;
+  // The ivshmem server's peer id for tmemd (the peer guests ring): 1 when
+  // our own id is 0, else 0. Valid after Connect.
+  int64_t host_peer_id() const { return host_peer_id_; }
   static constexpr int64_t kMaxPeerId = 65535;  // QEMU's IVSHMEM_MAX_PEERS
   static constexpr int kMaxVectors = 64;
 
@@ -101,6 +104,7 @@ class IvshmemClient final : public GuestDevice {
   int vectors_ = 0;
   std::vector<UniqueFd> own_eventfds_;
   std::map<int64_t, std::vector<UniqueFd>> peers_;
+  int64_t host_peer_id_ = 0;
   // Bytes of a message PollServer has only partly received (and its fd).
   uint8_t partial_[8] = {};
   size_t partial_len_ = 0;

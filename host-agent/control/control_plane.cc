@@ -397,6 +397,18 @@ absl::StatusOr<v1::SetVmPolicyResponse> ControlPlane::SetVmPolicy(
         "the policy is applied but was not saved, so a restart loses it: ",
         s.message()));
   }
+  // A libvirt domain's VM: into the domain's metadata too, so the policy
+  // travels with the domain when it migrates.
+  if (domains_ != nullptr) {
+    if (absl::Status s = domains_->PolicyChanged(r.vm(), *p); !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("the policy is applied and saved on this host, but "
+                       "not in the domain's metadata, so it does not travel "
+                       "with the domain: ",
+                       s.message()));
+    }
+  }
   v1::SetVmPolicyResponse out;
   *out.mutable_policy() = PolicyMessage(r.vm(), *p);
   return out;

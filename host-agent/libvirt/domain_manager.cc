@@ -281,6 +281,15 @@ absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
             absl::StrCat("domain '", st.name, "': ", added.status().message())};
   }
   st.channel = true;
+  if (st.metadata.present) {
+    // The domain's element wins over this host's state file (AddVm's
+    // resolver): it is what travelled with the domain.
+    if (absl::Status s = agent_->SetVmPolicy(st.vm, st.metadata.policy);
+        !s.ok()) {
+      st.detail =
+          absl::StrCat("policy from metadata not applied: ", s.message());
+    }
+  }
   st.applied = st.metadata;
   Log(LogLevel::kInfo, "libvirt_channel_created",
       {{"domain", st.name}, {"vm", st.vm}, {"socket", st.socket_path}});
@@ -468,7 +477,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
                               : "";
   if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
-      name, TmemShmemXml(st.socket_path, options_.vectors, options_.master),
+      name, TmemShmemXml(st.socket_path, options_.vectors, Master()),
       do_live, do_config);
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
@@ -529,7 +538,7 @@ absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
   st.uuid = d->uuid;
   const std::string path =
       live ? live->server_path : config->server_path;  // same device
-  const std::string xml = TmemShmemXml(path, options_.vectors, options_.master);
+  const std::string xml = TmemShmemXml(path, options_.vectors, Master());
   if (do_config) {
     if (absl::Status s = hv_->DetachDevice(name, xml, false, true); !s.ok()) {
       return absl::Status(s.code(),
@@ -575,6 +584,62 @@ std::vector<DomainAttachState> DomainManager::List() {
   CheckDeadlinesLocked();
   std::vector<DomainAttachState> out;
   for (const auto& [name, st] : domains_) out.push_back(ToState(st));
+  return out;
+}
+
+absl::Status DomainManager::WritePolicyLocked(const std::string& name,
+                                              bool live,
+                                              const VmPolicy& policy) {
+  TmemMetadata m;
+  absl::StatusOr<std::optional<std::string>> old =
+      hv_->GetMetadata(name, /*inactive=*/!live);
+  if (!old.ok()) return old.status();
+  if (old->has_value()) {
+    // A side whose element does not parse gets a fresh one (its error was
+    // reported when it was read); autoattach is kept where it parses.
+    if (absl::StatusOr<TmemMetadata> parsed = ParseTmemMetadata(**old);
+        parsed.ok()) {
+      m = *parsed;
+    }
+  }
+  m.policy = policy;
+  return hv_->SetMetadata(name, FormatTmemMetadata(m), /*live=*/live,
+                          /*config=*/!live);
+}
+
+absl::Status DomainManager::PolicyChanged(const std::string& vm,
+                                          const VmPolicy& policy) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  DomainState* st = nullptr;
+  for (auto& [name, s] : domains_) {
+    if (s.channel && s.vm == vm) st = &s;
+  }
+  if (st == nullptr) return absl::OkStatus();  // not a libvirt domain's VM
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(st->name);
+  if (!d.ok()) return d.status();
+  // Recorded first: the METADATA_CHANGE event this write causes then finds
+  // nothing new to apply.
+  st->metadata.policy = policy;
+  st->metadata.present = true;
+  st->applied = st->metadata;
+  absl::Status out = absl::OkStatus();
+  for (const bool live : {true, false}) {
+    if (live ? !d->active : !d->persistent) continue;
+    if (absl::Status s = WritePolicyLocked(st->name, live, policy); !s.ok()) {
+      out = absl::Status(
+          s.code(), absl::StrCat("writing the policy into the ",
+                                 live ? "live" : "persistent",
+                                 " metadata of domain '", st->name,
+                                 "' failed: ", s.message()));
+    }
+  }
+  Log(out.ok() ? LogLevel::kInfo : LogLevel::kWarn, "libvirt_policy_written",
+      {{"domain", st->name},
+       {"vm", vm},
+       {"quota", policy.quota_bytes},
+       {"weight", policy.weight},
+       {"mode", ValveModeName(policy.mode)},
+       {"error", out.ok() ? std::string() : std::string(out.message())}});
   return out;
 }
 

@@ -23,10 +23,14 @@
 //  - Reconnect after libvirtd restarts: every domain is reconciled again.
 //
 // Policy: the tmem metadata element (domain_xml.h) is the source of truth
-// for libvirt-managed VMs. It is applied when the channel is created and
-// whenever the element changes (METADATA_CHANGE); a policy set through gRPC
-// in between holds until then. `autoattach` domains get the device live on
-// start, at tmemd startup and when autoattach is switched on.
+// for libvirt-managed VMs, because it travels with the domain (migration)
+// while tmemd's state file stays on its host. It is applied when the
+// channel is created (over the state file's policy when the domain has the
+// element) and whenever the element changes (METADATA_CHANGE). A policy set
+// through gRPC is written back into the element (PolicyChanged: live, and
+// the persistent config), so the next host applies it on arrival.
+// `autoattach` domains get the device live on start, at tmemd startup and
+// when autoattach is switched on.
 //
 // Threads: events are queued by the Hypervisor's thread and handled by the
 // manager's own thread; Attach/Detach/List run on the caller's thread. All
@@ -58,10 +62,6 @@ namespace tmem {
 struct DomainManagerOptions {
   // MSI vectors of the device (must match the Agent's channels).
   int vectors = 1;
-  // Devices it attaches are role='master' (migratable); true exactly when
-  // tmemd is ivshmem peer 1 (AgentOptions::host_peer_id), since QEMU
-  // refuses master=on for a VM that is not peer 0.
-  bool master = false;
   // How long a live detach may wait for the guest's ack before List()
   // reports it as timed out.
   std::chrono::milliseconds detach_timeout{30000};
@@ -89,6 +89,8 @@ class DomainManager final : public DomainControl {
   absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
                                            bool persistent) override;
   std::vector<DomainAttachState> List() override;
+  absl::Status PolicyChanged(const std::string& vm,
+                             const VmPolicy& policy) override;
 
   // Waits until every event queued so far has been handled (tests).
   void Flush();
@@ -130,6 +132,14 @@ class DomainManager final : public DomainControl {
                                                   bool active);
   std::string VmNameFor(const std::string& name, const std::string& uuid) const;
   std::string DefaultSocketPath(const std::string& uuid) const;
+  // Devices are role='master' (migratable) exactly when tmemd is ivshmem
+  // peer 1 (AgentOptions::host_peer_id, the default): QEMU refuses
+  // master=on for a VM that is not peer 0.
+  bool Master() const { return agent_->options().host_peer_id == 1; }
+  // Writes `policy` into the element of one side (live or config),
+  // keeping that side's autoattach.
+  absl::Status WritePolicyLocked(const std::string& name, bool live,
+                                 const VmPolicy& policy);
   static DomainAttachState ToState(const DomainState& st);
 
   Agent* const agent_;

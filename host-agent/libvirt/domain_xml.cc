@@ -249,6 +249,7 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
   if (!root) {
     return absl::InvalidArgumentError("tmem metadata has no <tmem> element");
   }
+  m.present = true;
   if (root->self_closing) return m;
   size_t at = root->open_end;
   const size_t stop = xml.rfind("</", root->end - 1);

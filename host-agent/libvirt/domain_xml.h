@@ -28,10 +28,12 @@ inline constexpr std::string_view kTmemMetadataPrefix = "tmem";
 
 // <shmem name='tmem0'><model type='ivshmem-doorbell'/><server path='P'/>
 // <msi vectors='N' ioeventfd='on'/></shmem>
-// `master`: role='master' (QEMU master=on), the migratable device; it
-// needs tmemd to be ivshmem peer 1 (the VM peer 0), see IvshmemServer.
+// `master` (the default): role='master' (QEMU master=on), the migratable
+// device; it needs tmemd to be ivshmem peer 1 (the VM peer 0, tmemd's
+// default), see IvshmemServer. false: role omitted, QEMU's peer mode, which
+// blocks migration.
 std::string TmemShmemXml(std::string_view socket_path, int vectors,
-                         bool master = false);
+                         bool master = true);
 
 struct TmemDevice {
   std::string server_path;  // <server path=...>
@@ -55,6 +57,9 @@ absl::Status CheckPciHotplug(std::string_view domain_xml);
 struct TmemMetadata {
   VmPolicy policy;
   bool autoattach = false;
+  // The domain has the element (ParseTmemMetadata sets it); false: all
+  // defaults because there is none.
+  bool present = false;
 };
 // INVALID_ARGUMENT naming the element for a bad value or an unknown element
 // (a typo must not silently fall back to a default).

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "host-agent/agent.h"
@@ -47,6 +49,20 @@ class FakeDomains : public DomainControl {
   std::vector<DomainAttachState> List() override {
     return {{"web1", "web1", true, false, ""}};
   }
+  // Records what the control plane writes back; `fail_vm` plays a domain
+  // whose metadata write fails (libvirtd gone).
+  absl::Status PolicyChanged(const std::string& vm,
+                             const VmPolicy& policy) override {
+    std::lock_guard<std::mutex> l(mu);
+    if (vm == fail_vm) {
+      return absl::UnavailableError("fake: libvirtd is gone");
+    }
+    written.emplace_back(vm, policy);
+    return absl::OkStatus();
+  }
+  std::mutex mu;
+  std::string fail_vm;                                     // guarded by mu
+  std::vector<std::pair<std::string, VmPolicy>> written;  // guarded by mu
 };
 
 std::string TempDir(const char* name) {
@@ -295,6 +311,45 @@ TEST_F(ControlServiceTest, SetVmPolicyPatchesAppliesAndPersists) {
   q.set_quota_bytes(0);
   ASSERT_TRUE(SetPolicy(*admin_, q).ok());
   EXPECT_EQ(agent_->GetVmPolicy("g1")->quota_bytes, kUnlimitedQuota);
+}
+
+// Per-VM policy travels with a libvirt domain: the whole policy after the
+// patch goes to DomainControl (which writes the domain's metadata); a
+// failed write is an error naming what did not happen, while the policy
+// stays applied here.
+TEST_F(ControlServiceTest, SetVmPolicyIsWrittenBackToTheDomain) {
+  v1::SetVmPolicyRequest req;
+  req.set_vm("g1");
+  req.set_quota_bytes(uint64_t{8} << 20);
+  req.set_weight(300);
+  req.set_mode(v1::MODE_ALWAYS);
+  ASSERT_TRUE(SetPolicy(*admin_, req).ok());
+  v1::SetVmPolicyRequest w;
+  w.set_vm("g1");
+  w.set_weight(50);
+  ASSERT_TRUE(SetPolicy(*admin_, w).ok());
+  {
+    std::lock_guard<std::mutex> l(domains_.mu);
+    ASSERT_EQ(domains_.written.size(), 2u);
+    const auto& [vm, p] = domains_.written[1];
+    EXPECT_EQ(vm, "g1");
+    EXPECT_EQ(p.quota_bytes, uint64_t{8} << 20);  // kept from the first
+    EXPECT_EQ(p.weight, 50u);
+    EXPECT_EQ(p.mode, ValveMode::kAlways);
+  }
+  {
+    std::lock_guard<std::mutex> l(domains_.mu);
+    domains_.fail_vm = "g2";
+  }
+  v1::SetVmPolicyRequest g2;
+  g2.set_vm("g2");
+  g2.set_weight(70);
+  const grpc::Status s = SetPolicy(*admin_, g2);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("not in the domain's metadata"),
+            std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(agent_->GetVm("g2")->valve.weight, 70u);
 }
 
 TEST_F(ControlServiceTest, BadPolicyValuesAreInvalidArgument) {

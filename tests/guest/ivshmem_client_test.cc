@@ -313,12 +313,15 @@ TEST(IvshmemClientTest, BadOwnIdIsRefused) {
   }
 }
 
-TEST(IvshmemClientTest, OwnIdZeroIsTmemdsAndRefused) {
+// Own id 0 (tmemd is peer 1, its default since devices are migratable):
+// tmemd's eventfds are then peer 1's, and a short run of them is refused.
+TEST(IvshmemClientTest, OwnIdZeroMeansTmemdIsPeerOne) {
   FakeServer server;
-  server.Play({{0}, {0}});
-  absl::Status s = ConnectFails(server, Options());
-  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr("peer id 0"));
+  server.Play({{0}, {0}, {-1, {server.Shm(4096)}}, {1, {server.Eventfd()}},
+               {0, {server.Eventfd()}}});
+  absl::Status s = ConnectFails(server, Options(2));
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("peer 1 (tmemd) sent 1 eventfds"));
 }
 
 TEST(IvshmemClientTest, ShmMessageWithoutFdIsRefused) {

@@ -338,6 +338,103 @@ TEST_F(DomainManagerTest, MetadataIsAppliedAndFollowedLive) {
   EXPECT_NE(st->detail.find("quota"), std::string::npos) << st->detail;
 }
 
+// Issue 14: devices are migratable (role='master', QEMU master=on) by
+// default, because tmemd is ivshmem peer 1 by default; a peer-0 tmemd (for
+// guest drivers older than ABI v2) attaches peer-mode devices, which QEMU
+// would otherwise refuse (master=on needs the VM to be peer 0).
+TEST_F(DomainManagerTest, DevicesAreMigratableExactlyWhenTmemdIsPeerOne) {
+  EXPECT_EQ(agent_->options().host_peer_id, 1);  // the default
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  std::string attached;
+  hv_.SetAttachHook([&](const std::string& xml) { attached = xml; });
+  ASSERT_TRUE(manager_->Attach("web1", false).ok());
+  EXPECT_NE(attached.find("<shmem name='tmem0' role='master'>"),
+            std::string::npos)
+      << attached;
+
+  tmem::testing::TempDir dir0{"tmemd-dm-peer0"};
+  AgentOptions o;
+  o.socket_dir = dir0.path();
+  o.workers = 1;
+  o.run_valve_ticker = false;
+  o.host_peer_id = 0;
+  absl::StatusOr<std::unique_ptr<Agent>> peer0 = Agent::Create(o);
+  ASSERT_TRUE(peer0.ok()) << peer0.status();
+  FakeHypervisor hv0;
+  hv0.Define("web2", FakeHypervisor::Domain{});
+  hv0.Start("web2");
+  DomainManager m0(peer0->get(), &hv0, DomainManagerOptions{});
+  ASSERT_TRUE(m0.Start().ok());
+  hv0.SetAttachHook([&](const std::string& xml) { attached = xml; });
+  ASSERT_TRUE(m0.Attach("web2", false).ok());
+  EXPECT_EQ(attached.find("role="), std::string::npos) << attached;
+  m0.Stop();
+}
+
+// Issue 14: a policy set through gRPC is written into the domain's metadata
+// (live and persistent, autoattach kept), so it travels with the domain; a
+// restarted tmemd applies it from there, over its own state file's value.
+TEST_F(DomainManagerTest, PolicyChangesAreWrittenIntoTheDomainMetadata) {
+  FakeHypervisor::Domain d = WithDevice("web1.sock");
+  d.config_metadata = Meta("<autoattach>true</autoattach><quota>1MiB</quota>");
+  hv_.Define("web1", d);
+  hv_.Start("web1");
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{1} << 20);
+  VmPolicy p = *agent_->GetVmPolicy("web1");
+  p.quota_bytes = uint64_t{256} << 20;
+  p.weight = 300;
+  p.mode = ValveMode::kAlways;
+  p.frozen = true;
+  // What ControlPlane::SetVmPolicy does: apply, then write back.
+  ASSERT_TRUE(agent_->SetVmPolicy("web1", p).ok());
+  ASSERT_TRUE(manager_->PolicyChanged("web1", p).ok());
+  manager_->Flush();  // the METADATA_CHANGE echo
+  for (const bool inactive : {false, true}) {
+    absl::StatusOr<std::optional<std::string>> xml =
+        hv_.GetMetadata("web1", inactive);
+    ASSERT_TRUE(xml.ok() && xml->has_value()) << inactive;
+    absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(**xml);
+    ASSERT_TRUE(m.ok()) << m.status() << **xml;
+    EXPECT_EQ(m->policy.quota_bytes, uint64_t{256} << 20) << **xml;
+    EXPECT_EQ(m->policy.weight, 300u);
+    EXPECT_EQ(m->policy.mode, ValveMode::kAlways);
+    EXPECT_TRUE(m->policy.frozen);
+    EXPECT_TRUE(m->autoattach) << "autoattach kept: " << **xml;
+  }
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->weight, 300u);
+  // A VM no domain is served by: nothing to write.
+  ASSERT_TRUE(agent_->AddVm("plain", VmPolicy{}).ok());
+  EXPECT_TRUE(manager_->PolicyChanged("plain", p).ok());
+
+  // Restart (or arrival on another host): a new agent whose state file says
+  // otherwise (a stale weight from an earlier visit) gets the metadata's.
+  manager_.reset();
+  agent_.reset();
+  AgentOptions o;
+  o.socket_dir = dir_;
+  o.workers = 1;
+  o.run_valve_ticker = false;
+  absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  agent_ = std::move(*a);
+  agent_->SetVmPolicyResolver([](const std::string&, const VmPolicy& asked) {
+    VmPolicy stale = asked;
+    stale.weight = 5;
+    return stale;
+  });
+  manager_ = std::make_unique<DomainManager>(agent_.get(), &hv_,
+                                             DomainManagerOptions{});
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(agent_->HasVm("web1"));
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->weight, 300u);
+  EXPECT_EQ(agent_->GetVmPolicy("web1")->quota_bytes, uint64_t{256} << 20);
+  EXPECT_TRUE(agent_->GetVmPolicy("web1")->frozen);
+}
+
 TEST_F(DomainManagerTest, AutoattachOnStartAndWhenSwitchedOn) {
   FakeHypervisor::Domain d;
   d.config_metadata = Meta("<autoattach>true</autoattach><quota>1MiB</quota>");

@@ -20,7 +20,7 @@ TEST(DomainXmlTest, ShmemXmlRoundTrips) {
 // Migratable: libvirt turns role='master' into QEMU's master=on, without
 // which QEMU 7.2 blocks migration ("peer mode").
 TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
-  const std::string master = TmemShmemXml("/run/tmemd/a.sock", 1, true);
+  const std::string master = TmemShmemXml("/run/tmemd/a.sock", 1);  // default
   EXPECT_NE(master.find("<shmem name='tmem0' role='master'>"),
             std::string::npos)
       << master;
@@ -28,7 +28,7 @@ TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
       FindTmemDevice("<domain><devices>" + master + "</devices></domain>");
   ASSERT_TRUE(dev.has_value());
   EXPECT_EQ(dev->server_path, "/run/tmemd/a.sock");
-  EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1).find("role="),
+  EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1, false).find("role="),
             std::string::npos);
 }
 

@@ -5,22 +5,30 @@
 // ACPI unplug request, a detach is never acked.
 //
 // libvirtd comes from scripts/start-libvirtd.sh (scripts/test.sh runs it
-// before ctest; the suite runs it again, it is idempotent). If libvirtd
-// cannot run at all, every test skips saying why. Domains are named
+// before ctest; the suite runs it again, it is idempotent) with libvirt's
+// default qemu.conf: QEMU runs as libvirt-qemu (checked in every test that
+// starts one), dynamic ownership on. tmemd's sockets reach it through their
+// group (socket_group.h): the socket directory is 0750 in that group. If
+// libvirtd cannot run at all, every test skips saying why. Domains are named
 // tmemd-test-<pid>-*, and removed (destroy + undefine) after each test and
 // before the suite, failed or not.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "host-agent/agent.h"
+#include "host-agent/channel/socket_group.h"
+#include "host-agent/control/control_plane.h"
+#include "host-agent/control/policy_store.h"
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/domain_xml.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
@@ -43,6 +51,20 @@ double Seconds(steady_clock::time_point since) {
   return std::chrono::duration<double>(steady_clock::now() - since).count();
 }
 
+// The real and effective uid of the QEMU libvirt runs for `domain` (from
+// libvirt's pid file and /proc), or -1.
+long QemuUid(const std::string& domain) {
+  std::ifstream pidfile("/run/libvirt/qemu/" + domain + ".pid");
+  long pid = 0;
+  if (!(pidfile >> pid) || pid <= 0) return -1;
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Uid:", 0) == 0) return std::stol(line.substr(4));
+  }
+  return -1;
+}
+
 class LibvirtQemuTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -63,8 +85,19 @@ class LibvirtQemuTest : public ::testing::Test {
       GTEST_SKIP() << "qemu-system-x86_64 is not installed";
     }
     ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
+    // What tmemd does with its socket directory: the default group (Debian
+    // libvirt's QEMU group) may search it, nobody else.
+    absl::StatusOr<SocketGroupChoice> group = ChooseSocketGroup(std::nullopt);
+    ASSERT_TRUE(group.ok()) << group.status();
+    ASSERT_TRUE(group->gid.has_value())
+        << "no group for QEMU: " << group->note;
+    qemu_gid_ = *group->gid;
+    ASSERT_EQ(chown(dir_.c_str(), static_cast<uid_t>(-1), qemu_gid_), 0);
+    ASSERT_EQ(chmod(dir_.c_str(), 0750), 0);
+    ASSERT_TRUE(CheckGroupCanReach(dir_, qemu_gid_).ok());
     AgentOptions o;
     o.socket_dir = dir_;
+    o.socket_gid = qemu_gid_;
     o.workers = 1;
     o.run_valve_ticker = false;
     auto a = Agent::Create(o);
@@ -146,8 +179,23 @@ class LibvirtQemuTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  // QEMU runs unprivileged and reached the socket through its group.
+  void ExpectUnprivilegedQemu(const std::string& domain) {
+    const long uid = QemuUid(domain);
+    EXPECT_GT(uid, 0) << "QEMU of " << domain
+                      << " runs as root (or was not found): the tests must "
+                         "run with libvirt's default qemu.conf";
+    struct stat st {};
+    ASSERT_EQ(stat(agent_->GetVm(domain)->socket_path.c_str(), &st), 0);
+    // tmemd's, as tmemd made it: dynamic ownership did not relabel it.
+    EXPECT_EQ(st.st_uid, geteuid());
+    EXPECT_EQ(st.st_gid, qemu_gid_);
+    EXPECT_EQ(st.st_mode & 07777, 0660u);
+  }
+
   tmem::testing::TempDir tmp_{"tmemd-lvq"};
   std::string dir_ = tmp_.path();
+  gid_t qemu_gid_ = 0;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<LibvirtHypervisor> hv_;
   std::unique_ptr<RawConnection> raw_;
@@ -167,6 +215,7 @@ TEST_F(LibvirtQemuTest,
   ASSERT_EQ(s->vm, name);
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout))
       << "QEMU never connected to tmemd's socket";
+  ExpectUnprivilegedQemu(name);
   Log(LogLevel::kInfo, "test_timing",
       {{"attach_s", attach_s}, {"connected_s", Seconds(t0)}});
   std::string live;
@@ -267,6 +316,8 @@ TEST_F(LibvirtQemuTest, PersistentDeviceListensBeforeStartAndAgainAfterStop) {
   // QEMU fails to start if the socket does not listen: this start works.
   ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
+  ExpectUnprivilegedQemu(name);
+  // Dynamic ownership did not take the socket away from tmemd's group.
   ASSERT_TRUE(raw_->With(name, virDomainDestroy, &err)) << err;
   // Released and recreated empty (once the STOPPED event is handled), so a
   // second start works too.
@@ -279,6 +330,87 @@ TEST_F(LibvirtQemuTest, PersistentDeviceListensBeforeStartAndAgainAfterStop) {
       kTimeout));
   ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
+}
+
+// Issue 14: a policy set through the control plane (what the gRPC
+// SetVmPolicy calls) lands in the domain's tmemd metadata, live and
+// persistent, in libvirtd itself; a tmemd started afresh (new agent, empty
+// state file) applies it from there, as a migration destination would.
+TEST_F(LibvirtQemuTest, PolicySetOverTheControlPlaneIsWrittenIntoMetadata) {
+  const std::string name = Name("policy");
+  std::string err;
+  ASSERT_TRUE(raw_->Define(DomainXml(name, true, dir_ + "/policy.sock"), &err))
+      << err;
+  // The socket listens once tmemd has handled DEFINED.
+  ASSERT_TRUE(WaitFor([&] { return agent_->HasVm(name); }, kTimeout));
+  ASSERT_TRUE(raw_->With(name, virDomainCreate, &err)) << err;
+  ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
+  ExpectUnprivilegedQemu(name);
+  {
+    absl::StatusOr<std::unique_ptr<PolicyStore>> policies =
+        PolicyStore::Open(dir_ + "/state.json");
+    ASSERT_TRUE(policies.ok()) << policies.status();
+    ControlPlane control(agent_.get(), policies->get(), manager_.get());
+    v1::SetVmPolicyRequest r;
+    r.set_vm(name);
+    r.set_quota_bytes(uint64_t{96} << 20);
+    r.set_weight(250);
+    r.set_mode(v1::MODE_ALWAYS);
+    absl::StatusOr<v1::SetVmPolicyResponse> resp = control.SetVmPolicy(r);
+    ASSERT_TRUE(resp.ok()) << resp.status();
+  }
+  for (const unsigned flags :
+       {unsigned{VIR_DOMAIN_AFFECT_LIVE}, unsigned{VIR_DOMAIN_AFFECT_CONFIG}}) {
+    std::string xml;
+    ASSERT_TRUE(raw_->With(
+        name,
+        [&](virDomainPtr d) {
+          char* m = virDomainGetMetadata(d, VIR_DOMAIN_METADATA_ELEMENT,
+                                         std::string(kTmemMetadataUri).c_str(),
+                                         flags);
+          if (m == nullptr) return -1;
+          xml = m;
+          free(m);  // NOLINT(cppcoreguidelines-no-malloc)
+          return 0;
+        },
+        &err))
+        << "flags " << flags << ": " << err;
+    absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(xml);
+    ASSERT_TRUE(m.ok()) << m.status() << " " << xml;
+    EXPECT_EQ(m->policy.quota_bytes, uint64_t{96} << 20) << xml;
+    EXPECT_EQ(m->policy.weight, 250u) << xml;
+    EXPECT_EQ(m->policy.mode, ValveMode::kAlways) << xml;
+  }
+  // The echo (METADATA_CHANGE) changes nothing.
+  manager_->Flush();
+  EXPECT_EQ(agent_->GetVmPolicy(name)->weight, 250u);
+
+  // A fresh tmemd: new agent, manager and libvirt connection, no state.
+  manager_.reset();
+  hv_.reset();
+  agent_.reset();
+  AgentOptions o;
+  o.socket_dir = dir_;
+  o.socket_gid = qemu_gid_;
+  o.workers = 1;
+  o.run_valve_ticker = false;
+  auto a = Agent::Create(o);
+  ASSERT_TRUE(a.ok()) << a.status();
+  agent_ = std::move(*a);
+  LibvirtOptions lo;
+  lo.uri = kUri;
+  auto hv = LibvirtHypervisor::Connect(lo);
+  ASSERT_TRUE(hv.ok()) << hv.status();
+  hv_ = std::move(*hv);
+  manager_ = std::make_unique<DomainManager>(agent_.get(), hv_.get(),
+                                             DomainManagerOptions{});
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(agent_->HasVm(name));
+  absl::StatusOr<VmPolicy> p = agent_->GetVmPolicy(name);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->quota_bytes, uint64_t{96} << 20);
+  EXPECT_EQ(p->weight, 250u);
+  EXPECT_EQ(agent_->GetVm(name)->valve.mode, ValveMode::kAlways);
 }
 
 TEST_F(LibvirtQemuTest, ReconnectsAfterLibvirtdRestarts) {
