@@ -362,8 +362,9 @@ std::string FleetWatcher::StatusJson() const {
   j["applied_revision"] = p.applied_revision;
   j["rejected_revision"] = p.rejected_revision;
   j["rejected_reason"] = p.rejected_reason;
-  j["mode"] =
-      std::string(ValveModeName(agent_->GetValveOptions().default_mode));
+  const ValveOptions valve = agent_->GetValveOptions();
+  j["mode"] = std::string(ValveModeName(valve.default_mode));
+  j["cpu_budget_percent"] = valve.cpu_budget_percent;
   j["vms"] = agent_->VmNames().size();
   j["pid"] = static_cast<int64_t>(getpid());
   return j.dump();
