@@ -483,9 +483,14 @@ absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
                                             "digit"));
     }
   }
-  const int tls = !c.tls_cert.empty() + !c.tls_key.empty() + !c.tls_ca.empty();
-  if (tls != 0 && tls != 3) {
-    return r.Error("tls_cert", "tls_cert, tls_key and tls_ca go together");
+  // TLS: tls_ca alone, or with tls_cert and tls_key (host-agent/fleet/
+  // etcd_tls.h checks the files themselves when tmemd starts).
+  if (c.tls_cert.empty() != c.tls_key.empty()) {
+    return r.Error(c.tls_cert.empty() ? "tls_key" : "tls_cert",
+                   "tls_cert and tls_key go together");
+  }
+  if (!c.tls_cert.empty() && c.tls_ca.empty()) {
+    return r.Error("tls_ca", "is needed with tls_cert (etcd's CA)");
   }
   return absl::OkStatus();
 }

@@ -81,7 +81,7 @@ struct FleetConfig {
   std::string host;                    // "": the machine's hostname
   std::vector<std::string> groups;     // later ones win
   std::string state_dir;               // fleet-state.json; "": memory only
-  std::string tls_cert;                // PEM paths: all three or none
+  std::string tls_cert;                // PEM paths: none, the CA, or all
   std::string tls_key;
   std::string tls_ca;
   int lease_ttl_seconds = 10;  // the status key outlives a dead tmemd by this

@@ -13,9 +13,10 @@ namespace tmem::testing {
 
 class TempDir {
  public:
-  // Creates /tmp/<prefix>-XXXXXX; path() is empty if that failed.
-  explicit TempDir(const std::string& prefix) {
-    std::string tmpl = "/tmp/" + prefix + "-XXXXXX";
+  // Creates <base>/<prefix>-XXXXXX; path() is empty if that failed.
+  explicit TempDir(const std::string& prefix,
+                   const std::string& base = "/tmp") {
+    std::string tmpl = base + "/" + prefix + "-XXXXXX";
     if (mkdtemp(tmpl.data()) != nullptr) path_ = tmpl;
   }
   ~TempDir() {

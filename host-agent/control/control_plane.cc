@@ -215,7 +215,23 @@ v1::HostStatus ControlPlane::Status() const {
   out.set_vms(static_cast<int32_t>(agent_->VmNames().size()));
   AddStoreCounters(st.store.counters, out.mutable_counters());
   out.set_compression_ratio(CompressionRatio(st.store.counters));
+  {
+    // Held across the call so SetExtraCounters(nullptr) waits for it.
+    MutexLock lock(&extra_mu_);
+    if (extra_counters_) {
+      for (const auto& [name, value] : extra_counters_()) {
+        v1::Counter* m = out.add_counters();
+        m->set_name(name);
+        m->set_value(value);
+      }
+    }
+  }
   return out;
+}
+
+void ControlPlane::SetExtraCounters(ExtraCounters source) {
+  MutexLock lock(&extra_mu_);
+  extra_counters_ = std::move(source);
 }
 
 v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,

@@ -15,8 +15,11 @@
 #define TMEMD_HOST_AGENT_CONTROL_CONTROL_PLANE_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -55,6 +58,13 @@ class ControlPlane {
 
   // Reads.
   v1::HostStatus Status() const;
+  // Counters from outside the agent (the fleet watcher's), appended to
+  // Status()'s host counters. `source` must be thread-safe; it is called
+  // with no other ControlPlane lock held. nullptr removes it, waiting for a
+  // call in progress (so its owner may go right after).
+  using ExtraCounters =
+      std::function<std::vector<std::pair<std::string, uint64_t>>()>;
+  void SetExtraCounters(ExtraCounters source);
   v1::ListVmsResponse ListVms() const;
   absl::StatusOr<v1::VmDetail> GetVm(const std::string& vm) const;
   v1::StatsSample Sample(const v1::WatchStatsRequest& request) const;
@@ -112,6 +122,10 @@ class ControlPlane {
   // is called while holding it.
   mutable Mutex fleet_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
   std::optional<ResolvedFleetPolicy> fleet_ ABSL_GUARDED_BY(fleet_mu_);
+  // Held across the source's call (the fleet watcher's counters), never
+  // with another of ours.
+  mutable Mutex extra_mu_;
+  ExtraCounters extra_counters_ ABSL_GUARDED_BY(extra_mu_);
 };
 
 }  // namespace tmem

@@ -1,26 +1,11 @@
 #include "host-agent/fleet/etcd_client.h"
 
-#include <fstream>
-#include <sstream>
+#include <algorithm>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 
 namespace tmem {
-namespace {
-
-absl::StatusOr<std::string> ReadPemFile(const std::string& path,
-                                        const std::string& what) {
-  std::ifstream in(path);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot read the etcd ", what, " '", path, "'"));
-  }
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return buf.str();
-}
-
-}  // namespace
 
 std::string EtcdPrefixEnd(const std::string& prefix) {
   std::string end = prefix;
@@ -40,30 +25,18 @@ absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(
     return absl::InvalidArgumentError("no etcd endpoints");
   }
   std::shared_ptr<grpc::ChannelCredentials> creds;
-  const bool any_tls = !options.tls_cert.empty() || !options.tls_key.empty() ||
-                       !options.tls_ca.empty();
-  if (any_tls) {
-    if (options.tls_cert.empty() || options.tls_key.empty() ||
-        options.tls_ca.empty()) {
-      return absl::InvalidArgumentError(
-          "etcd TLS needs all of tls_cert, tls_key and tls_ca");
-    }
-    grpc::SslCredentialsOptions ssl;
-    absl::StatusOr<std::string> cert =
-        ReadPemFile(options.tls_cert, "client certificate");
-    if (!cert.ok()) return cert.status();
-    absl::StatusOr<std::string> key = ReadPemFile(options.tls_key, "key");
-    if (!key.ok()) return key.status();
-    absl::StatusOr<std::string> ca = ReadPemFile(options.tls_ca, "CA");
-    if (!ca.ok()) return ca.status();
-    ssl.pem_cert_chain = *cert;
-    ssl.pem_private_key = *key;
-    ssl.pem_root_certs = *ca;
-    creds = grpc::SslCredentials(ssl);
+  std::optional<grpc::SslCredentialsOptions> ssl;
+  if (options.tls.any()) {
+    absl::StatusOr<grpc::SslCredentialsOptions> loaded =
+        LoadEtcdTls(options.tls);
+    if (!loaded.ok()) return loaded.status();
+    ssl = *loaded;
+    creds = grpc::SslCredentials(*ssl);
   } else {
     creds = grpc::InsecureChannelCredentials();
   }
-  std::unique_ptr<EtcdClient> client(new EtcdClient(options, creds));
+  std::unique_ptr<EtcdClient> client(
+      new EtcdClient(options, std::move(ssl), creds));
   client->Connect();
   return client;
 }
@@ -97,7 +70,21 @@ void EtcdClient::Prepare(grpc::ClientContext* context, bool stream) const {
 
 absl::Status EtcdClient::FromGrpc(const grpc::Status& status) const {
   if (status.ok()) return absl::OkStatus();
-  return {static_cast<absl::StatusCode>(status.error_code()),
+  const auto code = static_cast<absl::StatusCode>(status.error_code());
+  if (code == absl::StatusCode::kUnavailable ||
+      code == absl::StatusCode::kUnknown) {
+    const std::string tls = DiagnoseEtcdTls(
+        endpoint(), ssl_ ? &*ssl_ : nullptr,
+        std::min(options_.call_timeout, std::chrono::milliseconds(2000)));
+    if (!tls.empty()) {
+      absl::Status s(code, absl::StrCat("etcd ", endpoint(), ": ", tls,
+                                        " (gRPC: ", status.error_message(),
+                                        ")"));
+      s.SetPayload(kEtcdTlsErrorPayload, absl::Cord(tls));
+      return s;
+    }
+  }
+  return {code,
           absl::StrCat("etcd ", endpoint(), ": ", status.error_message())};
 }
 

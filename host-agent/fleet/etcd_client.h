@@ -3,7 +3,8 @@
 //
 // Endpoints are "host:port"; calls go to one endpoint at a time and
 // Rotate() moves to the next (a dead or partitioned member is left on the
-// first UNAVAILABLE). TLS: all of cert, key and CA, or none (plaintext).
+// first UNAVAILABLE). TLS: see etcd_tls.h (the CA alone, or the CA with a
+// client certificate and key); none of them is plaintext.
 //
 // Thread-compatible: one owner, or external locking. Stubs may be used
 // from several threads (gRPC stubs are thread-safe).
@@ -14,20 +15,24 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "host-agent/fleet/etcd_tls.h"
 #include "proto/etcd/rpc.grpc.pb.h"
 
 namespace tmem {
 
+// The payload key FromGrpc sets on an error it traced to TLS (a refused
+// client certificate, an untrusted server, TLS on one side only).
+inline constexpr char kEtcdTlsErrorPayload[] = "tmemd/etcd-tls-error";
+
 struct EtcdOptions {
   std::vector<std::string> endpoints;
-  std::string tls_cert;  // PEM paths; all three or none
-  std::string tls_key;
-  std::string tls_ca;
+  EtcdTlsFiles tls;  // none set: plaintext
   std::chrono::milliseconds call_timeout{5000};
 };
 
@@ -36,12 +41,13 @@ std::string EtcdPrefixEnd(const std::string& prefix);
 
 class EtcdClient {
  public:
-  // Reads the TLS files; INVALID_ARGUMENT naming a missing or unreadable
-  // one, or an empty endpoint list.
+  // Reads and checks the TLS files (LoadEtcdTls); INVALID_ARGUMENT naming
+  // the bad one and its setting, or an empty endpoint list.
   static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(
       const EtcdOptions& options);
 
   const std::string& endpoint() const { return options_.endpoints[current_]; }
+  bool tls() const { return options_.tls.any(); }
   void Rotate();
 
   etcdserverpb::KV::Stub& kv() { return *kv_; }
@@ -61,15 +67,22 @@ class EtcdClient {
   absl::StatusOr<etcdserverpb::PutResponse> Put(
       const etcdserverpb::PutRequest& request);
 
+  // UNAVAILABLE and UNKNOWN are looked into (DiagnoseEtcdTls): when the
+  // cause is TLS, the message says so plainly and the status carries the
+  // kEtcdTlsErrorPayload payload.
   absl::Status FromGrpc(const grpc::Status& status) const;
 
  private:
   EtcdClient(EtcdOptions options,
+             std::optional<grpc::SslCredentialsOptions> ssl,
              std::shared_ptr<grpc::ChannelCredentials> credentials)
-      : options_(std::move(options)), credentials_(std::move(credentials)) {}
+      : options_(std::move(options)),
+        ssl_(std::move(ssl)),
+        credentials_(std::move(credentials)) {}
   void Connect();
 
   EtcdOptions options_;
+  std::optional<grpc::SslCredentialsOptions> ssl_;  // set: TLS
   std::shared_ptr<grpc::ChannelCredentials> credentials_;
   size_t current_ = 0;
   std::shared_ptr<grpc::Channel> channel_;

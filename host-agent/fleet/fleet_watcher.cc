@@ -58,9 +58,12 @@ absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
   }
   EtcdOptions eo;
   eo.endpoints = config.endpoints;
-  eo.tls_cert = config.tls_cert;
-  eo.tls_key = config.tls_key;
-  eo.tls_ca = config.tls_ca;
+  eo.tls.cert = config.tls_cert;
+  eo.tls.key = config.tls_key;
+  eo.tls.ca = config.tls_ca;
+  eo.tls.cert_source = "[fleet] tls_cert";
+  eo.tls.key_source = "[fleet] tls_key";
+  eo.tls.ca_source = "[fleet] tls_ca";
   absl::StatusOr<std::unique_ptr<EtcdClient>> watch = EtcdClient::Create(eo);
   if (!watch.ok()) return watch.status();
   absl::StatusOr<std::unique_ptr<EtcdClient>> status = EtcdClient::Create(eo);
@@ -68,6 +71,14 @@ absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
   std::unique_ptr<FleetWatcher> w(new FleetWatcher(
       config, control, agent, std::move(*watch), std::move(*status)));
   w->LoadState();
+  control->SetExtraCounters([p = w.get()] {
+    const FleetCounters c = p->Counters();
+    return std::vector<std::pair<std::string, uint64_t>>{
+        {"fleet_etcd_errors", c.etcd_errors},
+        {"fleet_etcd_tls_errors", c.etcd_tls_errors},
+        {"fleet_revisions_applied", c.revisions_applied},
+        {"fleet_revisions_rejected", c.revisions_rejected}};
+  });
   w->watch_thread_ = std::thread([p = w.get()] { p->WatchLoop(); });
   w->status_thread_ = std::thread([p = w.get()] { p->StatusLoop(); });
   return w;
@@ -97,11 +108,29 @@ void FleetWatcher::Stop() {
   cv_.notify_all();
   if (watch_thread_.joinable()) watch_thread_.join();
   if (status_thread_.joinable()) status_thread_.join();
+  control_->SetExtraCounters(nullptr);
 }
 
 FleetProgress FleetWatcher::Progress() const {
   std::lock_guard<std::mutex> lock(mu_);
   return progress_;
+}
+
+FleetCounters FleetWatcher::Counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+void FleetWatcher::RecordEtcdError(const absl::Status& s,
+                                   const EtcdClient& etcd, const char* step) {
+  const bool tls = s.GetPayload(kEtcdTlsErrorPayload).has_value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++counters_.etcd_errors;
+    if (tls) ++counters_.etcd_tls_errors;
+  }
+  Log(LogLevel::kWarn, tls ? "fleet_etcd_tls_error" : "fleet_etcd_unavailable",
+      {{"endpoint", etcd.endpoint()}, {"step", step}, {"error", s.message()}});
 }
 
 bool FleetWatcher::Pause(std::chrono::milliseconds d) {
@@ -187,6 +216,8 @@ void FleetWatcher::Process(int64_t revision) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     progress_.seen_revision = revision;
+    if (changed) ++counters_.revisions_applied;
+    if (!outcome.ok()) ++counters_.revisions_rejected;
     if (outcome.ok()) {
       progress_.applied_revision = revision;
       progress_.rejected_revision = 0;
@@ -315,8 +346,7 @@ void FleetWatcher::WatchLoop() {
       std::lock_guard<std::mutex> lock(mu_);
       if (stop_) return;
     }
-    Log(LogLevel::kWarn, "fleet_etcd_unavailable",
-        {{"endpoint", watch_client_->endpoint()}, {"error", s.message()}});
+    RecordEtcdError(s, *watch_client_, "watch");
     watch_client_->Rotate();
     if (!Pause(backoff)) return;
     backoff = std::min(backoff * 2, std::chrono::milliseconds(2000));
@@ -332,8 +362,9 @@ std::string FleetWatcher::StatusJson() const {
   j["applied_revision"] = p.applied_revision;
   j["rejected_revision"] = p.rejected_revision;
   j["rejected_reason"] = p.rejected_reason;
-  j["mode"] =
-      std::string(ValveModeName(agent_->GetValveOptions().default_mode));
+  const ValveOptions valve = agent_->GetValveOptions();
+  j["mode"] = std::string(ValveModeName(valve.default_mode));
+  j["cpu_budget_percent"] = valve.cpu_budget_percent;
   j["vms"] = agent_->VmNames().size();
   j["pid"] = static_cast<int64_t>(getpid());
   return j.dump();
@@ -348,10 +379,7 @@ void FleetWatcher::StatusLoop() {
   auto next_keepalive = std::chrono::steady_clock::now();
   EtcdClient& etcd = *status_client_;
   auto failed = [&](const absl::Status& s, const char* what) {
-    Log(LogLevel::kWarn, "fleet_status_error",
-        {{"endpoint", etcd.endpoint()},
-         {"step", what},
-         {"error", s.message()}});
+    RecordEtcdError(s, etcd, what);
     etcd.Rotate();
     return Pause(std::chrono::milliseconds(500));
   };

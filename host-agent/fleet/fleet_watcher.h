@@ -15,6 +15,12 @@
 // count), rewritten after every revision and kept alive every TTL/3; it
 // also registers the host under /tmemd/v1/members/<host>.
 //
+// Every failed etcd call is logged (fleet_etcd_unavailable, or
+// fleet_etcd_tls_error when EtcdClient traced it to TLS: a refused client
+// certificate, an untrusted server) and counted (FleetCounters, also in
+// tmemd's Status() host counters as fleet_etcd_errors and
+// fleet_etcd_tls_errors). Nothing is applied until etcd answers.
+//
 // Thread-safe: the two threads share only counters under one mutex; Stop()
 // (or the destructor) cancels the watch stream and joins both.
 #ifndef TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
@@ -42,6 +48,14 @@ class ClientContext;
 
 namespace tmem {
 
+// Counted since start; in tmemd's Status() host counters (fleet_*).
+struct FleetCounters {
+  uint64_t etcd_errors = 0;      // failed etcd calls/streams, every cause
+  uint64_t etcd_tls_errors = 0;  // of those, traced to TLS (etcd_tls.h)
+  uint64_t revisions_applied = 0;
+  uint64_t revisions_rejected = 0;
+};
+
 struct FleetProgress {
   int64_t seen_revision = 0;     // the view is complete up to here
   int64_t applied_revision = 0;  // the policy in force is this revision's
@@ -63,6 +77,7 @@ class FleetWatcher {
   // Stops both threads; revokes the lease so the status key goes at once.
   void Stop();
   FleetProgress Progress() const;
+  FleetCounters Counters() const;
 
  private:
   FleetWatcher(FleetConfig config, ControlPlane* control, Agent* agent,
@@ -81,6 +96,9 @@ class FleetWatcher {
   // Sleeps up to `d` unless stopping; false when stopping.
   bool Pause(std::chrono::milliseconds d);
   std::string StatusJson() const;
+  // Counts and logs one failed etcd call.
+  void RecordEtcdError(const absl::Status& s, const EtcdClient& etcd,
+                       const char* step);
 
   const FleetConfig config_;
   const std::string state_path_;
@@ -98,6 +116,7 @@ class FleetWatcher {
   bool stop_ = false;                             // guarded by mu_
   bool status_dirty_ = true;                      // guarded by mu_
   FleetProgress progress_;                        // guarded by mu_
+  FleetCounters counters_;                        // guarded by mu_
   grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_
   std::thread watch_thread_;
   std::thread status_thread_;

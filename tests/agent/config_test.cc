@@ -332,9 +332,11 @@ TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
       "[fleet]\nendpoints = [\"10.0.0.1:2379\", \"10.0.0.2:2379\"]\n"
       "host = \"hv-1\"\ngroups = [\"rack4\", \"ssd\"]\n"
-      "state_dir = \"/var/lib/tmemd\"\nlease_ttl_seconds = 5\n",
+      "state_dir = \"/var/lib/tmemd\"\nlease_ttl_seconds = 5\n"
+      "tls_ca = \"/etc/tmemd/etcd-ca.pem\"\n",  // the CA alone is enough
       "t.toml", TmemdConfig{});
   ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->fleet.tls_ca, "/etc/tmemd/etcd-ca.pem");
   EXPECT_TRUE(c->fleet.enabled());
   EXPECT_EQ(c->fleet.endpoints.size(), 2u);
   EXPECT_EQ(c->fleet.host, "hv-1");
@@ -349,6 +351,10 @@ TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
       {"[fleet]\nhost = \"-x\"\n", "fleet.host"},
       {"[fleet]\ngroups = [\"a/b\"]\n", "fleet.groups"},
       {"[fleet]\ntls_cert = \"c.pem\"\n", "go together"},
+      {"[fleet]\ntls_key = \"k.pem\"\ntls_ca = \"ca.pem\"\n",
+       "go together"},
+      {"[fleet]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n",
+       "fleet.tls_ca': is needed"},
       {"[fleet]\nlease_ttl_seconds = 1\n", "lease_ttl_seconds"},
       {"[fleet]\nendpoint = [\"a:1\"]\n", "unknown key 'fleet.endpoint'"},
   };

@@ -5,13 +5,14 @@
 // installs it, so CI runs these.
 //
 // Every wait is a poll with a deadline; no sleep decides an assertion.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <functional>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -23,6 +24,7 @@
 #include "host-agent/fleet/fleet_policy.h"
 #include "host-agent/tmemctl/fleet_commands.h"
 #include "tests/control/test_util.h"
+#include "tests/fleet/etcd_cluster.h"
 #include "tests/process.h"
 #include "tests/temp_dir.h"
 
@@ -30,34 +32,32 @@ namespace tmem {
 namespace {
 
 using nlohmann::json;
+using testing::EtcdCerts;
+using testing::EtcdCluster;
+using testing::kEtcdBinary;
+using testing::kEtcdctlBinary;
+using testing::MakeEtcdCerts;
 using testing::PathExists;
 using testing::Process;
 using testing::RunResult;
 using testing::TempDir;
 using testing::WaitUntil;
 
-constexpr char kEtcd[] = "/usr/bin/etcd";
-constexpr char kEtcdctl[] = "/usr/bin/etcdctl";
 // Deadlines for a loaded 2-core machine under sanitizers, not targets.
 constexpr int kConvergeMs = 60000;
 
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// How a tmemd talks to etcd.
+enum class AgentTls {
+  kNone,     // plaintext
+  kValid,    // CA + client certificate etcd trusts
+  kCaOnly,   // CA, no client certificate
+  kRogue,    // CA + a client certificate from a CA etcd does not trust
+};
 
 class FleetEtcdTest : public ::testing::Test {
  protected:
+  virtual bool UseTls() const { return false; }
+
   void SetUp() override {
 #ifdef TMEM_TSAN_SKIP_GRPC
     GTEST_SKIP() << "skipped under TSan: Debian's gRPC is not TSan-"
@@ -65,57 +65,39 @@ class FleetEtcdTest : public ::testing::Test {
                     "races inside gRPC (as tests/control); runs in release "
                     "and ASan";
 #endif
-    if (!PathExists(kEtcd)) {
-      GTEST_SKIP() << kEtcd
+    if (!PathExists(kEtcdBinary)) {
+      GTEST_SKIP() << kEtcdBinary
                    << " is missing: install etcd-server "
                       "(scripts/install-deps.sh does)";
     }
     ASSERT_FALSE(dir_.path().empty());
-    for (int i = 0; i < 3; ++i) {
-      client_ports_.push_back(FreePort());
-      peer_ports_.push_back(FreePort());
+    if (UseTls()) {
+      const std::string d = dir_.path() + "/certs";
+      std::filesystem::create_directories(d);
+      certs_ = MakeEtcdCerts(d);
+      ASSERT_TRUE(certs_.error.empty()) << certs_.error;
     }
-    for (int i = 0; i < 3; ++i) StartMember(i);
+    cluster_ = std::make_unique<EtcdCluster>(3, dir_.path(),
+                                             UseTls() ? &certs_ : nullptr);
+    cluster_->StartAll();
     EtcdOptions eo;
     eo.endpoints = Endpoints();
+    if (UseTls()) {
+      eo.tls.cert = certs_.client_cert;
+      eo.tls.key = certs_.client_key;
+      eo.tls.ca = certs_.ca;
+    }
     absl::StatusOr<std::unique_ptr<EtcdClient>> c = EtcdClient::Create(eo);
-    ASSERT_TRUE(c.ok());
+    ASSERT_TRUE(c.ok()) << c.status();
     etcd_ = std::move(*c);
     ASSERT_TRUE(WaitUntil([&] { return EtcdAnswers(); }, 30000))
-        << members_[0]->Log();
+        << cluster_->member(0).Log();
   }
 
-  std::vector<std::string> Endpoints() const {
-    std::vector<std::string> e;
-    for (int p : client_ports_) e.push_back(absl::StrCat("127.0.0.1:", p));
-    return e;
-  }
-  std::string EndpointList() const { return absl::StrJoin(Endpoints(), ","); }
-
-  void StartMember(int i) {
-    std::vector<std::string> cluster;
-    for (int j = 0; j < 3; ++j) {
-      cluster.push_back(
-          absl::StrCat("m", j, "=http://127.0.0.1:", peer_ports_[j]));
-    }
-    const std::string client =
-        absl::StrCat("http://127.0.0.1:", client_ports_[i]);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_ports_[i]);
-    std::vector<std::string> argv = {
-        kEtcd, "--name", absl::StrCat("m", i), "--data-dir",
-        absl::StrCat(dir_.path(), "/etcd", i), "--listen-client-urls", client,
-        "--advertise-client-urls", client, "--listen-peer-urls", peer,
-        "--initial-advertise-peer-urls", peer, "--initial-cluster",
-        absl::StrJoin(cluster, ","), "--initial-cluster-token",
-        "tmemd-fleet-test", "--initial-cluster-state", "new",
-        // A loaded 2-core machine: slower heartbeats than the default, so
-        // a busy moment does not start elections.
-        "--heartbeat-interval", "200", "--election-timeout", "2000",
-        "--log-level", "warn"};
-    if (members_.size() <= static_cast<size_t>(i)) members_.resize(i + 1);
-    members_[i] = std::make_unique<Process>(
-        argv, absl::StrCat(dir_.path(), "/etcd", i, "-", ++runs_, ".log"));
-  }
+  std::vector<std::string> Endpoints() const { return cluster_->Endpoints(); }
+  std::string EndpointList() const { return cluster_->EndpointList(); }
+  void StartMember(int i) { cluster_->Start(i); }
+  Process& Member(int i) { return cluster_->member(i); }
 
   bool EtcdAnswers() {
     etcdserverpb::RangeRequest r;
@@ -127,25 +109,42 @@ class FleetEtcdTest : public ::testing::Test {
     return false;
   }
 
-  // One tmemd with [fleet], host name h<i>, group odd/even.
-  void StartTmemd(int i) {
+  AgentTls DefaultTls() const {
+    return UseTls() ? AgentTls::kValid : AgentTls::kNone;
+  }
+
+  // One tmemd with [fleet], host name h<i>, group odd/even, a small cap
+  // and one worker; not waited for (WaitReady).
+  void LaunchTmemd(int i, AgentTls tls) {
     const std::string d = absl::StrCat(dir_.path(), "/h", i);
     std::filesystem::create_directories(d);
     std::vector<std::string> quoted;
     for (const std::string& e : Endpoints()) quoted.push_back("\"" + e + "\"");
-    std::ofstream(d + "/tmemd.toml")
-        << "[channels]\nsocket_dir = \"" << d << "\"\n"
-        << "[control]\nstate_file = \"" << d << "/state.json\"\n"
-        << "[fleet]\nendpoints = [" << absl::StrJoin(quoted, ", ") << "]\n"
-        << "host = \"h" << i << "\"\n"
-        << "groups = [\"" << (i % 2 ? "odd" : "even") << "\"]\n"
-        << "lease_ttl_seconds = 3\n";
+    std::ofstream toml(d + "/tmemd.toml");
+    toml << "[store]\nmemory_cap = \"64MiB\"\n"
+         << "[channels]\nsocket_dir = \"" << d << "\"\n"
+         << "[control]\nstate_file = \"" << d << "/state.json\"\n"
+         << "[fleet]\nendpoints = [" << absl::StrJoin(quoted, ", ") << "]\n"
+         << "host = \"h" << i << "\"\n"
+         << "groups = [\"" << (i % 2 ? "odd" : "even") << "\"]\n"
+         << "lease_ttl_seconds = 3\n";
+    if (tls != AgentTls::kNone) toml << "tls_ca = \"" << certs_.ca << "\"\n";
+    if (tls == AgentTls::kValid) {
+      toml << "tls_cert = \"" << certs_.client_cert << "\"\n"
+           << "tls_key = \"" << certs_.client_key << "\"\n";
+    } else if (tls == AgentTls::kRogue) {
+      toml << "tls_cert = \"" << certs_.rogue_cert << "\"\n"
+           << "tls_key = \"" << certs_.rogue_key << "\"\n";
+    }
+    toml.close();
     if (tmemds_.size() <= static_cast<size_t>(i)) tmemds_.resize(i + 1);
     tmemds_[i].reset();
     tmemds_[i] = std::make_unique<Process>(
         std::vector<std::string>{TMEMD_BIN, "-c", d + "/tmemd.toml",
                                  "--workers", "1"},
         absl::StrCat(d, "/tmemd-", ++runs_, ".log"));
+  }
+  void WaitReady(int i) {
     Process& p = *tmemds_[i];
     ASSERT_TRUE(WaitUntil(
         [&] {
@@ -156,10 +155,20 @@ class FleetEtcdTest : public ::testing::Test {
         << p.Log();
     ASSERT_TRUE(p.Running()) << p.Log();
   }
+  void StartTmemd(int i) { StartTmemd(i, DefaultTls()); }
+  void StartTmemd(int i, AgentTls tls) {
+    LaunchTmemd(i, tls);
+    WaitReady(i);
+  }
 
   RunResult Ctl(const std::vector<std::string>& args) {
     std::vector<std::string> argv = {TMEMCTL_BIN, "fleet", "--etcd",
                                      EndpointList()};
+    if (UseTls()) {
+      argv.insert(argv.end(),
+                  {"--etcd-cert", certs_.client_cert, "--etcd-key",
+                   certs_.client_key, "--etcd-ca", certs_.ca});
+    }
     argv.insert(argv.end(), args.begin(), args.end());
     return testing::Run(
         argv, absl::StrCat(dir_.path(), "/tmemctl-", ++runs_, ".out"));
@@ -190,6 +199,55 @@ class FleetEtcdTest : public ::testing::Test {
     if (!s.is_object()) return -1;
     return s.value("cpu_budget_percent", -1.0);
   }
+  // A host counter from h<i>'s Status (fleet_* included); -1 if absent.
+  int64_t HostCounter(int i, const std::string& name) {
+    json s = HostStatus(i);
+    if (!s.is_object() || !s.contains("counters")) return -1;
+    for (const json& c : s["counters"]) {
+      if (c.value("name", "") != name) continue;
+      if (!c.contains("value")) return 0;  // proto3 JSON leaves 0 out
+      const json& v = c["value"];
+      return v.is_string() ? std::stoll(v.get<std::string>())
+                           : v.get<int64_t>();
+    }
+    return -1;
+  }
+  bool KeyExists(const std::string& key) {
+    etcdserverpb::RangeRequest r;
+    r.set_key(key);
+    absl::StatusOr<etcdserverpb::RangeResponse> resp = etcd_->Range(r);
+    return resp.ok() && resp->kvs_size() > 0;
+  }
+  // Every host's status key, read from etcd here (no process per poll: on a
+  // loaded machine 50 tmemctl runs a second cost the agents their CPU).
+  std::map<std::string, json> StatusKeys() {
+    std::map<std::string, json> out;
+    etcdserverpb::RangeRequest r;
+    r.set_key(kFleetStatusPrefix);
+    r.set_range_end(EtcdPrefixEnd(kFleetStatusPrefix));
+    absl::StatusOr<etcdserverpb::RangeResponse> resp = etcd_->Range(r);
+    if (!resp.ok()) return out;
+    for (const mvccpb::KeyValue& kv : resp->kvs()) {
+      out[kv.key().substr(std::string(kFleetStatusPrefix).size())] =
+          json::parse(kv.value(), nullptr, false);
+    }
+    return out;
+  }
+  // All `hosts` report `revision` applied with the budget `budget(host)`.
+  bool AllReport(int hosts, int64_t revision,
+                 const std::function<double(int)>& budget) {
+    std::map<std::string, json> st = StatusKeys();
+    if (st.size() != static_cast<size_t>(hosts)) return false;
+    for (int i = 0; i < hosts; ++i) {
+      auto it = st.find(absl::StrCat("h", i));
+      if (it == st.end() || !it->second.is_object() ||
+          it->second.value("applied_revision", int64_t{0}) < revision ||
+          it->second.value("cpu_budget_percent", -1.0) != budget(i)) {
+        return false;
+      }
+    }
+    return true;
+  }
   // tmemctl fleet status --json, with its exit code.
   json FleetStatus(int* code) {
     RunResult r = Ctl({"status", "--json"});
@@ -210,9 +268,8 @@ class FleetEtcdTest : public ::testing::Test {
   }
 
   TempDir dir_{"tmemd-fleet"};
-  std::vector<int> client_ports_;
-  std::vector<int> peer_ports_;
-  std::vector<std::unique_ptr<Process>> members_;
+  EtcdCerts certs_;
+  std::unique_ptr<EtcdCluster> cluster_;
   std::vector<std::unique_ptr<Process>> tmemds_;
   std::unique_ptr<EtcdClient> etcd_;
   int runs_ = 0;
@@ -330,8 +387,8 @@ TEST_F(FleetEtcdTest, RestartedHostResumesAndDownHostCatchesUp) {
             0);
   RunResult d = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 46}}})");
   ASSERT_EQ(d.code, 0);
-  if (PathExists(kEtcdctl)) {
-    RunResult c = testing::Run({kEtcdctl, "--endpoints", EndpointList(),
+  if (PathExists(kEtcdctlBinary)) {
+    RunResult c = testing::Run({kEtcdctlBinary, "--endpoints", EndpointList(),
                                 "compact", std::to_string(AppliedRevision(d))},
                                dir_.path() + "/compact.out");
     ASSERT_EQ(c.code, 0) << c.output;
@@ -340,7 +397,7 @@ TEST_F(FleetEtcdTest, RestartedHostResumesAndDownHostCatchesUp) {
   ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs))
       << tmemds_[1]->Log();
   EXPECT_DOUBLE_EQ(CpuBudget(1), 46);
-  if (PathExists(kEtcdctl)) {
+  if (PathExists(kEtcdctlBinary)) {
     EXPECT_NE(tmemds_[1]->Log().find("event=fleet_watch_compacted"),
               std::string::npos)
         << tmemds_[1]->Log();
@@ -409,8 +466,8 @@ TEST_F(FleetEtcdTest, EtcdMemberKilledThenWholeClusterDownAndBack) {
             0);
   ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs));
   // Member 0 is every tmemd's first endpoint: they must move on.
-  ASSERT_EQ(kill(members_[0]->pid(), SIGKILL), 0);
-  members_[0]->Wait();
+  ASSERT_EQ(kill(Member(0).pid(), SIGKILL), 0);
+  Member(0).Wait();
   RunResult a;
   ASSERT_TRUE(WaitUntil(
       [&] {
@@ -424,8 +481,8 @@ TEST_F(FleetEtcdTest, EtcdMemberKilledThenWholeClusterDownAndBack) {
   for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(CpuBudget(i), 22);
   // Back, and then another member goes.
   StartMember(0);
-  ASSERT_EQ(kill(members_[1]->pid(), SIGKILL), 0);
-  members_[1]->Wait();
+  ASSERT_EQ(kill(Member(1).pid(), SIGKILL), 0);
+  Member(1).Wait();
   ASSERT_TRUE(WaitUntil(
       [&] {
         a = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 23}}})");
@@ -439,12 +496,7 @@ TEST_F(FleetEtcdTest, EtcdMemberKilledThenWholeClusterDownAndBack) {
 
   // The whole cluster stops: the hosts keep serving and enforcing what they
   // applied; when it returns they catch up with the next apply.
-  for (auto& m : members_) {
-    if (m->Running()) {
-      kill(m->pid(), SIGKILL);
-      m->Wait();
-    }
-  }
+  cluster_->KillAll();
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(tmemds_[i]->Running()) << tmemds_[i]->Log();
     EXPECT_DOUBLE_EQ(CpuBudget(i), 23);
@@ -460,6 +512,172 @@ TEST_F(FleetEtcdTest, EtcdMemberKilledThenWholeClusterDownAndBack) {
   ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs))
       << Ctl({"status"}).output;
   for (int i = 0; i < 3; ++i) EXPECT_DOUBLE_EQ(CpuBudget(i), 24);
+}
+
+// 50 tmemds (no VMs, 64 MiB caps, one worker each) converge on a layered
+// policy and on a change of it; the bound is a deadline for a loaded
+// 2-core machine, not a target (bench/fleet_propagation_bench measures).
+TEST_F(FleetEtcdTest, FiftyHostsConverge) {
+  constexpr int kHosts = 50;
+  for (int i = 0; i < kHosts; ++i) LaunchTmemd(i, AgentTls::kNone);
+  for (int i = 0; i < kHosts; ++i) WaitReady(i);
+  ASSERT_TRUE(WaitUntil([&] { return StatusKeys().size() == kHosts; },
+                        kConvergeMs))
+      << StatusKeys().size() << " of " << kHosts << " hosts report";
+  RunResult a = Apply(kPolicyA);
+  ASSERT_EQ(a.code, 0) << a.output;
+  const int64_t rev_a = AppliedRevision(a);
+  const auto start = std::chrono::steady_clock::now();
+  auto budget_a = [](int i) { return i % 2 ? 30.0 : 40.0; };
+  ASSERT_TRUE(WaitUntil([&] { return AllReport(kHosts, rev_a, budget_a); },
+                        kConvergeMs))
+      << Ctl({"status"}).output;
+  const auto converged = std::chrono::steady_clock::now() - start;
+  // tmemctl's view agrees, and the layers landed (mode per host).
+  int code = -1;
+  json st = FleetStatus(&code);
+  ASSERT_EQ(code, 0) << st.dump();
+  ASSERT_EQ(st["hosts"].size(), static_cast<size_t>(kHosts));
+  for (const json& h : st["hosts"]) {
+    EXPECT_EQ(h["state"], "converged") << h.dump();
+    EXPECT_EQ(h["mode"], h["host"] == "h2" ? "off" : "always") << h.dump();
+  }
+  // What the status keys say is what tmemd enforces (its control socket).
+  for (int i : {0, 1, 2, 49}) EXPECT_DOUBLE_EQ(CpuBudget(i), budget_a(i));
+
+  RunResult b = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 55}},
+                          "hosts": {"h49": {"host": {"cpu_budget_percent": 12}}}})");
+  ASSERT_EQ(b.code, 0) << b.output;
+  auto budget_b = [](int i) { return i == 49 ? 12.0 : 55.0; };
+  ASSERT_TRUE(WaitUntil(
+      [&] { return AllReport(kHosts, AppliedRevision(b), budget_b); },
+      kConvergeMs))
+      << Ctl({"status"}).output;
+  for (int i : {0, 1, 48, 49}) EXPECT_DOUBLE_EQ(CpuBudget(i), budget_b(i));
+  std::cout << "[ INFO     ] " << kHosts << " hosts applied it and reported so "
+            << std::chrono::duration_cast<std::chrono::milliseconds>(converged)
+                   .count()
+            << " ms after the tmemctl fleet apply process was reaped\n";
+}
+
+// etcd with TLS on its client port and --client-cert-auth.
+class FleetEtcdTlsTest : public FleetEtcdTest {
+ protected:
+  bool UseTls() const override { return true; }
+};
+
+TEST_F(FleetEtcdTlsTest, OnlyAgentsWithATrustedClientCertificateGetPolicy) {
+  StartTmemd(0, AgentTls::kValid);
+  RunResult a = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 31}}})");
+  ASSERT_EQ(a.code, 0) << a.output;
+  ASSERT_TRUE(WaitUntil([&] { return AllConverged(); }, kConvergeMs))
+      << Ctl({"status"}).output << tmemds_[0]->Log();
+  EXPECT_DOUBLE_EQ(CpuBudget(0), 31);
+  EXPECT_EQ(HostCounter(0, "fleet_etcd_tls_errors"), 0);
+
+  // No client certificate, and one from a CA etcd does not trust: they get
+  // nothing (never registered, their own config's budget), say why in
+  // their log, and count it.
+  StartTmemd(1, AgentTls::kCaOnly);
+  StartTmemd(2, AgentTls::kRogue);
+  for (int i : {1, 2}) {
+    ASSERT_TRUE(WaitUntil(
+        [&] { return HostCounter(i, "fleet_etcd_tls_errors") > 0; },
+        kConvergeMs))
+        << tmemds_[i]->Log();
+    const std::string log = tmemds_[i]->Log();
+    EXPECT_NE(log.find("event=fleet_etcd_tls_error"), std::string::npos)
+        << log;
+    EXPECT_NE(log.find(i == 1 ? "we sent no client certificate"
+                              : "it does not accept our client certificate"),
+              std::string::npos)
+        << log;
+    EXPECT_GE(HostCounter(i, "fleet_etcd_errors"),
+              HostCounter(i, "fleet_etcd_tls_errors"));
+    EXPECT_EQ(HostCounter(i, "fleet_revisions_applied"), 0);
+    EXPECT_DOUBLE_EQ(CpuBudget(i), 25);  // tmemd's default, not 31
+    EXPECT_FALSE(KeyExists(absl::StrCat(kFleetMembersPrefix, "h", i)));
+    EXPECT_FALSE(KeyExists(absl::StrCat(kFleetStatusPrefix, "h", i)));
+  }
+
+  // h0 comes back with the rogue certificate: it keeps enforcing what it
+  // applied, gets nothing of the next apply, and counts the refusals.
+  ASSERT_EQ(tmemds_[0]->Stop(), 0);
+  StartTmemd(0, AgentTls::kRogue);
+  RunResult b = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 32}}})");
+  ASSERT_EQ(b.code, 0) << b.output;
+  ASSERT_TRUE(WaitUntil(
+      [&] { return HostCounter(0, "fleet_etcd_tls_errors") > 0; },
+      kConvergeMs))
+      << tmemds_[0]->Log();
+  EXPECT_DOUBLE_EQ(CpuBudget(0), 31);
+  EXPECT_EQ(HostCounter(0, "fleet_revisions_applied"), 0);
+  // With its certificate back it catches up.
+  ASSERT_EQ(tmemds_[0]->Stop(), 0);
+  StartTmemd(0, AgentTls::kValid);
+  ASSERT_TRUE(WaitUntil([&] { return CpuBudget(0) == 32; }, kConvergeMs))
+      << tmemds_[0]->Log();
+
+  // tmemctl: refused by etcd without a certificate, with the reason; a key
+  // that is not the certificate's is refused before any connection.
+  RunResult plain = testing::Run(
+      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "status"},
+      dir_.path() + "/plain.out");
+  EXPECT_EQ(plain.code, 1) << plain.output;
+  EXPECT_NE(plain.output.find("it serves TLS"), std::string::npos)
+      << plain.output;
+  RunResult ca_only = testing::Run({TMEMCTL_BIN, "fleet", "--etcd",
+                                    EndpointList(), "--etcd-ca", certs_.ca,
+                                    "status"},
+                                   dir_.path() + "/ca-only.out");
+  EXPECT_EQ(ca_only.code, 1) << ca_only.output;
+  EXPECT_NE(ca_only.output.find("we sent no client certificate"),
+            std::string::npos)
+      << ca_only.output;
+  RunResult wrong_ca = testing::Run(
+      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca",
+       certs_.rogue_ca, "--etcd-cert", certs_.client_cert, "--etcd-key",
+       certs_.client_key, "status"},
+      dir_.path() + "/wrong-ca.out");
+  EXPECT_EQ(wrong_ca.code, 1) << wrong_ca.output;
+  EXPECT_NE(wrong_ca.output.find("does not verify against our CA"),
+            std::string::npos)
+      << wrong_ca.output;
+  RunResult mismatch = testing::Run(
+      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca", certs_.ca,
+       "--etcd-cert", certs_.client_cert, "--etcd-key", certs_.rogue_key,
+       "status"},
+      dir_.path() + "/mismatch.out");
+  EXPECT_EQ(mismatch.code, 1) << mismatch.output;
+  EXPECT_NE(mismatch.output.find("--etcd-key '" + certs_.rogue_key +
+                                 "': does not match the certificate of "
+                                 "--etcd-cert"),
+            std::string::npos)
+      << mismatch.output;
+}
+
+TEST_F(FleetEtcdTlsTest, TmemdRefusesBadTlsFilesAtStartWithTheirSetting) {
+  // The CA file given as the client certificate's key: refused, tmemd
+  // exits, the message names the setting and the file.
+  const std::string d = dir_.path() + "/bad";
+  std::filesystem::create_directories(d);
+  std::ofstream(d + "/tmemd.toml")
+      << "[channels]\nsocket_dir = \"" << d << "\"\n"
+      << "[control]\nstate_file = \"" << d << "/state.json\"\n"
+      << "[fleet]\nendpoints = [\"" << Endpoints()[0] << "\"]\n"
+      << "host = \"bad\"\n"
+      << "tls_ca = \"" << certs_.ca << "\"\n"
+      << "tls_cert = \"" << certs_.client_cert << "\"\n"
+      << "tls_key = \"" << certs_.ca << "\"\n";
+  Process p({TMEMD_BIN, "-c", d + "/tmemd.toml", "--workers", "1"},
+            d + "/tmemd.log");
+  int code = -1;
+  ASSERT_TRUE(p.WaitFor(30000, &code)) << p.Log();
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(p.Log().find("[fleet] tls_key '" + certs_.ca +
+                         "': not an unencrypted PEM private key"),
+            std::string::npos)
+      << p.Log();
 }
 
 }  // namespace

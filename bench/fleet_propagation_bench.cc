@@ -1,0 +1,452 @@
+// Fleet policy propagation (issue 19): how long one policy change in etcd
+// takes to be applied by every tmemd, against etcd's own watch
+// notification latency in the same run, and the etcd write load the
+// agents cause in steady state.
+//
+// Starts an etcd cluster (tests/fleet/etcd_cluster.h: /usr/bin/etcd, data
+// on tmpfs) and --agents tmemd processes (no VMs, 64 MiB caps, one worker,
+// [fleet] state on tmpfs), and a plain watcher of the policy prefix in this
+// process (one gRPC Watch stream: etcd's notification latency). Then
+// --changes times: put /tmemd/v1/policy/fleet (a new cpu budget), note the
+// wall time before the put, and take
+//   - the watcher's latency: put -> the watch event received here;
+//   - each agent's latency: put -> its fleet_policy_applied log line for
+//     that revision (tmemd's log time, millisecond resolution; logged after
+//     the policy is applied and fleet-state.json is fsynced);
+//   - all-applied: the slowest agent.
+// ratio = all-applied / watcher latency, per change; p50 and p99 (nearest
+// rank) over the changes. Then --steady-seconds without changes: deltas of
+// etcd's /metrics counters (member 0's raft proposals and MVCC puts; lease
+// renewals and LeaseKeepAlive messages summed over members), per agent
+// per minute.
+//
+// A measurement on whatever machine runs it; no assertion on the numbers
+// (ctest runs a small smoke configuration: --agents 3 --changes 2).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "host-agent/fleet/etcd_client.h"
+#include "host-agent/fleet/fleet_policy.h"
+#include "tests/fleet/etcd_cluster.h"
+#include "tests/process.h"
+#include "tests/temp_dir.h"
+
+namespace tmem {
+namespace {
+
+using Clock = std::chrono::system_clock;
+using testing::EtcdCluster;
+using testing::Process;
+using testing::TempDir;
+
+struct Options {
+  int agents = 100;
+  int changes = 10;
+  int members = 3;
+  int steady_seconds = 60;
+  int lease_ttl_seconds = 10;
+  int timeout_seconds = 300;
+  std::string tmemd;
+};
+
+[[noreturn]] void Die(const std::string& why) {
+  std::cerr << "fleet_propagation_bench: " << why << "\n";
+  std::exit(1);  // NOLINT(concurrency-mt-unsafe): only on fatal errors
+}
+
+double Ms(Clock::duration d) {
+  return std::chrono::duration<double, std::milli>(d).count();
+}
+
+// Nearest-rank percentile of a non-empty sample.
+double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  size_t rank = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size()) +
+                                    0.999999);
+  rank = std::clamp<size_t>(rank, 1, v.size());
+  return v[rank - 1];
+}
+
+// tmemd's "ts=2026-12-01T18:50:02.137Z" -> wall time.
+bool ParseLogTime(const std::string& line, Clock::time_point* t) {
+  const size_t at = line.find("ts=");
+  if (at == std::string::npos || line.size() < at + 27) return false;
+  std::tm tm{};
+  int ms = 0;
+  if (sscanf(line.c_str() + at + 3, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ",
+             &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+             &tm.tm_sec, &ms) != 7) {
+    return false;
+  }
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  *t = Clock::from_time_t(timegm(&tm)) + std::chrono::milliseconds(ms);
+  return true;
+}
+
+// The time of `log`'s fleet_policy_applied line for `revision`.
+bool AppliedAt(const std::string& log, int64_t revision,
+               Clock::time_point* t) {
+  const std::string needle =
+      absl::StrCat("event=fleet_policy_applied revision=", revision);
+  size_t at = log.find(needle);
+  while (at != std::string::npos) {
+    const size_t end = at + needle.size();
+    if (end == log.size() || log[end] == '\n' || log[end] == ' ') {
+      const size_t nl = log.rfind('\n', at);
+      const size_t begin = nl == std::string::npos ? 0 : nl + 1;
+      return ParseLogTime(log.substr(begin, at - begin), t);
+    }
+    at = log.find(needle, end);
+  }
+  return false;
+}
+
+// GET /metrics over plain HTTP -> "name{labels}" -> value.
+std::map<std::string, double> FetchMetrics(int port) {
+  std::map<std::string, double> out;
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return out;
+  }
+  const std::string req = "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+  (void)send(fd, req.data(), req.size(), MSG_NOSIGNAL);
+  std::string body;
+  char buf[65536];
+  for (;;) {
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    body.append(buf, static_cast<size_t>(n));
+  }
+  close(fd);
+  size_t pos = body.find("\r\n\r\n");
+  pos = pos == std::string::npos ? 0 : pos + 4;
+  while (pos < body.size()) {
+    size_t eol = body.find('\n', pos);
+    if (eol == std::string::npos) eol = body.size();
+    const std::string line = body.substr(pos, eol - pos);
+    pos = eol + 1;
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    double v = 0;
+    if (sp != std::string::npos && absl::SimpleAtod(line.substr(sp + 1), &v)) {
+      out[line.substr(0, sp)] = v;
+    }
+  }
+  return out;
+}
+
+// Sums every series whose name (before any label) is `name` and whose
+// labels contain `label` ("" for any).
+double Sum(const std::map<std::string, double>& m, const std::string& name,
+           const std::string& label = "") {
+  double s = 0;
+  for (const auto& [k, v] : m) {
+    if (k.compare(0, name.size(), name) != 0) continue;
+    if (k.size() > name.size() && k[name.size()] != '{') continue;
+    if (!label.empty() && k.find(label) == std::string::npos) continue;
+    s += v;
+  }
+  return s;
+}
+
+// A plain watcher of the policy prefix: revision -> time it arrived.
+class PlainWatcher {
+ public:
+  explicit PlainWatcher(EtcdClient* etcd) : etcd_(etcd) {
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~PlainWatcher() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+      context_.TryCancel();
+    }
+    thread_.join();
+  }
+  PlainWatcher(const PlainWatcher&) = delete;
+  PlainWatcher& operator=(const PlainWatcher&) = delete;
+
+  bool ready() const { return ready_.load(); }
+  bool Seen(int64_t revision, Clock::time_point* t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = seen_.find(revision);
+    if (it == seen_.end()) return false;
+    *t = it->second;
+    return true;
+  }
+
+ private:
+  void Run() {
+    etcd_->Prepare(&context_, /*stream=*/true);
+    auto stream = etcd_->watch().Watch(&context_);
+    etcdserverpb::WatchRequest request;
+    request.mutable_create_request()->set_key(kFleetPolicyPrefix);
+    request.mutable_create_request()->set_range_end(
+        EtcdPrefixEnd(kFleetPolicyPrefix));
+    if (!stream->Write(request)) return;
+    etcdserverpb::WatchResponse response;
+    while (stream->Read(&response)) {
+      const Clock::time_point now = Clock::now();
+      if (response.created()) ready_ = true;
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const mvccpb::Event& e : response.events()) {
+        seen_.emplace(e.kv().mod_revision(), now);
+      }
+    }
+    (void)stream->Finish();
+  }
+
+  EtcdClient* const etcd_;
+  grpc::ClientContext context_;
+  std::atomic<bool> ready_{false};
+  std::mutex mu_;
+  bool stop_ = false;  // guarded by mu_
+  std::map<int64_t, Clock::time_point> seen_;  // guarded by mu_
+  std::thread thread_;
+};
+
+int64_t CountKeys(EtcdClient& etcd, const std::string& prefix) {
+  etcdserverpb::RangeRequest r;
+  r.set_key(prefix);
+  r.set_range_end(EtcdPrefixEnd(prefix));
+  r.set_count_only(true);
+  absl::StatusOr<etcdserverpb::RangeResponse> resp = etcd.Range(r);
+  return resp.ok() ? resp->count() : -1;
+}
+
+int Run(const Options& o) {
+  if (!testing::PathExists(testing::kEtcdBinary)) {
+    Die(absl::StrCat(testing::kEtcdBinary, " is missing (etcd-server)"));
+  }
+  TempDir logs("tmemd-fleet-bench");
+  TempDir state("tmemd-fleet-bench-state", testing::PathExists("/dev/shm")
+                                               ? std::string("/dev/shm")
+                                               : "/tmp");
+  EtcdCluster cluster(o.members, logs.path(), nullptr);
+  cluster.StartAll();
+  EtcdOptions eo;
+  eo.endpoints = cluster.Endpoints();
+  absl::StatusOr<std::unique_ptr<EtcdClient>> made = EtcdClient::Create(eo);
+  if (!made.ok()) Die(std::string(made.status().message()));
+  EtcdClient& etcd = **made;
+  if (!testing::WaitUntil([&] { return CountKeys(etcd, "/") >= 0; },
+                          60000)) {
+    Die("etcd does not answer: " + cluster.member(0).Log());
+  }
+
+  const auto t_start = Clock::now();
+  std::vector<std::unique_ptr<Process>> agents;
+  for (int i = 0; i < o.agents; ++i) {
+    const std::string d = absl::StrCat(state.path(), "/a", i);
+    std::filesystem::create_directories(d);
+    std::vector<std::string> quoted;
+    for (const std::string& e : cluster.Endpoints()) {
+      quoted.push_back("\"" + e + "\"");
+    }
+    std::ofstream(d + "/tmemd.toml")
+        << "[store]\nmemory_cap = \"64MiB\"\n"
+        << "[channels]\nsocket_dir = \"" << d << "\"\n"
+        << "[control]\nstate_file = \"" << d << "/state.json\"\n"
+        << "[fleet]\nendpoints = [" << absl::StrJoin(quoted, ", ") << "]\n"
+        << "host = \"a" << i << "\"\n"
+        << "lease_ttl_seconds = " << o.lease_ttl_seconds << "\n";
+    agents.push_back(std::make_unique<Process>(
+        std::vector<std::string>{o.tmemd, "-c", d + "/tmemd.toml",
+                                 "--workers", "1"},
+        absl::StrCat(logs.path(), "/a", i, ".log")));
+  }
+  if (!testing::WaitUntil(
+          [&] { return CountKeys(etcd, kFleetStatusPrefix) == o.agents; },
+          o.timeout_seconds * 1000)) {
+    for (auto& a : agents) {
+      if (!a->Running()) Die("a tmemd exited: " + a->Log());
+    }
+    Die(absl::StrCat("only ", CountKeys(etcd, kFleetStatusPrefix), " of ",
+                     o.agents, " agents reported"));
+  }
+  std::cout << o.agents << " agents reporting after "
+            << Ms(Clock::now() - t_start) / 1000 << " s\n";
+
+  PlainWatcher watcher(&etcd);
+  if (!testing::WaitUntil([&] { return watcher.ready(); }, 30000)) {
+    Die("the plain watcher did not start");
+  }
+  std::vector<double> watch_ms, all_ms, ratio, agent_ms;
+  for (int k = 0; k < o.changes; ++k) {
+    etcdserverpb::PutRequest put;
+    put.set_key(absl::StrCat(kFleetPolicyPrefix, "fleet"));
+    put.set_value(absl::StrCat(R"({"version":1,"host":{"cpu_budget_percent":)",
+                               10 + k % 80, "}}"));
+    const Clock::time_point t0 = Clock::now();
+    absl::StatusOr<etcdserverpb::PutResponse> r = etcd.Put(put);
+    if (!r.ok()) Die(std::string(r.status().message()));
+    const int64_t rev = r->header().revision();
+    Clock::time_point seen;
+    if (!testing::WaitUntil([&] { return watcher.Seen(rev, &seen); },
+                            30000)) {
+      Die(absl::StrCat("the plain watcher never saw revision ", rev));
+    }
+    std::vector<Clock::time_point> applied(agents.size());
+    std::vector<bool> done(agents.size(), false);
+    size_t remaining = agents.size();
+    // The times come from the logs; polling them slowly only delays
+    // reading them, and leaves the CPU to the agents.
+    const auto deadline =
+        Clock::now() + std::chrono::seconds(o.timeout_seconds);
+    while (remaining > 0 && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      for (size_t i = 0; i < agents.size(); ++i) {
+        if (!done[i] && AppliedAt(agents[i]->Log(), rev, &applied[i])) {
+          done[i] = true;
+          --remaining;
+        }
+      }
+    }
+    if (remaining > 0) {
+      Die(absl::StrCat(remaining, " agents never applied revision ", rev));
+    }
+    const double w = Ms(seen - t0);
+    double slowest = 0;
+    for (const Clock::time_point& t : applied) {
+      agent_ms.push_back(Ms(t - t0));
+      slowest = std::max(slowest, Ms(t - t0));
+    }
+    watch_ms.push_back(w);
+    all_ms.push_back(slowest);
+    ratio.push_back(slowest / std::max(w, 0.001));
+    std::printf("change %d rev %lld: watcher %.2f ms, all %d applied %.1f ms, "
+                "ratio %.1f\n",
+                k + 1, static_cast<long long>(rev), w, o.agents, slowest,
+                ratio.back());
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+
+  // Steady state: no changes; what do the agents cost etcd?
+  std::vector<std::map<std::string, double>> before, after;
+  for (int m = 0; m < o.members; ++m) {
+    before.push_back(FetchMetrics(cluster.metrics_port(m)));
+  }
+  const Clock::time_point s0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(o.steady_seconds));
+  const double minutes = Ms(Clock::now() - s0) / 60000.0;
+  for (int m = 0; m < o.members; ++m) {
+    after.push_back(FetchMetrics(cluster.metrics_port(m)));
+  }
+  auto per_agent_minute = [&](double delta) {
+    return delta / o.agents / minutes;
+  };
+  auto delta_member0 = [&](const std::string& name) {
+    return Sum(after[0], name) - Sum(before[0], name);
+  };
+  auto delta_all = [&](const std::string& name, const std::string& label) {
+    double d = 0;
+    for (int m = 0; m < o.members; ++m) {
+      d += Sum(after[m], name, label) - Sum(before[m], name, label);
+    }
+    return d;
+  };
+
+  std::printf("\nagents %d, etcd members %d, changes %d (etcd and agent "
+              "state on tmpfs)\n",
+              o.agents, o.members, o.changes);
+  std::printf("plain watcher latency   p50 %.2f ms  p99 %.2f ms\n",
+              Percentile(watch_ms, 50), Percentile(watch_ms, 99));
+  std::printf("all agents applied      p50 %.1f ms  p99 %.1f ms\n",
+              Percentile(all_ms, 50), Percentile(all_ms, 99));
+  std::printf("one agent applied       p50 %.1f ms  p99 %.1f ms  (%zu)\n",
+              Percentile(agent_ms, 50), Percentile(agent_ms, 99),
+              agent_ms.size());
+  std::printf("ratio all/watcher       p50 %.1f  p99 %.1f  (target <= 2)\n",
+              Percentile(ratio, 50), Percentile(ratio, 99));
+  std::printf("steady state over %.2f min, per agent per minute:\n", minutes);
+  std::printf("  raft proposals committed (member 0)  %.2f\n",
+              per_agent_minute(
+                  delta_member0("etcd_server_proposals_committed_total")));
+  std::printf("  MVCC puts (member 0)                 %.2f\n",
+              per_agent_minute(delta_member0("etcd_debugging_mvcc_put_total")));
+  std::printf("  lease renewals (all members)         %.2f\n",
+              per_agent_minute(
+                  delta_all("etcd_debugging_lease_renewed_total", "")));
+  std::printf(
+      "  LeaseKeepAlive messages (all members) %.2f\n",
+      per_agent_minute(delta_all("grpc_server_msg_received_total",
+                                 "grpc_method=\"LeaseKeepAlive\"")));
+  for (auto& a : agents) {
+    if (!a->Running()) Die("a tmemd exited: " + a->Log());
+    kill(a->pid(), SIGTERM);
+  }
+  // All stop at once on a shared machine: a generous bound, then a count
+  // (the destructors SIGKILL what is left).
+  int slow = 0;
+  for (auto& a : agents) {
+    if (!testing::WaitUntil([&] { return !a->Running(); }, 60000)) ++slow;
+  }
+  if (slow > 0) {
+    std::printf("%d tmemds did not stop within 60 s of SIGTERM\n", slow);
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace tmem
+
+int main(int argc, char** argv) {
+  tmem::Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&](int* out) {
+      if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], out) || *out < 1) {
+        tmem::Die(a + " needs a positive integer");
+      }
+      ++i;
+    };
+    if (a == "--agents") {
+      value(&o.agents);
+    } else if (a == "--changes") {
+      value(&o.changes);
+    } else if (a == "--members") {
+      value(&o.members);
+    } else if (a == "--steady-seconds") {
+      value(&o.steady_seconds);
+    } else if (a == "--lease-ttl") {
+      value(&o.lease_ttl_seconds);
+    } else if (a == "--timeout") {
+      value(&o.timeout_seconds);
+    } else if (a == "--tmemd" && i + 1 < argc) {
+      o.tmemd = argv[++i];
+    } else {
+      tmem::Die("usage: fleet_propagation_bench --tmemd PATH [--agents N] "
+                "[--changes N] [--members N] [--steady-seconds S] "
+                "[--lease-ttl S] [--timeout S]");
+    }
+  }
+  if (o.tmemd.empty()) tmem::Die("--tmemd PATH is required");
+  return tmem::Run(o);
+}
