@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -214,6 +215,20 @@ v1::HostStatus ControlPlane::Status() const {
   out.set_workers(st.workers);
   out.set_vms(static_cast<int32_t>(agent_->VmNames().size()));
   AddStoreCounters(st.store.counters, out.mutable_counters());
+  // Host-only store figures (issue 15): what isolation tests and operators
+  // watch for a VM reaching beyond its own data or ids.
+  const std::pair<const char*, uint64_t> host_counters[] = {
+      {"pool_scan_objects_visited", st.store.pool_scan_objects_visited},
+      {"unknown_vm_ids_refused", st.store.unknown_vm_ids_refused}};
+  for (const auto& [name, value] : host_counters) {
+    v1::Counter* m = out.add_counters();
+    m->set_name(name);
+    m->set_value(value);
+  }
+  v1::Counter* vm_structs = out.add_counters();
+  vm_structs->set_name("vm_structs");  // live per-VM structs in the store
+  vm_structs->set_value(st.store.vm_structs);
+  vm_structs->set_gauge(true);
   out.set_compression_ratio(CompressionRatio(st.store.counters));
   {
     // Held across the call so SetExtraCounters(nullptr) waits for it.
