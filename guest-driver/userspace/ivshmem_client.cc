@@ -316,7 +316,8 @@ class IvshmemHandshake {
         it == c_->peers_.end() ? 0 : static_cast<int>(it->second.size());
     if (have != vectors_) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "peer ", c_->host_peer_id_, " (tmemd) sent ", have, " eventfds for ", vectors_,
+          "peer ", c_->host_peer_id_, " (tmemd) sent ", have, " eventfds for ",
+          vectors_,
           " vectors before our own; doorbells need all of them (does the "
           "server's vector count match?)"));
     }

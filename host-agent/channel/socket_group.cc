@@ -73,7 +73,8 @@ absl::StatusOr<SocketGroupChoice> ChooseSocketGroup(
           ") is not one tmemd (uid ", geteuid(),
           ") belongs to, so it cannot give its sockets to it: add tmemd's "
           "user to the group (adduser tmemd ",
-          GroupName(*gid), ") or set [channels] socket_group to a group it "
+          GroupName(*gid),
+          ") or set [channels] socket_group to a group it "
           "is in"));
     }
     out.gid = *gid;
@@ -107,8 +108,8 @@ absl::StatusOr<SocketGroupChoice> ChooseSocketGroup(
 
 absl::Status CheckGroupCanReach(const std::string& dir, gid_t gid) {
   if (dir.empty() || dir[0] != '/') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "socket directory '", dir, "' is not an absolute path"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket directory '", dir, "' is not an absolute path"));
   }
   // "/", "/run", "/run/tmemd": each must let the group search it.
   std::vector<std::string> chain = {"/"};
@@ -120,9 +121,9 @@ absl::Status CheckGroupCanReach(const std::string& dir, gid_t gid) {
   for (const std::string& d : chain) {
     struct stat st {};
     if (stat(d.c_str(), &st) != 0) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("cannot inspect '", d, "' on the way to the "
-                              "socket directory"));
+      return absl::ErrnoToStatus(errno, absl::StrCat("cannot inspect '", d,
+                                                     "' on the way to the "
+                                                     "socket directory"));
     }
     const bool others = (st.st_mode & S_IXOTH) != 0;
     const bool group = st.st_gid == gid && (st.st_mode & S_IXGRP) != 0;
@@ -131,8 +132,8 @@ absl::Status CheckGroupCanReach(const std::string& dir, gid_t gid) {
       return absl::FailedPreconditionError(absl::StrCat(
           "'", d, "' (mode ", Octal(st.st_mode), ", group ",
           GroupName(st.st_gid), ") cannot be searched by group '", name,
-          "', so QEMU running in that group cannot reach the sockets in '",
-          dir, "': run 'chgrp ", name, " ", d, " && chmod g+x ", d,
+          "', so QEMU running in that group cannot reach the sockets in '", dir,
+          "': run 'chgrp ", name, " ", d, " && chmod g+x ", d,
           "' (or 'chmod o+x ", d, "'), or use another socket_dir"));
     }
   }

@@ -477,8 +477,8 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
                               : "";
   if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
-      name, TmemShmemXml(st.socket_path, options_.vectors, Master()),
-      do_live, do_config);
+      name, TmemShmemXml(st.socket_path, options_.vectors, Master()), do_live,
+      do_config);
   if (!s.ok()) {
     if (!had_channel && !live && !config) {
       ReleaseChannelLocked(st, "attach failed");
@@ -626,11 +626,11 @@ absl::Status DomainManager::PolicyChanged(const std::string& vm,
   for (const bool live : {true, false}) {
     if (live ? !d->active : !d->persistent) continue;
     if (absl::Status s = WritePolicyLocked(st->name, live, policy); !s.ok()) {
-      out = absl::Status(
-          s.code(), absl::StrCat("writing the policy into the ",
-                                 live ? "live" : "persistent",
-                                 " metadata of domain '", st->name,
-                                 "' failed: ", s.message()));
+      out =
+          absl::Status(s.code(), absl::StrCat("writing the policy into the ",
+                                              live ? "live" : "persistent",
+                                              " metadata of domain '", st->name,
+                                              "' failed: ", s.message()));
     }
   }
   Log(out.ok() ? LogLevel::kInfo : LogLevel::kWarn, "libvirt_policy_written",

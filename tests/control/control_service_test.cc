@@ -61,7 +61,7 @@ class FakeDomains : public DomainControl {
     return absl::OkStatus();
   }
   std::mutex mu;
-  std::string fail_vm;                                     // guarded by mu
+  std::string fail_vm;                                    // guarded by mu
   std::vector<std::pair<std::string, VmPolicy>> written;  // guarded by mu
 };
 

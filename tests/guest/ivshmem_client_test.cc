@@ -317,7 +317,10 @@ TEST(IvshmemClientTest, BadOwnIdIsRefused) {
 // tmemd's eventfds are then peer 1's, and a short run of them is refused.
 TEST(IvshmemClientTest, OwnIdZeroMeansTmemdIsPeerOne) {
   FakeServer server;
-  server.Play({{0}, {0}, {-1, {server.Shm(4096)}}, {1, {server.Eventfd()}},
+  server.Play({{0},
+               {0},
+               {-1, {server.Shm(4096)}},
+               {1, {server.Eventfd()}},
                {0, {server.Eventfd()}}});
   absl::Status s = ConnectFails(server, Options(2));
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;

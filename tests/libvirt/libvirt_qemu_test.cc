@@ -89,8 +89,7 @@ class LibvirtQemuTest : public ::testing::Test {
     // libvirt's QEMU group) may search it, nobody else.
     absl::StatusOr<SocketGroupChoice> group = ChooseSocketGroup(std::nullopt);
     ASSERT_TRUE(group.ok()) << group.status();
-    ASSERT_TRUE(group->gid.has_value())
-        << "no group for QEMU: " << group->note;
+    ASSERT_TRUE(group->gid.has_value()) << "no group for QEMU: " << group->note;
     qemu_gid_ = *group->gid;
     ASSERT_EQ(chown(dir_.c_str(), static_cast<uid_t>(-1), qemu_gid_), 0);
     ASSERT_EQ(chmod(dir_.c_str(), 0750), 0);
