@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,10 +70,9 @@ struct Options {
   std::string tmemd;
 };
 
-[[noreturn]] void Die(const std::string& why) {
-  std::cerr << "fleet_propagation_bench: " << why << "\n";
-  std::exit(1);  // NOLINT(concurrency-mt-unsafe): only on fatal errors
-}
+// Thrown, not exit(): unwinding kills the etcd members and tmemds started
+// so far (Process's destructor).
+[[noreturn]] void Die(const std::string& why) { throw std::runtime_error(why); }
 
 double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -414,7 +414,7 @@ int Run(const Options& o) {
 }  // namespace
 }  // namespace tmem
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   tmem::Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -447,4 +447,7 @@ int main(int argc, char** argv) {
   }
   if (o.tmemd.empty()) tmem::Die("--tmemd PATH is required");
   return tmem::Run(o);
+} catch (const std::exception& e) {
+  std::cerr << "fleet_propagation_bench: " << e.what() << "\n";
+  return 1;
 }
