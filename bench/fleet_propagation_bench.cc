@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -69,10 +70,9 @@ struct Options {
   std::string tmemd;
 };
 
-[[noreturn]] void Die(const std::string& why) {
-  std::cerr << "fleet_propagation_bench: " << why << "\n";
-  std::exit(1);  // NOLINT(concurrency-mt-unsafe): only on fatal errors
-}
+// Thrown, not exit(): unwinding kills the etcd members and tmemds started
+// so far (Process's destructor).
+[[noreturn]] void Die(const std::string& why) { throw std::runtime_error(why); }
 
 double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
@@ -81,8 +81,8 @@ double Ms(Clock::duration d) {
 // Nearest-rank percentile of a non-empty sample.
 double Percentile(std::vector<double> v, double p) {
   std::sort(v.begin(), v.end());
-  size_t rank = static_cast<size_t>(p / 100.0 * static_cast<double>(v.size()) +
-                                    0.999999);
+  auto rank =
+      static_cast<size_t>(p / 100.0 * static_cast<double>(v.size()) + 0.999999);
   rank = std::clamp<size_t>(rank, 1, v.size());
   return v[rank - 1];
 }
@@ -93,9 +93,9 @@ bool ParseLogTime(const std::string& line, Clock::time_point* t) {
   if (at == std::string::npos || line.size() < at + 27) return false;
   std::tm tm{};
   int ms = 0;
-  if (sscanf(line.c_str() + at + 3, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ",
-             &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
-             &tm.tm_sec, &ms) != 7) {
+  if (sscanf(line.c_str() + at + 3, "%4d-%2d-%2dT%2d:%2d:%2d.%3dZ", &tm.tm_year,
+             &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min, &tm.tm_sec,
+             &ms) != 7) {
     return false;
   }
   tm.tm_year -= 1900;
@@ -105,8 +105,7 @@ bool ParseLogTime(const std::string& line, Clock::time_point* t) {
 }
 
 // The time of `log`'s fleet_policy_applied line for `revision`.
-bool AppliedAt(const std::string& log, int64_t revision,
-               Clock::time_point* t) {
+bool AppliedAt(const std::string& log, int64_t revision, Clock::time_point* t) {
   const std::string needle =
       absl::StrCat("event=fleet_policy_applied revision=", revision);
   size_t at = log.find(needle);
@@ -226,7 +225,7 @@ class PlainWatcher {
   grpc::ClientContext context_;
   std::atomic<bool> ready_{false};
   std::mutex mu_;
-  bool stop_ = false;  // guarded by mu_
+  bool stop_ = false;                          // guarded by mu_
   std::map<int64_t, Clock::time_point> seen_;  // guarded by mu_
   std::thread thread_;
 };
@@ -255,8 +254,7 @@ int Run(const Options& o) {
   absl::StatusOr<std::unique_ptr<EtcdClient>> made = EtcdClient::Create(eo);
   if (!made.ok()) Die(std::string(made.status().message()));
   EtcdClient& etcd = **made;
-  if (!testing::WaitUntil([&] { return CountKeys(etcd, "/") >= 0; },
-                          60000)) {
+  if (!testing::WaitUntil([&] { return CountKeys(etcd, "/") >= 0; }, 60000)) {
     Die("etcd does not answer: " + cluster.member(0).Log());
   }
 
@@ -277,8 +275,8 @@ int Run(const Options& o) {
         << "host = \"a" << i << "\"\n"
         << "lease_ttl_seconds = " << o.lease_ttl_seconds << "\n";
     agents.push_back(std::make_unique<Process>(
-        std::vector<std::string>{o.tmemd, "-c", d + "/tmemd.toml",
-                                 "--workers", "1"},
+        std::vector<std::string>{o.tmemd, "-c", d + "/tmemd.toml", "--workers",
+                                 "1"},
         absl::StrCat(logs.path(), "/a", i, ".log")));
   }
   if (!testing::WaitUntil(
@@ -308,8 +306,7 @@ int Run(const Options& o) {
     if (!r.ok()) Die(std::string(r.status().message()));
     const int64_t rev = r->header().revision();
     Clock::time_point seen;
-    if (!testing::WaitUntil([&] { return watcher.Seen(rev, &seen); },
-                            30000)) {
+    if (!testing::WaitUntil([&] { return watcher.Seen(rev, &seen); }, 30000)) {
       Die(absl::StrCat("the plain watcher never saw revision ", rev));
     }
     std::vector<Clock::time_point> applied(agents.size());
@@ -340,10 +337,10 @@ int Run(const Options& o) {
     watch_ms.push_back(w);
     all_ms.push_back(slowest);
     ratio.push_back(slowest / std::max(w, 0.001));
-    std::printf("change %d rev %lld: watcher %.2f ms, all %d applied %.1f ms, "
-                "ratio %.1f\n",
-                k + 1, static_cast<long long>(rev), w, o.agents, slowest,
-                ratio.back());
+    std::printf(
+        "change %d rev %lld: watcher %.2f ms, all %d applied %.1f ms, "
+        "ratio %.1f\n",
+        k + 1, static_cast<long long>(rev), w, o.agents, slowest, ratio.back());
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
 
@@ -372,9 +369,10 @@ int Run(const Options& o) {
     return d;
   };
 
-  std::printf("\nagents %d, etcd members %d, changes %d (etcd and agent "
-              "state on tmpfs)\n",
-              o.agents, o.members, o.changes);
+  std::printf(
+      "\nagents %d, etcd members %d, changes %d (etcd and agent "
+      "state on tmpfs)\n",
+      o.agents, o.members, o.changes);
   std::printf("plain watcher latency   p50 %.2f ms  p99 %.2f ms\n",
               Percentile(watch_ms, 50), Percentile(watch_ms, 99));
   std::printf("all agents applied      p50 %.1f ms  p99 %.1f ms\n",
@@ -385,18 +383,17 @@ int Run(const Options& o) {
   std::printf("ratio all/watcher       p50 %.1f  p99 %.1f  (target <= 2)\n",
               Percentile(ratio, 50), Percentile(ratio, 99));
   std::printf("steady state over %.2f min, per agent per minute:\n", minutes);
-  std::printf("  raft proposals committed (member 0)  %.2f\n",
-              per_agent_minute(
-                  delta_member0("etcd_server_proposals_committed_total")));
+  std::printf(
+      "  raft proposals committed (member 0)  %.2f\n",
+      per_agent_minute(delta_member0("etcd_server_proposals_committed_total")));
   std::printf("  MVCC puts (member 0)                 %.2f\n",
               per_agent_minute(delta_member0("etcd_debugging_mvcc_put_total")));
-  std::printf("  lease renewals (all members)         %.2f\n",
-              per_agent_minute(
-                  delta_all("etcd_debugging_lease_renewed_total", "")));
   std::printf(
-      "  LeaseKeepAlive messages (all members) %.2f\n",
-      per_agent_minute(delta_all("grpc_server_msg_received_total",
-                                 "grpc_method=\"LeaseKeepAlive\"")));
+      "  lease renewals (all members)         %.2f\n",
+      per_agent_minute(delta_all("etcd_debugging_lease_renewed_total", "")));
+  std::printf("  LeaseKeepAlive messages (all members) %.2f\n",
+              per_agent_minute(delta_all("grpc_server_msg_received_total",
+                                         "grpc_method=\"LeaseKeepAlive\"")));
   for (auto& a : agents) {
     if (!a->Running()) Die("a tmemd exited: " + a->Log());
     kill(a->pid(), SIGTERM);
@@ -417,7 +414,7 @@ int Run(const Options& o) {
 }  // namespace
 }  // namespace tmem
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   tmem::Options o;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -442,11 +439,15 @@ int main(int argc, char** argv) {
     } else if (a == "--tmemd" && i + 1 < argc) {
       o.tmemd = argv[++i];
     } else {
-      tmem::Die("usage: fleet_propagation_bench --tmemd PATH [--agents N] "
-                "[--changes N] [--members N] [--steady-seconds S] "
-                "[--lease-ttl S] [--timeout S]");
+      tmem::Die(
+          "usage: fleet_propagation_bench --tmemd PATH [--agents N] "
+          "[--changes N] [--members N] [--steady-seconds S] "
+          "[--lease-ttl S] [--timeout S]");
     }
   }
   if (o.tmemd.empty()) tmem::Die("--tmemd PATH is required");
   return tmem::Run(o);
+} catch (const std::exception& e) {
+  std::cerr << "fleet_propagation_bench: " << e.what() << "\n";
+  return 1;
 }

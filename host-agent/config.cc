@@ -490,7 +490,7 @@ absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
                    "tls_cert and tls_key go together");
   }
   if (!c.tls_cert.empty() && c.tls_ca.empty()) {
-    return r.Error("tls_ca", "is needed with tls_cert (etcd's CA)");
+    return r.Error("tls_cert", "needs tls_ca (the CA of etcd's certificate)");
   }
   return absl::OkStatus();
 }

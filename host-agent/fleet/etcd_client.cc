@@ -77,9 +77,9 @@ absl::Status EtcdClient::FromGrpc(const grpc::Status& status) const {
         endpoint(), ssl_ ? &*ssl_ : nullptr,
         std::min(options_.call_timeout, std::chrono::milliseconds(2000)));
     if (!tls.empty()) {
-      absl::Status s(code, absl::StrCat("etcd ", endpoint(), ": ", tls,
-                                        " (gRPC: ", status.error_message(),
-                                        ")"));
+      absl::Status s(code,
+                     absl::StrCat("etcd ", endpoint(), ": ", tls,
+                                  " (gRPC: ", status.error_message(), ")"));
       s.SetPayload(kEtcdTlsErrorPayload, absl::Cord(tls));
       return s;
     }

@@ -133,15 +133,15 @@ absl::Status CheckKey(const std::string& source, const std::string& path,
   BioPtr bio = MemBio(pem);
   KeyPtr key(PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
   if (!key) {
-    return Refuse(source, path,
-                  absl::StrCat("not an unencrypted PEM private key: ",
-                               OpenSslError()));
+    return Refuse(
+        source, path,
+        absl::StrCat("not an unencrypted PEM private key: ", OpenSslError()));
   }
   if (X509_check_private_key(cert, key.get()) != 1) {
     ERR_clear_error();
-    return Refuse(source, path,
-                  absl::StrCat("does not match the certificate of ",
-                               cert_source));
+    return Refuse(
+        source, path,
+        absl::StrCat("does not match the certificate of ", cert_source));
   }
   return absl::OkStatus();
 }
@@ -153,7 +153,8 @@ absl::StatusOr<grpc::SslCredentialsOptions> LoadEtcdTls(
   if (files.ca.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "etcd TLS: ", files.cert.empty() ? files.key_source : files.cert_source,
-        " needs ", files.ca_source, " (the CA that signed etcd's certificate)"));
+        " needs ", files.ca_source,
+        " (the CA that signed etcd's certificate)"));
   }
   if (files.cert.empty() != files.key.empty()) {
     return absl::InvalidArgumentError(
@@ -310,9 +311,10 @@ std::string DiagnoseEtcdTls(const std::string& endpoint,
     const unsigned long err = ERR_peek_last_error();  // NOLINT(runtime/int)
     const std::string reason = OpenSslError();
     if (verify != X509_V_OK) {
-      return absl::StrCat("etcd's certificate does not verify against our CA "
-                          "for '",
-                          host, "': ", X509_verify_cert_error_string(verify));
+      return absl::StrCat(
+          "etcd's certificate does not verify against our CA "
+          "for '",
+          host, "': ", X509_verify_cert_error_string(verify));
     }
     if (ERR_GET_LIB(err) == ERR_LIB_SSL &&
         (ERR_GET_REASON(err) == SSL_R_WRONG_VERSION_NUMBER ||
@@ -331,7 +333,7 @@ std::string DiagnoseEtcdTls(const std::string& endpoint,
   // verdict is an alert instead of its first HTTP/2 frame.
   char byte = 0;
   if (SSL_read(conn.get(), &byte, 1) > 0) return "";  // accepted
-  const unsigned long err = ERR_peek_last_error();  // NOLINT(runtime/int)
+  const unsigned long err = ERR_peek_last_error();    // NOLINT(runtime/int)
   const std::string reason = OpenSslError();
   if (err != 0 && ERR_GET_LIB(err) == ERR_LIB_SSL) {
     return absl::StrCat("etcd refused the TLS session (", reason,

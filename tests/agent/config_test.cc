@@ -351,10 +351,8 @@ TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
       {"[fleet]\nhost = \"-x\"\n", "fleet.host"},
       {"[fleet]\ngroups = [\"a/b\"]\n", "fleet.groups"},
       {"[fleet]\ntls_cert = \"c.pem\"\n", "go together"},
-      {"[fleet]\ntls_key = \"k.pem\"\ntls_ca = \"ca.pem\"\n",
-       "go together"},
-      {"[fleet]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n",
-       "fleet.tls_ca': is needed"},
+      {"[fleet]\ntls_key = \"k.pem\"\ntls_ca = \"ca.pem\"\n", "go together"},
+      {"[fleet]\ntls_cert = \"c.pem\"\ntls_key = \"k.pem\"\n", "needs tls_ca"},
       {"[fleet]\nlease_ttl_seconds = 1\n", "lease_ttl_seconds"},
       {"[fleet]\nendpoint = [\"a:1\"]\n", "unknown key 'fleet.endpoint'"},
   };

@@ -57,7 +57,8 @@ struct EtcdCerts {
 inline EtcdCerts MakeEtcdCerts(const std::string& dir) {
   EtcdCerts c;
   auto sh = [&](const std::string& cmd) {
-    const std::string full = "cd '" + dir + "' && " + cmd + " >>openssl.log 2>&1";
+    const std::string full =
+        "cd '" + dir + "' && " + cmd + " >>openssl.log 2>&1";
     // Called before the test starts any thread.
     // NOLINTNEXTLINE(concurrency-mt-unsafe)
     if (c.error.empty() && std::system(full.c_str()) != 0) {
@@ -150,10 +151,9 @@ class EtcdCluster {
         "--heartbeat-interval", "200", "--election-timeout", "2000",
         "--log-level", "warn"};
     if (tls_ != nullptr) {
-      argv.insert(argv.end(),
-                  {"--client-cert-auth", "--trusted-ca-file", tls_->ca,
-                   "--cert-file", tls_->server_cert, "--key-file",
-                   tls_->server_key});
+      argv.insert(argv.end(), {"--client-cert-auth", "--trusted-ca-file",
+                               tls_->ca, "--cert-file", tls_->server_cert,
+                               "--key-file", tls_->server_key});
     }
     members_[i] = std::make_unique<Process>(
         argv, absl::StrCat(log_dir_, "/etcd", i, "-", ++runs_, ".log"));

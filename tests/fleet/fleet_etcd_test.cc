@@ -10,8 +10,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -48,10 +48,10 @@ constexpr int kConvergeMs = 60000;
 
 // How a tmemd talks to etcd.
 enum class AgentTls {
-  kNone,     // plaintext
-  kValid,    // CA + client certificate etcd trusts
-  kCaOnly,   // CA, no client certificate
-  kRogue,    // CA + a client certificate from a CA etcd does not trust
+  kNone,    // plaintext
+  kValid,   // CA + client certificate etcd trusts
+  kCaOnly,  // CA, no client certificate
+  kRogue,   // CA + a client certificate from a CA etcd does not trust
 };
 
 class FleetEtcdTest : public ::testing::Test {
@@ -165,9 +165,8 @@ class FleetEtcdTest : public ::testing::Test {
     std::vector<std::string> argv = {TMEMCTL_BIN, "fleet", "--etcd",
                                      EndpointList()};
     if (UseTls()) {
-      argv.insert(argv.end(),
-                  {"--etcd-cert", certs_.client_cert, "--etcd-key",
-                   certs_.client_key, "--etcd-ca", certs_.ca});
+      argv.insert(argv.end(), {"--etcd-cert", certs_.client_cert, "--etcd-key",
+                               certs_.client_key, "--etcd-ca", certs_.ca});
     }
     argv.insert(argv.end(), args.begin(), args.end());
     return testing::Run(
@@ -521,8 +520,8 @@ TEST_F(FleetEtcdTest, FiftyHostsConverge) {
   constexpr int kHosts = 50;
   for (int i = 0; i < kHosts; ++i) LaunchTmemd(i, AgentTls::kNone);
   for (int i = 0; i < kHosts; ++i) WaitReady(i);
-  ASSERT_TRUE(WaitUntil([&] { return StatusKeys().size() == kHosts; },
-                        kConvergeMs))
+  ASSERT_TRUE(
+      WaitUntil([&] { return StatusKeys().size() == kHosts; }, kConvergeMs))
       << StatusKeys().size() << " of " << kHosts << " hosts report";
   RunResult a = Apply(kPolicyA);
   ASSERT_EQ(a.code, 0) << a.output;
@@ -549,9 +548,9 @@ TEST_F(FleetEtcdTest, FiftyHostsConverge) {
                           "hosts": {"h49": {"host": {"cpu_budget_percent": 12}}}})");
   ASSERT_EQ(b.code, 0) << b.output;
   auto budget_b = [](int i) { return i == 49 ? 12.0 : 55.0; };
-  ASSERT_TRUE(WaitUntil(
-      [&] { return AllReport(kHosts, AppliedRevision(b), budget_b); },
-      kConvergeMs))
+  ASSERT_TRUE(
+      WaitUntil([&] { return AllReport(kHosts, AppliedRevision(b), budget_b); },
+                kConvergeMs))
       << Ctl({"status"}).output;
   for (int i : {0, 1, 48, 49}) EXPECT_DOUBLE_EQ(CpuBudget(i), budget_b(i));
   std::cout << "[ INFO     ] " << kHosts << " hosts applied it and reported so "
@@ -581,13 +580,12 @@ TEST_F(FleetEtcdTlsTest, OnlyAgentsWithATrustedClientCertificateGetPolicy) {
   StartTmemd(1, AgentTls::kCaOnly);
   StartTmemd(2, AgentTls::kRogue);
   for (int i : {1, 2}) {
-    ASSERT_TRUE(WaitUntil(
-        [&] { return HostCounter(i, "fleet_etcd_tls_errors") > 0; },
-        kConvergeMs))
+    ASSERT_TRUE(
+        WaitUntil([&] { return HostCounter(i, "fleet_etcd_tls_errors") > 0; },
+                  kConvergeMs))
         << tmemds_[i]->Log();
     const std::string log = tmemds_[i]->Log();
-    EXPECT_NE(log.find("event=fleet_etcd_tls_error"), std::string::npos)
-        << log;
+    EXPECT_NE(log.find("event=fleet_etcd_tls_error"), std::string::npos) << log;
     EXPECT_NE(log.find(i == 1 ? "we sent no client certificate"
                               : "it does not accept our client certificate"),
               std::string::npos)
@@ -607,8 +605,7 @@ TEST_F(FleetEtcdTlsTest, OnlyAgentsWithATrustedClientCertificateGetPolicy) {
   RunResult b = Apply(R"({"fleet": {"host": {"cpu_budget_percent": 32}}})");
   ASSERT_EQ(b.code, 0) << b.output;
   ASSERT_TRUE(WaitUntil(
-      [&] { return HostCounter(0, "fleet_etcd_tls_errors") > 0; },
-      kConvergeMs))
+      [&] { return HostCounter(0, "fleet_etcd_tls_errors") > 0; }, kConvergeMs))
       << tmemds_[0]->Log();
   EXPECT_DOUBLE_EQ(CpuBudget(0), 31);
   EXPECT_EQ(HostCounter(0, "fleet_revisions_applied"), 0);
@@ -620,34 +617,34 @@ TEST_F(FleetEtcdTlsTest, OnlyAgentsWithATrustedClientCertificateGetPolicy) {
 
   // tmemctl: refused by etcd without a certificate, with the reason; a key
   // that is not the certificate's is refused before any connection.
-  RunResult plain = testing::Run(
-      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "status"},
-      dir_.path() + "/plain.out");
+  RunResult plain =
+      testing::Run({TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "status"},
+                   dir_.path() + "/plain.out");
   EXPECT_EQ(plain.code, 1) << plain.output;
   EXPECT_NE(plain.output.find("it serves TLS"), std::string::npos)
       << plain.output;
-  RunResult ca_only = testing::Run({TMEMCTL_BIN, "fleet", "--etcd",
-                                    EndpointList(), "--etcd-ca", certs_.ca,
-                                    "status"},
-                                   dir_.path() + "/ca-only.out");
+  RunResult ca_only =
+      testing::Run({TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca",
+                    certs_.ca, "status"},
+                   dir_.path() + "/ca-only.out");
   EXPECT_EQ(ca_only.code, 1) << ca_only.output;
   EXPECT_NE(ca_only.output.find("we sent no client certificate"),
             std::string::npos)
       << ca_only.output;
-  RunResult wrong_ca = testing::Run(
-      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca",
-       certs_.rogue_ca, "--etcd-cert", certs_.client_cert, "--etcd-key",
-       certs_.client_key, "status"},
-      dir_.path() + "/wrong-ca.out");
+  RunResult wrong_ca =
+      testing::Run({TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca",
+                    certs_.rogue_ca, "--etcd-cert", certs_.client_cert,
+                    "--etcd-key", certs_.client_key, "status"},
+                   dir_.path() + "/wrong-ca.out");
   EXPECT_EQ(wrong_ca.code, 1) << wrong_ca.output;
   EXPECT_NE(wrong_ca.output.find("does not verify against our CA"),
             std::string::npos)
       << wrong_ca.output;
-  RunResult mismatch = testing::Run(
-      {TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca", certs_.ca,
-       "--etcd-cert", certs_.client_cert, "--etcd-key", certs_.rogue_key,
-       "status"},
-      dir_.path() + "/mismatch.out");
+  RunResult mismatch =
+      testing::Run({TMEMCTL_BIN, "fleet", "--etcd", EndpointList(), "--etcd-ca",
+                    certs_.ca, "--etcd-cert", certs_.client_cert, "--etcd-key",
+                    certs_.rogue_key, "status"},
+                   dir_.path() + "/mismatch.out");
   EXPECT_EQ(mismatch.code, 1) << mismatch.output;
   EXPECT_NE(mismatch.output.find("--etcd-key '" + certs_.rogue_key +
                                  "': does not match the certificate of "
