@@ -1,5 +1,6 @@
 #include "backend/compactor.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -121,6 +122,8 @@ bool Compactor::SetPriority(ThreadPriority priority) {
 
 void Compactor::Run(int index) {
   tids_[index].store(static_cast<int>(gettid()), std::memory_order_relaxed);
+  // Named, so /proc/PID/task/*/comm finds it (tests read its schedstat).
+  pthread_setname_np(pthread_self(), "tmem-compact");
   std::vector<CompactionTicket> batch(options_.batch_pages);
   while (!stopping_.load(std::memory_order_relaxed)) {
     // At normal priority: waiting and popping take the queue's lock.
@@ -184,7 +187,10 @@ void Compactor::Compact(std::span<const CompactionTicket> batch,
       case DeferredOutcome::kCompressed: {
         compressed_.fetch_add(1, std::memory_order_relaxed);
         ++compressed_here;
-        const int64_t ms = (now - batch[i].put_nanos) / 1'000'000;
+        const int64_t waited = std::max<int64_t>(0, now - batch[i].put_nanos);
+        latency_sum_ns_.fetch_add(static_cast<uint64_t>(waited),
+                                  std::memory_order_relaxed);
+        const int64_t ms = waited / 1'000'000;
         size_t b = 0;
         while (ms >= kCompactLatencyBoundsMs[b] &&
                b + 1 < kCompactLatencyBoundsMs.size()) {
@@ -255,6 +261,7 @@ CompactorStats Compactor::Stats() const {
   for (size_t i = 0; i < s.latency.size(); ++i) {
     s.latency[i] = latency_[i].load(std::memory_order_relaxed);
   }
+  s.latency_sum_ns = latency_sum_ns_.load(std::memory_order_relaxed);
   s.queue = queue_->Stats();
   return s;
 }

@@ -83,6 +83,7 @@ struct CompactorStats {
   uint64_t priority_failures = 0;  // class changes that failed
   bool idle_class_available = false;  // the SCHED_IDLE round trip works
   std::array<uint64_t, kCompactLatencyBoundsMs.size()> latency{};
+  uint64_t latency_sum_ns = 0;  // over the pages in `latency`
   CompactionQueueStats queue;
 };
 
@@ -130,6 +131,7 @@ class Compactor {
   std::atomic<uint64_t> pressure_batches_{0};
   std::atomic<uint64_t> priority_failures_{0};
   std::array<std::atomic<uint64_t>, kCompactLatencyBoundsMs.size()> latency_{};
+  std::atomic<uint64_t> latency_sum_ns_{0};
 };
 
 }  // namespace tmem

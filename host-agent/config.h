@@ -18,6 +18,7 @@
 //   [valve]
 //   mode = "adaptive"          # off | always | adaptive
 //   cpu_budget_percent = 25
+//   deferred_compression = true  # adaptive: store raw, compress when idle
 //   [libvirt]
 //   uri = "qemu:///system"     # enables the libvirt glue
 //   [[vm]]
@@ -97,7 +98,9 @@ struct TmemdConfig {
   std::optional<std::string> socket_group;  // group name or numeric gid
   WorkerOptions worker;
   int workers = 0;  // worker threads; 0: one per online CPU
-  ValveOptions valve;
+  // tmemd compresses adaptively with idle cycles unless told otherwise
+  // ([valve] deferred_compression = false, or --deferred-compression=false).
+  ValveOptions valve{.deferred_compression = true};
   std::vector<VmConfig> vms;
   ControlConfig control;
   LibvirtConfig libvirt;

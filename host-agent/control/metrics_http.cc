@@ -45,6 +45,57 @@ std::string RenderPrometheus(const Agent& agent) {
       "# TYPE tmem_host_busy_fraction gauge\n", "tmem_host_busy_fraction ",
       st.valve.host_busy_fraction, "\n", "# TYPE tmem_uptime_seconds gauge\n",
       "tmem_uptime_seconds ", st.uptime_nanos / 1000000000, "\n");
+  // Deferred compression (backend/compactor.h): host-wide.
+  {
+    const CompactorStats& k = st.compactor;
+    auto counter = [&out](const std::string& name, uint64_t value,
+                          bool gauge = false) {
+      bool typed = false;
+      Series(out, name, gauge, "", value, typed);
+    };
+    counter("compactor_compressed", k.compressed);
+    counter("compactor_kept_raw", k.kept_raw);
+    counter("compactor_stale", k.stale);
+    counter("compactor_no_room", k.no_room);
+    counter("compactor_queue_length", k.queue.length, true);
+    counter("compactor_queue_capacity", k.queue.capacity, true);
+    counter("compactor_queue_overflows", k.queue.overflows);
+    counter("compactor_pressure_batches", k.pressure_batches);
+    counter("compactor_priority_failures", k.priority_failures);
+    bool typed = false;
+    for (int i = 0; i < kNumCompactionSkips; ++i) {
+      Series(out, "compactor_skipped", false,
+             absl::StrCat("{cause=\"",
+                          CompactionSkipName(static_cast<CompactionSkip>(i)),
+                          "\"}"),
+             k.queue.skipped[i], typed);
+    }
+    typed = false;
+    Series(out, "compactor_cpu_ns", false, "{class=\"idle\"}", k.idle_cpu_ns,
+           typed);
+    Series(out, "compactor_cpu_ns", false, "{class=\"normal\"}",
+           k.normal_cpu_ns, typed);
+    // Put to compressed, as a Prometheus histogram (cumulative buckets).
+    absl::StrAppend(&out,
+                    "# TYPE tmem_compactor_put_to_compressed_seconds "
+                    "histogram\n");
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < k.latency.size(); ++b) {
+      cumulative += k.latency[b];
+      const std::string le =
+          kCompactLatencyBoundsMs[b] == INT64_MAX
+              ? std::string("+Inf")
+              : absl::StrCat(static_cast<double>(kCompactLatencyBoundsMs[b]) /
+                             1000.0);
+      absl::StrAppend(&out,
+                      "tmem_compactor_put_to_compressed_seconds_bucket{le=\"",
+                      le, "\"} ", cumulative, "\n");
+    }
+    absl::StrAppend(&out, "tmem_compactor_put_to_compressed_seconds_sum ",
+                    static_cast<double>(k.latency_sum_ns) / 1e9, "\n",
+                    "tmem_compactor_put_to_compressed_seconds_count ",
+                    cumulative, "\n");
+  }
   const std::vector<VmInfo> vms = agent.ListVms();
   // Store counters: host total (no label) and per VM.
   for (int i = 0; i < kNumCounters; ++i) {
