@@ -3,7 +3,7 @@
 #include <sched.h>
 
 #include <cerrno>
-#include <cstring>
+#include <system_error>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,11 +17,12 @@ absl::Status SetCurrentThreadPriority(ThreadPriority priority) {
   // pid 0: the calling thread (Linux schedules threads, not processes).
   if (sched_setscheduler(0, policy, &param) != 0) {
     const int err = errno;
-    return absl::Status(
+    return {
         absl::ErrnoToStatusCode(err),
         absl::StrCat("sched_setscheduler(",
                      policy == SCHED_IDLE ? "SCHED_IDLE" : "SCHED_OTHER",
-                     ") failed: ", std::strerror(err)));
+                     ") failed: ",
+                     std::error_code(err, std::generic_category()).message())};
   }
   return absl::OkStatus();
 }

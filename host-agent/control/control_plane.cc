@@ -48,8 +48,9 @@ void AddCompactorCounters(const CompactorStats& k,
   add("compactor_queue_length", k.queue.length, true);
   add("compactor_queue_overflows", k.queue.overflows, false);
   for (int i = 0; i < kNumCompactionSkips; ++i) {
-    add(absl::StrCat("compactor_skipped_",
-                     CompactionSkipName(static_cast<CompactionSkip>(i))),
+    add(absl::StrCat(
+            "compactor_skipped_",
+            std::string(CompactionSkipName(static_cast<CompactionSkip>(i)))),
         k.queue.skipped[i], false);
   }
   add("compactor_idle_cpu_ns", k.idle_cpu_ns, false);

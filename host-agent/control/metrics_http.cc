@@ -64,11 +64,13 @@ std::string RenderPrometheus(const Agent& agent) {
     counter("compactor_priority_failures", k.priority_failures);
     bool typed = false;
     for (int i = 0; i < kNumCompactionSkips; ++i) {
-      Series(out, "compactor_skipped", false,
-             absl::StrCat("{cause=\"",
-                          CompactionSkipName(static_cast<CompactionSkip>(i)),
-                          "\"}"),
-             k.queue.skipped[i], typed);
+      Series(
+          out, "compactor_skipped", false,
+          absl::StrCat(
+              "{cause=\"",
+              std::string(CompactionSkipName(static_cast<CompactionSkip>(i))),
+              "\"}"),
+          k.queue.skipped[i], typed);
     }
     typed = false;
     Series(out, "compactor_cpu_ns", false, "{class=\"idle\"}", k.idle_cpu_ns,

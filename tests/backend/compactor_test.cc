@@ -424,11 +424,13 @@ void RunModel(uint64_t cap, bool may_evict) {
   for (uint64_t v : s.queue.skipped) skipped += v;
   // A stale ticket's page left the store (counted by cause) first.
   EXPECT_GE(skipped, s.stale);
+  // Whether a pending page itself was evicted depends on timing; that
+  // evictions raced the compactor at all does not.
+  const HostStats h = store.GetHostStats();
   if (may_evict) {
-    EXPECT_GT(s.queue.skipped[static_cast<int>(CompactionSkip::kEvicted)], 0u);
+    EXPECT_GT(h.counters[static_cast<int>(Counter::kEvictionsHostCap)], 0u);
   }
   // Everything was read or invalidated: nothing is held or charged.
-  const HostStats h = store.GetHostStats();
   EXPECT_EQ(h.counters[static_cast<int>(Counter::kPagesHeld)], 0u);
   EXPECT_EQ(h.counters[static_cast<int>(Counter::kChargedBytes)], 0u);
   EXPECT_EQ(h.counters[static_cast<int>(Counter::kStoredBytes)], 0u);
@@ -440,8 +442,8 @@ TEST(CompactorModelTest, ReplacementIsExactWithoutEviction) {
 }
 
 TEST(CompactorModelTest, ReplacementIsExactUnderEviction) {
-  // ~100 raw pages of room for 192 keys: evictions race the compactor.
-  RunModel(640 * 1024, /*may_evict=*/true);
+  // Five 64 KiB slabs for 192 keys: evictions race the compactor.
+  RunModel(320 * 1024, /*may_evict=*/true);
 }
 
 }  // namespace
