@@ -30,11 +30,9 @@ bool CompactionQueue::TryPush(const CompactionTicket& ticket) {
     }
     ring_[(head_ + length_) % ring_.size()] = ticket;
     ++length_;
+    approx_length_.store(length_, std::memory_order_relaxed);
   }
   pushed_.fetch_add(1, std::memory_order_relaxed);
-  // Cheap when nobody waits (no syscall); the compactor waits only when the
-  // queue was empty.
-  cv_.notify_one();
   return true;
 }
 
@@ -46,23 +44,8 @@ size_t CompactionQueue::PopBatch(std::span<CompactionTicket> out) {
     head_ = (head_ + 1) % ring_.size();
   }
   length_ -= n;
+  approx_length_.store(length_, std::memory_order_relaxed);
   return n;
-}
-
-bool CompactionQueue::WaitForWork(std::chrono::nanoseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  const uint64_t epoch = wake_epoch_;
-  cv_.wait_for(lock, timeout,
-               [&] { return length_ > 0 || wake_epoch_ != epoch; });
-  return length_ > 0;
-}
-
-void CompactionQueue::Wake() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++wake_epoch_;
-  }
-  cv_.notify_all();
 }
 
 CompactionQueueStats CompactionQueue::Stats() const {

@@ -18,15 +18,15 @@
 //
 // Threads: thread-safe. TryPush is called by puts under a shard lock, so the
 // queue's mutex is a leaf (store lock order: ... shard -> queue); it is held
-// only for a ring-buffer step. The compactor waits on it while it runs at
-// normal priority (it never holds it at SCHED_IDLE).
+// only for a ring-buffer step. TryPush wakes nobody: a wake-up would run the
+// compactor at once at normal priority (and with the scheduler's sleeper
+// credit), which is exactly the CPU it must not take from a busy host. The
+// compactor polls length() (lock-free) while it sleeps at SCHED_IDLE.
 #ifndef TMEMD_BACKEND_COMPACTION_QUEUE_H_
 #define TMEMD_BACKEND_COMPACTION_QUEUE_H_
 
 #include <array>
 #include <atomic>
-#include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
@@ -83,11 +83,10 @@ class CompactionQueue {
   // Moves up to out.size() oldest tickets into `out`; returns how many.
   // Never blocks on an empty queue.
   size_t PopBatch(std::span<CompactionTicket> out);
-  // Blocks until a ticket is waiting, Wake() is called, or `timeout`
-  // passes. true if a ticket is waiting.
-  bool WaitForWork(std::chrono::nanoseconds timeout);
-  // Wakes every WaitForWork (shutdown).
-  void Wake();
+  // Tickets waiting (lock-free; may be stale by the time it is used).
+  size_t length() const {
+    return approx_length_.load(std::memory_order_relaxed);
+  }
   // A pending page left the store before its turn (called by the store).
   void CountSkipped(CompactionSkip why) {
     skipped_[static_cast<int>(why)].fetch_add(1, std::memory_order_relaxed);
@@ -99,10 +98,9 @@ class CompactionQueue {
  private:
   std::vector<CompactionTicket> ring_;  // fixed size: the capacity
   mutable std::mutex mu_;
-  std::condition_variable cv_;
-  size_t head_ = 0;          // oldest ticket (guarded by mu_)
-  size_t length_ = 0;        // (guarded by mu_)
-  uint64_t wake_epoch_ = 0;  // bumped by Wake (guarded by mu_)
+  size_t head_ = 0;                       // oldest ticket (guarded by mu_)
+  size_t length_ = 0;                     // (guarded by mu_)
+  std::atomic<size_t> approx_length_{0};  // length_, for lock-free polls
   std::atomic<uint64_t> next_stamp_{1};
   std::atomic<uint64_t> pushed_{0};
   std::atomic<uint64_t> overflows_{0};

@@ -14,6 +14,9 @@ namespace tmem {
 
 namespace {
 
+// How often an idle compactor looks at the queue's length (lock-free).
+constexpr auto kPollInterval = std::chrono::milliseconds(10);
+
 int64_t ThreadCpuNanos() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
@@ -96,7 +99,6 @@ void Compactor::Stop() {
   }
   stopping_.store(true, std::memory_order_relaxed);
   stop_cv_.notify_all();
-  queue_->Wake();
   for (std::thread& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -125,9 +127,18 @@ void Compactor::Run(int index) {
   // Named, so /proc/PID/task/*/comm finds it (tests read its schedstat).
   pthread_setname_np(pthread_self(), "tmem-compact");
   std::vector<CompactionTicket> batch(options_.batch_pages);
+  // Idle between batches: a thread that sleeps and wakes at SCHED_IDLE
+  // preempts nobody; one that woke at normal priority would run at once.
+  bool idle = use_idle_ && SetPriority(ThreadPriority::kIdle);
   while (!stopping_.load(std::memory_order_relaxed)) {
-    // At normal priority: waiting and popping take the queue's lock.
-    if (!queue_->WaitForWork(std::chrono::milliseconds(100))) continue;
+    if (queue_->length() == 0) {
+      if (use_idle_ && !idle) idle = SetPriority(ThreadPriority::kIdle);
+      std::unique_lock<std::mutex> lock(stop_mu_);
+      stop_cv_.wait_for(lock, kPollInterval, [this] { return stop_; });
+      continue;
+    }
+    // Every lock is taken at normal priority (thread_priority.h).
+    if (idle) idle = !SetPriority(ThreadPriority::kNormal);
     const size_t n = queue_->PopBatch(batch);
     if (n == 0) continue;
     const bool pressure =

@@ -1,7 +1,9 @@
 // Compactor: compresses pages stored raw by deferred puts (PutMode::kDefer)
 // in the background, with cycles no one else wants.
 //
-// Each thread pops a batch of tickets (oldest first, compaction_queue.h),
+// Each thread polls the queue's length every 10 ms while it sleeps at
+// SCHED_IDLE (puts wake nobody), pops a batch of tickets (oldest first,
+// compaction_queue.h),
 // copies each still-pending page out of the store, compresses the copies
 // with no lock held, and swaps each block in (TmemStore::CompleteDeferred),
 // which re-checks under the shard lock that the page is still that put's.
