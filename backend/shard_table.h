@@ -106,6 +106,12 @@ class ShardTable {
   RemovedPage RemovePage(uint32_t entry);
   // Moves an entry to the MRU end of its VM's list.
   void Touch(uint32_t entry);
+  // Changes how a live entry's page is held (the compactor swapping a
+  // compressed block in); key, owner, list positions and charges stay.
+  void SetStorage(uint32_t entry, StorageKind kind, uint64_t payload) {
+    Slot(entry).kind = kind;
+    Slot(entry).payload = payload;
+  }
 
   const PageEntry& entry(uint32_t id) const { return Slot(id); }
   const ObjectNode& object(uint32_t id) const { return Obj(id); }

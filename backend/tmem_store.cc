@@ -14,6 +14,7 @@
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "backend/blob_arena.h"
+#include "backend/compaction_queue.h"
 #include "backend/fair_share.h"
 #include "backend/memory_budget.h"
 #include "backend/mutex.h"
@@ -124,6 +125,9 @@ class TmemStore::Impl {
     explicit Shard(MemoryBudget* budget) : table(budget) {}
     Mutex mu;
     ShardTable table ABSL_GUARDED_BY(mu);
+    // Pages stored raw and queued for the compactor: entry -> the stamp of
+    // the put that stored it (tmem_store.h: deferred compression).
+    absl::flat_hash_map<uint32_t, uint64_t> deferred ABSL_GUARDED_BY(mu);
   };
 
   Impl(const StoreOptions& options, std::unique_ptr<SlabPool> slabs,
@@ -458,8 +462,13 @@ class TmemStore::Impl {
         KeyHash(shard.table.object(entry.object).oid, entry.index));
   }
 
-  Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false)
+  // `why` says, for a page still pending compaction, why it went.
+  Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false,
+                          CompactionSkip why = CompactionSkip::kInvalidated)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    if (!shard.deferred.empty() && shard.deferred.erase(e) > 0) {
+      options_.compaction_queue->CountSkipped(why);
+    }
     // NOLINTNEXTLINE(performance-no-int-to-ptr): pool keys are Pool addresses.
     Pool& pool = *reinterpret_cast<Pool*>(
         shard.table.object(shard.table.entry(e).object).pool_key);
@@ -499,7 +508,7 @@ class TmemStore::Impl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
     const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
     if (e == kNoEntry) return;
-    RemoveEntryLocked(shard, e);
+    RemoveEntryLocked(shard, e, /*keep_blob=*/false, CompactionSkip::kReplaced);
   }
 
   int64_t RemovePoolPages(Pool& pool) {
@@ -546,10 +555,19 @@ class TmemStore::Impl {
     if (!found.ok()) return found.status();
     Vm& vm = **found;
 
+    // A deferred put stores the page raw now and queues it; without a
+    // queue it compresses here.
+    if (mode == PutMode::kDefer && options_.compaction_queue == nullptr) {
+      mode = PutMode::kCompress;
+    }
     // Compression first, with no lock held (the lookup above is lock-free).
     thread_local std::array<uint8_t, kMaxCompressedPage> scratch;
     const EncodedPage enc =
-        mode == PutMode::kDrop ? EncodedPage{} : Encode(page, mode, scratch);
+        mode == PutMode::kDrop
+            ? EncodedPage{}
+            : Encode(page, mode == PutMode::kDefer ? PutMode::kRaw : mode,
+                     scratch);
+    const bool defer = mode == PutMode::kDefer && enc.kind == StorageKind::kRaw;
 
     ReaderMutexLock op_lock(&vm.op_mu);
     if (Gone(vm, id)) return UnknownVm(id);
@@ -654,6 +672,9 @@ class TmemStore::Impl {
           pool.counters.Add(Counter::kStoredBytes, stored_bytes);
           pool.counters.Add(Counter::kChargedBytes,
                             static_cast<int64_t>(actual));
+          if (defer)
+            result.deferred =
+                QueueDeferredLocked(shard, entry, id, pid, oid, index);
         }
       }
       if (stored) break;
@@ -681,6 +702,120 @@ class TmemStore::Impl {
     return result;
   }
 
+  // Queues a page just stored raw for the compactor and marks it pending.
+  // A full queue leaves it raw (counted by the queue).
+  bool QueueDeferredLocked(Shard& shard, uint32_t entry, VmId id, PoolId pid,
+                           const ObjectId& oid, PageIndex index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    CompactionQueue& queue = *options_.compaction_queue;
+    CompactionTicket ticket;
+    ticket.vm = id;
+    ticket.pool = pid;
+    ticket.oid = oid;
+    ticket.index = index;
+    ticket.stamp = queue.NextStamp();
+    ticket.put_nanos = clock_->NowNanos();
+    if (!queue.TryPush(ticket)) return false;
+    shard.deferred[entry] = ticket.stamp;
+    return true;
+  }
+
+  // The entry holding the ticket's pending raw page, or kNoEntry.
+  static uint32_t PendingEntryLocked(Shard& shard, const Pool& pool,
+                                     const CompactionTicket& t)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    const uint32_t e = shard.table.FindPage(pool.key(), t.oid, t.index);
+    if (e == kNoEntry) return kNoEntry;
+    auto it = shard.deferred.find(e);
+    if (it == shard.deferred.end() || it->second != t.stamp) return kNoEntry;
+    return e;
+  }
+
+  // Runs fn(vm, pool, shard) under the ticket's VM op lock (shared), if its
+  // VM and pool still exist; false otherwise.
+  template <typename Fn>
+  bool WithTicket(const CompactionTicket& t, Fn fn) {
+    absl::StatusOr<Vm*> found = LookupVm(t.vm);
+    if (!found.ok()) return false;
+    Vm& vm = **found;
+    ReaderMutexLock op_lock(&vm.op_mu);
+    if (Gone(vm, t.vm)) return false;
+    if (t.pool < 0 || t.pool >= static_cast<PoolId>(vm.pools.size()) ||
+        vm.pools[t.pool] == nullptr) {
+      return false;
+    }
+    Pool& pool = *vm.pools[t.pool];
+    return fn(vm, pool, ShardFor(pool, t.oid));
+  }
+
+  bool ReadDeferred(const CompactionTicket& t, MutablePage out) {
+    return WithTicket(t, [&](Vm&, Pool& pool, Shard& shard) {
+      MutexLock lock(&shard.mu);
+      const uint32_t e = PendingEntryLocked(shard, pool, t);
+      if (e == kNoEntry) return false;
+      const auto bytes =
+          arena_.Read(BlobRef::Unpack(shard.table.entry(e).payload));
+      std::copy(bytes.begin(), bytes.end(), out.begin());
+      return true;
+    });
+  }
+
+  DeferredOutcome CompleteDeferred(const CompactionTicket& t,
+                                   std::span<const uint8_t> block) {
+    DeferredOutcome outcome = DeferredOutcome::kStale;
+    WithTicket(t, [&](Vm& vm, Pool& pool, Shard& shard) {
+      std::optional<BlobRef> blob;
+      if (!block.empty()) {
+        // Room for the block first, as a put finds it: the raw slot it
+        // replaces is freed only after the swap.
+        blob = arena_.Store(block);
+        for (int tries = 0; !blob && tries < options_.max_evictions_per_put &&
+                            EvictForHost(BlobSlotBytes(block.size()));
+             ++tries) {
+          blob = arena_.Store(block);
+        }
+      }
+      std::optional<BlobRef> raw;
+      {
+        MutexLock lock(&shard.mu);
+        const uint32_t e = PendingEntryLocked(shard, pool, t);
+        if (e == kNoEntry) {
+          outcome = DeferredOutcome::kStale;
+        } else if (block.empty() || !blob) {
+          shard.deferred.erase(e);
+          outcome = block.empty() ? DeferredOutcome::kKeptRaw
+                                  : DeferredOutcome::kNoRoom;
+        } else {
+          shard.deferred.erase(e);
+          const PageEntry before = shard.table.entry(e);
+          shard.table.SetStorage(e, StorageKind::kLz4, blob->Pack());
+          const PageEntry& after = shard.table.entry(e);
+          // Re-charged at its new size, under the shard lock like every
+          // other change of this page's accounts.
+          const auto charge_delta = static_cast<int64_t>(ChargeOf(after)) -
+                                    static_cast<int64_t>(ChargeOf(before));
+          const auto stored_delta = static_cast<int64_t>(StoredBytesOf(after)) -
+                                    static_cast<int64_t>(StoredBytesOf(before));
+          Vm* owner = slots_[before.vm_slot].load(std::memory_order_acquire);
+          if (owner != nullptr) {
+            owner->counters.Add(Counter::kChargedBytes, charge_delta);
+            owner->counters.Add(Counter::kStoredBytes, stored_delta);
+          }
+          pool.counters.Add(Counter::kChargedBytes, charge_delta);
+          pool.counters.Add(Counter::kStoredBytes, stored_delta);
+          raw = BlobRef::Unpack(before.payload);
+          blob.reset();  // the page owns it now
+          outcome = DeferredOutcome::kCompressed;
+        }
+      }
+      (void)vm;
+      if (blob) arena_.Free(*blob);
+      if (raw) arena_.Free(*raw);
+      return true;
+    });
+    return outcome;
+  }
+
   absl::StatusOr<bool> Get(VmId id, PoolId pid, const ObjectId& oid,
                            PageIndex index, MutablePage out) {
     absl::StatusOr<Vm*> found = LookupVm(id);
@@ -704,7 +839,8 @@ class TmemStore::Impl {
           // Private pools are exclusive: the guest now holds the only copy.
           // The entry goes now; its blob is decoded after the lock drops.
           taken = shard.table.entry(e);
-          RemoveEntryLocked(shard, e, /*keep_blob=*/true);
+          RemoveEntryLocked(shard, e, /*keep_blob=*/true,
+                            CompactionSkip::kRead);
         } else {
           // Shared pages stay, so another VM may free the blob once the
           // lock drops: decode under the lock.
@@ -769,7 +905,7 @@ class TmemStore::Impl {
         // Exclusive, as Get: the entry goes now, its blob is decoded after
         // the lock drops.
         taken[k] = shard.table.entry(e);
-        RemoveEntryLocked(shard, e, /*keep_blob=*/true);
+        RemoveEntryLocked(shard, e, /*keep_blob=*/true, CompactionSkip::kRead);
         hits |= uint64_t{1} << k;
       }
     }
@@ -907,7 +1043,8 @@ class TmemStore::Impl {
                entry.kind == StorageKind::kRaw) &&
               BlobRef::Unpack(entry.payload).slot_bytes() == slot_bytes) {
             NotifyEvictionLocked(shard, e);
-            Pool& pool = RemoveEntryLocked(shard, e);
+            Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
+                                           CompactionSkip::kEvicted);
             vm.counters.Inc(reason);
             pool.counters.Inc(reason);
             return true;
@@ -922,7 +1059,8 @@ class TmemStore::Impl {
       const uint32_t e = shard.table.LruTail(vm.slot);
       if (e == kNoEntry) continue;
       NotifyEvictionLocked(shard, e);
-      Pool& pool = RemoveEntryLocked(shard, e);
+      Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
+                                     CompactionSkip::kEvicted);
       vm.counters.Inc(reason);
       pool.counters.Inc(reason);
       return true;
@@ -964,7 +1102,9 @@ class TmemStore::Impl {
     if (victim < 0) return false;
     Vm& vm = *vms[victim];
     NotifyEvictionLocked(shard, shard.table.LruTail(vm.slot));
-    Pool& pool = RemoveEntryLocked(shard, shard.table.LruTail(vm.slot));
+    Pool& pool =
+        RemoveEntryLocked(shard, shard.table.LruTail(vm.slot),
+                          /*keep_blob=*/false, CompactionSkip::kEvicted);
     vm.counters.Inc(Counter::kEvictionsHostCap);
     pool.counters.Inc(Counter::kEvictionsHostCap);
     return true;
@@ -1190,6 +1330,13 @@ absl::Status TmemStore::InvalidateObject(VmId vm, PoolId pool,
 }
 absl::Status TmemStore::InvalidatePool(VmId vm, PoolId pool) {
   return impl_->InvalidatePool(vm, pool);
+}
+bool TmemStore::ReadDeferred(const CompactionTicket& ticket, MutablePage out) {
+  return impl_->ReadDeferred(ticket, out);
+}
+DeferredOutcome TmemStore::CompleteDeferred(const CompactionTicket& ticket,
+                                            std::span<const uint8_t> block) {
+  return impl_->CompleteDeferred(ticket, block);
 }
 absl::Status TmemStore::SetMemoryCap(uint64_t cap_bytes) {
   return impl_->SetMemoryCap(cap_bytes);

@@ -56,6 +56,20 @@
 // ends with room or with an empty store, which gives back every slab and
 // every table beyond each shard's first chunk.
 //
+// Deferred compression (PutMode::kDefer, with a compaction_queue): the put
+// stores the page raw, marks it pending with its put's stamp and queues a
+// ticket. The compactor copies the raw bytes (ReadDeferred), compresses with
+// no lock held, and swaps the block in (CompleteDeferred) only if, under the
+// shard lock, the key still holds that same put's pending raw page; then it
+// re-charges the page at its new size (quota, fair share and cap all see the
+// smaller charge at once) and frees the raw blob. A page removed before its
+// turn leaves the pending set at removal, counted by cause
+// (CompactionQueue::CountSkipped). So a get, invalidate, eviction or re-put
+// concurrent with compaction sees either the raw page or the compressed one,
+// both exact, never a missing or older page. Not charged to the cap: each
+// shard's pending set (at most the queue's capacity of entries in all, plus
+// pages of shared pools whose putter left the pool).
+//
 // Threads: every method is thread-safe. Put/Get/Invalidate* of different VMs
 // run in parallel: they take the VM's op lock shared, then one shard lock.
 // Compression and the copy into a blob slot run with no lock held.
@@ -73,6 +87,7 @@
 //   4. one shard lock (never two at once; eviction takes one at a time with
 //      none held by the evicting thread, except in-shard eviction of a put).
 //   5. a blob size-class lock, then 6. the SlabPool lock.
+//   (The compaction queue's lock is a leaf taken under a shard lock.)
 // ForgetVm therefore drops the VM's op lock before it takes the registry
 // lock to retire the VM's counters, name and slot. 1 and 3 carry
 // ABSL_ACQUIRED_BEFORE/AFTER; the op and shard locks are per-object, which
@@ -111,6 +126,9 @@ inline constexpr int kMaxPoolsPerVm = 1024;
 
 enum class PoorCompressionAction : uint8_t { kStoreRaw, kRefuse };
 
+class CompactionQueue;
+struct CompactionTicket;
+
 // Told about every page the store evicts (not invalidates), so the valve
 // can remember the key as a "ghost". Called with a shard lock held: must be
 // quick, must not block and must not call back into the store.
@@ -137,13 +155,25 @@ struct StoreOptions {
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
+  // Where PutMode::kDefer puts queue their pages (optional; must outlive).
+  // nullptr: kDefer compresses in the put, like kCompress.
+  CompactionQueue* compaction_queue = nullptr;
+};
+
+// What CompleteDeferred did with a ticket.
+enum class DeferredOutcome : uint8_t {
+  kCompressed,  // the raw copy was replaced by the compressed block
+  kKeptRaw,     // no block given (poorly compressible): page stays raw
+  kStale,       // the ticket's page is gone or was re-put: nothing done
+  kNoRoom,      // no memory for the block even after evicting: stays raw
 };
 
 struct PutResult {
   bool stored = false;
   StorageKind kind = StorageKind::kRaw;         // valid when stored
   RefuseReason reason = RefuseReason::kPolicy;  // valid when !stored
-  uint32_t evicted = 0;  // pages this put evicted (any VM)
+  uint32_t evicted = 0;   // pages this put evicted (any VM)
+  bool deferred = false;  // stored raw and queued for the compactor
 };
 
 struct PoolStats {
@@ -242,6 +272,17 @@ class TmemStore {
                               PageIndex index);
   absl::Status InvalidateObject(VmId vm, PoolId pool, const ObjectId& oid);
   absl::Status InvalidatePool(VmId vm, PoolId pool);
+
+  // --- Deferred compression (for the compactor) -------------------------
+  // Copies the raw bytes of the page `ticket` names if the key still holds
+  // that put's pending raw page; false otherwise (stale ticket).
+  bool ReadDeferred(const CompactionTicket& ticket, MutablePage out);
+  // Replaces that page's raw copy by `block`, an LZ4 block of exactly the
+  // bytes ReadDeferred gave (empty: leave it raw, it compresses poorly), if
+  // it is still that put's pending page. Either way the page stops being
+  // pending. May evict (as a put does) to find room for the block.
+  DeferredOutcome CompleteDeferred(const CompactionTicket& ticket,
+                                   std::span<const uint8_t> block);
 
   // --- Host ------------------------------------------------------------
   // Raising past the address-space reservation is INVALID_ARGUMENT.

@@ -93,6 +93,10 @@ enum class PutMode : uint8_t {
   kCompress = 0,  // try LZ4; poorly compressible pages follow the store policy
   kRaw = 1,       // skip LZ4, store verbatim (CPU is scarce)
   kDrop = 2,      // do not store; counted as refused by policy
+  // Store verbatim now and queue the page for the compactor, which
+  // compresses it later with idle cycles (compaction_queue.h). A store
+  // without a compaction queue treats it as kCompress.
+  kDefer = 3,
 };
 
 // How the valve treats a VM's puts (backend/valve.h). kDefault follows the

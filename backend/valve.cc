@@ -156,7 +156,8 @@ struct Valve::VmState {
 Valve::Valve(const ValveOptions& options)
     : options_(options),
       by_slot_(new std::atomic<VmState*>[size_t{kMaxVms} + 1]),
-      default_mode_(static_cast<int>(options.default_mode)) {
+      default_mode_(static_cast<int>(options.default_mode)),
+      deferred_compression_(options.deferred_compression) {
   for (int i = 0; i <= kMaxVms; ++i) by_slot_[i].store(nullptr);
   host_.options = options;
   // Until samples say otherwise, assume the whole budget is there: a valve
@@ -235,6 +236,8 @@ absl::Status Valve::SetOptions(const ValveOptions& options) {
   host_.options = options;
   default_mode_.store(static_cast<int>(options.default_mode),
                       std::memory_order_relaxed);
+  deferred_compression_.store(options.deferred_compression,
+                              std::memory_order_relaxed);
   return absl::OkStatus();
 }
 
@@ -326,7 +329,9 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
   const int64_t tokens = s->tokens.load(std::memory_order_relaxed);
   if (tokens > 0) {
     s->Count(ValveCounter::kCompressed);
-    return PutMode::kCompress;
+    return deferred_compression_.load(std::memory_order_relaxed)
+               ? PutMode::kDefer
+               : PutMode::kCompress;
   }
   // Out of tokens. The lever that saves real CPU is the admission hint
   // (Tick lowers it), so the guest stops sending; what still arrives is

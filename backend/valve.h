@@ -49,7 +49,8 @@
 //  * Modes (per VM, or the host default): off drops every put and tells the
 //    guest to send nothing; always compresses every put regardless of CPU
 //    (the zcache-like behaviour of the 2011 report); adaptive is all of the
-//    above.
+//    above. With deferred_compression, adaptive answers "defer" where it
+//    would answer "compress" (counted as compressed: the compactor does it).
 //
 // Every decision is counted per VM (ValveCounter).
 //
@@ -103,6 +104,11 @@ struct ValveOptions {
   double reuse_window_decay = 0.9;  // per period, of the reuse counters
   int ghost_bits = 16;              // ghost list: 2^bits key hashes per VM
   double memory_headroom_fraction = 0.05;
+  // Adaptive mode: a put the valve would compress is stored raw at once and
+  // compressed later by the compactor with idle cycles (PutMode::kDefer,
+  // backend/compactor.h). false: compress in the put. `always` stays
+  // synchronous either way.
+  bool deferred_compression = false;
 };
 
 // The valve's per-VM decision counters.
@@ -232,6 +238,7 @@ class Valve final : public PutAdvisor, public EvictionListener {
   // Indexed by VM slot; read lock-free on the hot path.
   std::unique_ptr<std::atomic<VmState*>[]> by_slot_;
   std::atomic<int> default_mode_;
+  std::atomic<bool> deferred_compression_;
   std::atomic<bool> memory_tight_{false};
 };
 

@@ -17,12 +17,37 @@ namespace tmem {
 // alone says.
 constexpr uint32_t kThrottledEvictionBias = 16;
 
+namespace {
+
+// Whether the cap's free share is below `headroom_fraction`: the one place
+// the compactor learns about memory headroom (it then compresses at normal
+// priority within the CPU budget).
+bool MemoryHeadroomShort(const TmemStore& store, double headroom_fraction) {
+  const HostStats hs = store.GetHostStats();
+  if (hs.memory_cap_bytes == 0) return true;
+  const double free_fraction =
+      1.0 - static_cast<double>(hs.memory_used_bytes) /
+                static_cast<double>(hs.memory_cap_bytes);
+  return free_fraction < headroom_fraction;
+}
+
+}  // namespace
+
 Agent::Agent(AgentOptions options) : options_(std::move(options)) {}
 
 absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     const AgentOptions& options) {
   if (absl::Status s = Valve::ValidateOptions(options.valve); !s.ok()) {
     return s;
+  }
+  if (absl::Status s = Compactor::ValidateOptions(options.compactor); !s.ok()) {
+    return s;
+  }
+  if (options.compaction_queue_pages < 1 ||
+      options.compaction_queue_pages > CompactionQueue::kMaxCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "compaction queue must hold 1..", CompactionQueue::kMaxCapacity,
+        " pages, got ", options.compaction_queue_pages));
   }
   std::unique_ptr<Agent> a(new Agent(options));
   // This process's identity in logs and the control plane; each region
@@ -34,10 +59,31 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   a->valve_ = std::make_unique<Valve>(options.valve);
   StoreOptions store_options = options.store;
   store_options.eviction_listener = a->valve_.get();
+  a->compaction_queue_ =
+      std::make_unique<CompactionQueue>(options.compaction_queue_pages);
+  store_options.compaction_queue = a->compaction_queue_.get();
   absl::StatusOr<std::unique_ptr<TmemStore>> store =
       TmemStore::Create(store_options);
   if (!store.ok()) return store.status();
   a->store_ = std::move(*store);
+
+  CompactorOptions compactor = options.compactor;
+  Agent* raw = a.get();
+  compactor.memory_tight = [raw] {
+    return raw->memory_short_.load(std::memory_order_relaxed);
+  };
+  compactor.cpu_budget_cores = [raw] {
+    return raw->compaction_budget_cores_.load(std::memory_order_relaxed);
+  };
+  compactor.charge_cpu = [raw](VmId vm, int64_t ns) {
+    raw->valve_->ChargeCpu(vm, ns);
+  };
+  compactor.on_priority_error = [](const absl::Status& s) {
+    Log(LogLevel::kWarn, "compactor_priority_failed", {{"error", s.message()}});
+  };
+  a->compactor_ = std::make_unique<Compactor>(
+      a->store_.get(), a->compaction_queue_.get(), std::move(compactor));
+  if (absl::Status s = a->compactor_->Start(); !s.ok()) return s;
 
   if (options.cpu_sampler != nullptr) {
     a->sampler_ = options.cpu_sampler;
@@ -73,6 +119,7 @@ void Agent::StopServing() {
   ticker_cv_.notify_all();
   if (ticker_.joinable()) ticker_.join();
   for (auto& w : workers_) w->Stop();
+  if (compactor_ != nullptr) compactor_->Stop();
 }
 
 Agent::~Agent() {
@@ -316,6 +363,7 @@ AgentStatus Agent::Status() const {
   AgentStatus s;
   s.store = store_->GetHostStats();
   s.valve = valve_->HostStatus();
+  s.compactor = compactor_->Stats();
   s.workers = static_cast<int>(workers_.size());
   s.uptime_nanos = SteadyClock::Default()->NowNanos() - start_nanos_;
   return s;
@@ -345,6 +393,13 @@ absl::Status Agent::TickValve() {
   // and, as a feedback loop on tmemd's measured CPU, halve it each period
   // tmemd is over its budget and grow it back when well under.
   const ValveHostStatus host = valve_->HostStatus();
+  // What the compactor compresses at normal priority with, when memory is
+  // short: the valve's budget (tmemd's CPU share of the whole host).
+  memory_short_.store(
+      MemoryHeadroomShort(*store_, host.options.memory_headroom_fraction),
+      std::memory_order_relaxed);
+  compaction_budget_cores_.store(host.budget_fraction * host.num_cpus,
+                                 std::memory_order_relaxed);
   const double configured = host.options.cpu_budget_percent / 100.0;
   const double share =
       configured > 0 ? std::clamp(host.budget_fraction / configured, 0.0, 1.0)

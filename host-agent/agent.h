@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -33,6 +34,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/compaction_queue.h"
+#include "backend/compactor.h"
 #include "backend/cpu_sample.h"
 #include "backend/mutex.h"
 #include "backend/tmem_store.h"
@@ -68,6 +71,12 @@ struct AgentOptions {
   CpuSampler* cpu_sampler = nullptr;
   // false: no ticker thread; tests call TickValve() by hand.
   bool run_valve_ticker = true;
+  // Deferred compression (valve.deferred_compression): pages the queue
+  // holds at most (1 .. CompactionQueue::kMaxCapacity) and the compactor's
+  // threads. The compactor runs whatever the valve option says (it may be
+  // switched at run time); with nothing queued it sleeps.
+  size_t compaction_queue_pages = 16384;
+  CompactorOptions compactor;
 };
 
 // One VM as the agent sees it.
@@ -86,6 +95,7 @@ struct VmInfo {
 struct AgentStatus {
   HostStats store;
   ValveHostStatus valve;
+  CompactorStats compactor;
   int workers = 0;
   int64_t uptime_nanos = 0;
 };
@@ -148,6 +158,7 @@ class Agent {
   absl::Status TickValve();
 
   TmemStore& store() { return *store_; }
+  Compactor& compactor() { return *compactor_; }
   Valve& valve() { return *valve_; }
   const AgentOptions& options() const { return options_; }
   // Distinct across restarts, so guests notice a new tmemd.
@@ -178,7 +189,14 @@ class Agent {
   uint64_t host_generation_ = 0;
   int64_t start_nanos_ = 0;
   std::unique_ptr<Valve> valve_;  // before store_: the store calls it
+  // Before store_ (the store pushes into it), compactor_ after (it reads
+  // the store, so it stops first).
+  std::unique_ptr<CompactionQueue> compaction_queue_;
   std::unique_ptr<TmemStore> store_;
+  std::unique_ptr<Compactor> compactor_;
+  // Set by TickValve, read by the compactor's threads.
+  std::atomic<bool> memory_short_{false};
+  std::atomic<double> compaction_budget_cores_{1.0};
   std::unique_ptr<CpuSampler> owned_sampler_;
   CpuSampler* sampler_ = nullptr;
   std::vector<std::unique_ptr<Worker>> workers_;

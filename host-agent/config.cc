@@ -281,12 +281,12 @@ absl::Status ApplyChannels(const toml::table& t, TmemdConfig& c) {
 
 absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
   TableReader r(t, "valve.");
-  if (auto s = r.CheckKeys({"mode", "cpu_budget_percent", "cpu_floor_percent",
-                            "spare_cpu_fraction", "cpu_pressure_start",
-                            "cpu_pressure_full", "sample_period_ms",
-                            "smoothing", "throttle_below", "restore_above",
-                            "min_samples", "min_dwell_periods", "min_admission",
-                            "memory_headroom_fraction"});
+  if (auto s = r.CheckKeys(
+          {"mode", "cpu_budget_percent", "cpu_floor_percent",
+           "spare_cpu_fraction", "cpu_pressure_start", "cpu_pressure_full",
+           "sample_period_ms", "smoothing", "throttle_below", "restore_above",
+           "min_samples", "min_dwell_periods", "min_admission",
+           "memory_headroom_fraction", "deferred_compression"});
       !s.ok()) {
     return s;
   }
@@ -337,6 +337,8 @@ absl::Status ApplyValve(const toml::table& t, ValveOptions& v) {
   if (s = r.Double("memory_headroom_fraction", &v.memory_headroom_fraction,
                    ranges::kMemoryHeadroomFraction);
       !s.ok())
+    return s;
+  if (s = r.Bool("deferred_compression", &v.deferred_compression); !s.ok())
     return s;
   return Valve::ValidateOptions(v);
 }

@@ -18,6 +18,7 @@
 //   [valve]
 //   mode = "adaptive"          # off | always | adaptive
 //   cpu_budget_percent = 25
+//   deferred_compression = false # true: adaptive stores raw, compresses idle
 //   [libvirt]
 //   uri = "qemu:///system"     # enables the libvirt glue
 //   [[vm]]
@@ -99,7 +100,10 @@ struct TmemdConfig {
   std::optional<std::string> socket_group;  // group name or numeric gid
   WorkerOptions worker;
   int workers = 0;  // worker threads; 0: one per online CPU
-  ValveOptions valve;
+  // Deferred compression is opt-in ([valve] deferred_compression = true, or
+  // --deferred-compression=true) until the scenario benchmark has measured
+  // it against the synchronous valve (issue 17).
+  ValveOptions valve{.deferred_compression = false};
   std::vector<VmConfig> vms;
   ControlConfig control;
   LibvirtConfig libvirt;

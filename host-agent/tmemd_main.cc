@@ -68,6 +68,31 @@ void LogStats(const Agent& agent, std::string_view event) {
        {"cpu_budget", st.valve.budget_fraction},
        {"cpu_overhead", st.valve.overhead_fraction},
        {"cpu_tokens", st.valve.token_fraction}});
+  const CompactorStats& k = st.compactor;
+  auto skipped = [&k](CompactionSkip why) {
+    return k.queue.skipped[static_cast<int>(why)];
+  };
+  Log(LogLevel::kInfo, "compactor_stats",
+      {{"deferred", st.valve.options.deferred_compression},
+       {"compressed", k.compressed},
+       {"kept_raw", k.kept_raw},
+       {"stale", k.stale},
+       {"no_room", k.no_room},
+       {"queue_length", k.queue.length},
+       {"queue_capacity", k.queue.capacity},
+       {"queue_overflows", k.queue.overflows},
+       {"pushed", k.queue.pushed},
+       {"skipped_read", skipped(CompactionSkip::kRead)},
+       {"skipped_invalidated", skipped(CompactionSkip::kInvalidated)},
+       {"skipped_evicted", skipped(CompactionSkip::kEvicted)},
+       {"skipped_replaced", skipped(CompactionSkip::kReplaced)},
+       {"idle_cpu_ns", k.idle_cpu_ns},
+       {"normal_cpu_ns", k.normal_cpu_ns},
+       {"pressure_batches", k.pressure_batches},
+       {"priority_failures", k.priority_failures},
+       {"within_1s", k.latency[0] + k.latency[1] + k.latency[2] + k.latency[3]},
+       {"within_2s", k.latency[0] + k.latency[1] + k.latency[2] + k.latency[3] +
+                         k.latency[4]}});
   for (const VmInfo& vm : agent.ListVms()) {
     auto ch = [&vm](ChannelCounter c) {
       return vm.channel[static_cast<int>(c)];
@@ -196,6 +221,10 @@ int Run(int argc, char** argv) {
                  "host default valve mode: off|always|adaptive (adaptive)");
   app.add_option("--cpu-budget", cpu_budget,
                  "tmemd's CPU budget, percent of the whole host (25)");
+  std::string deferred_compression;
+  app.add_option("--deferred-compression", deferred_compression,
+                 "adaptive mode stores raw and compresses with idle cycles: "
+                 "true|false (true)");
   app.add_option("--workers", workers,
                  "worker threads (0: one per CPU, the default)");
   app.add_option("--libvirt-uri", libvirt_uri,
@@ -359,6 +388,16 @@ int Run(int argc, char** argv) {
   }
   if (given("--workers")) config.workers = static_cast<int>(workers);
   if (given("--cpu-budget")) config.valve.cpu_budget_percent = cpu_budget;
+  if (given("--deferred-compression")) {
+    if (deferred_compression != "true" && deferred_compression != "false") {
+      Log(LogLevel::kError, "config_error",
+          {{"flag", "--deferred-compression"},
+           {"error", absl::StrCat("use true or false, not '",
+                                  deferred_compression, "'")}});
+      return 2;
+    }
+    config.valve.deferred_compression = deferred_compression == "true";
+  }
   if (!mode.empty() && (!ParseValveMode(mode, &config.valve.default_mode) ||
                         config.valve.default_mode == ValveMode::kDefault)) {
     Log(LogLevel::kError, "config_error",
@@ -642,6 +681,9 @@ int Run(int argc, char** argv) {
        {"memory_cap", config.store.memory_cap_bytes},
        {"mode", ValveModeName(config.valve.default_mode)},
        {"cpu_budget_percent", config.valve.cpu_budget_percent},
+       {"deferred_compression", config.valve.deferred_compression},
+       {"compactor_idle_priority",
+        (*agent)->Status().compactor.idle_class_available},
        {"workers", (*agent)->Status().workers},
        {"pid", static_cast<int64_t>(getpid())},
        {"fd_store", fd_store != nullptr},

@@ -6,7 +6,8 @@
 //
 // Modes: none (guests without tmem: the report's baseline), off (tmemd
 // --mode off: tmem attached, nothing stored, gets still sent), always
-// (compress every put: zcache-like), adaptive (the valve).
+// (compress every put: zcache-like), adaptive (the valve), deferred (the
+// valve, compressing later at SCHED_IDLE).
 // Every run starts a fresh tmemd (--mode off|always|adaptive, its CPU budget,
 // a memory cap, JSON logs) with one channel per simulated VM, optionally
 // background CPU hogs (busy processes, one per core: other tenants taking
@@ -87,7 +88,8 @@ struct Config {
   std::string tmemd = TMEMD_BIN;
   std::string guest = SCENARIO_GUEST_BIN;
   std::vector<std::string> scenarios = {"stream", "reread", "both"};
-  std::vector<std::string> modes = {"none", "off", "always", "adaptive"};
+  std::vector<std::string> modes = {"none", "off", "always", "adaptive",
+                                    "deferred"};
   std::string memory_cap = "64MiB";
   double cpu_budget = 25;
   int workers = -1;              // tmemd's default
@@ -310,7 +312,12 @@ class Runner {
     fs::create_directories(dir / "sock", ec);
     const std::vector<std::string> vms = VmsOf(scenario);
 
-    // tmemd.
+    // tmemd. adaptive: the synchronous valve; deferred: the same valve with
+    // compression left to the idle-priority compactor (issue 17).
+    const std::string tmemd_mode = mode == "none" ? std::string("off")
+                                   : mode == "deferred"
+                                       ? std::string("adaptive")
+                                       : mode;
     std::vector<std::string> targv = {
         c_.tmemd,
         "--socket-dir",
@@ -318,7 +325,9 @@ class Runner {
         "--memory-cap",
         c_.memory_cap,
         "--mode",
-        mode == "none" ? std::string("off") : mode,
+        tmemd_mode,
+        absl::StrCat("--deferred-compression=",
+                     mode == "deferred" ? "true" : "false"),
         "--cpu-budget",
         absl::StrCat(c_.cpu_budget),
         "--log-format",
@@ -981,10 +990,12 @@ int Main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::IsMember({"stream", "reread", "both"}));
   app.add_option("--modes", c.modes,
-                 "none,off,always,adaptive (none: guests without tmem; off: "
-                 "tmemd --mode off, guests still send gets)")
+                 "none,off,always,adaptive,deferred (none: guests without "
+                 "tmem; off: tmemd --mode off, guests still send gets; "
+                 "adaptive: synchronous valve; deferred: adaptive with "
+                 "compression at idle priority)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"none", "off", "always", "adaptive"}));
+      ->check(CLI::IsMember({"none", "off", "always", "adaptive", "deferred"}));
   app.add_option("--memory-cap", c.memory_cap, "tmemd --memory-cap");
   app.add_option("--cpu-budget", c.cpu_budget,
                  "tmemd --cpu-budget (percent of the host)");

@@ -34,6 +34,32 @@ void AddStoreCounters(const CounterValues& v,
   }
 }
 
+// Deferred compression (backend/compactor.h), named compactor_*.
+void AddCompactorCounters(const CompactorStats& k,
+                          RepeatedPtrField<v1::Counter>* out) {
+  auto add = [out](std::string name, uint64_t value, bool gauge) {
+    v1::Counter* m = out->Add();
+    m->set_name(std::move(name));
+    m->set_value(value);
+    m->set_gauge(gauge);
+  };
+  add("compactor_compressed", k.compressed, false);
+  add("compactor_kept_raw", k.kept_raw, false);
+  add("compactor_stale", k.stale, false);
+  add("compactor_no_room", k.no_room, false);
+  add("compactor_queue_length", k.queue.length, true);
+  add("compactor_queue_overflows", k.queue.overflows, false);
+  for (int i = 0; i < kNumCompactionSkips; ++i) {
+    add(absl::StrCat(
+            "compactor_skipped_",
+            std::string(CompactionSkipName(static_cast<CompactionSkip>(i)))),
+        k.queue.skipped[i], false);
+  }
+  add("compactor_idle_cpu_ns", k.idle_cpu_ns, false);
+  add("compactor_normal_cpu_ns", k.normal_cpu_ns, false);
+  add("compactor_priority_failures", k.priority_failures, false);
+}
+
 absl::Status UnknownVm(const std::string& vm) {
   return absl::NotFoundError(absl::StrCat(
       "no VM named '", vm, "' on this host ('tmemctl vms' lists them)"));
@@ -229,6 +255,7 @@ v1::HostStatus ControlPlane::Status() const {
   vm_structs->set_name("vm_structs");  // live per-VM structs in the store
   vm_structs->set_value(st.store.vm_structs);
   vm_structs->set_gauge(true);
+  AddCompactorCounters(st.compactor, out.mutable_counters());
   out.set_compression_ratio(CompressionRatio(st.store.counters));
   {
     // Held across the call so SetExtraCounters(nullptr) waits for it.

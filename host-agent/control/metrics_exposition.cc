@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "backend/compactor.h"
 #include "backend/tmem_store.h"
 #include "host-agent/channel/guest_report.h"
 #include "proto/tmem_abi.h"
@@ -15,6 +17,34 @@ namespace {
 constexpr MetricType kCounter = MetricType::kCounter;
 constexpr MetricType kGauge = MetricType::kGauge;
 constexpr MetricFamily kNone{"", kCounter, ""};
+
+// --- deferred compression (backend/compactor.h) -------------------------
+constexpr MetricFamily kCompactorCompressed{
+    "tmem_compactor_compressed_total", kCounter,
+    "Pages stored raw and compressed later by the compactor."};
+constexpr MetricFamily kCompactorKeptRaw{
+    "tmem_compactor_kept_raw_total", kCounter,
+    "Queued pages the compactor left raw (they did not compress)."};
+constexpr MetricFamily kCompactorStale{
+    "tmem_compactor_stale_total", kCounter,
+    "Queued pages gone before their turn (read, invalidated, evicted or "
+    "replaced)."};
+constexpr MetricFamily kCompactorSkipped{
+    "tmem_compactor_skipped_total", kCounter,
+    "Queued pages never compressed, by what happened to them first."};
+constexpr MetricFamily kCompactorQueueLength{
+    "tmem_compactor_queue_length", kGauge,
+    "Pages waiting for the compactor."};
+constexpr MetricFamily kCompactorQueueOverflows{
+    "tmem_compactor_queue_overflows_total", kCounter,
+    "Deferred puts that found the queue full and stayed raw."};
+constexpr MetricFamily kCompactorCpu{
+    "tmem_compactor_cpu_seconds_total", kCounter,
+    "Compactor CPU time, by scheduling class (idle or normal)."};
+constexpr MetricFamily kCompactorWithin{
+    "tmem_compactor_compressed_within_total", kCounter,
+    "Pages compressed by the compactor, by the time from their put (upper "
+    "bound in seconds; not cumulative)."};
 
 // --- store counters (backend/stats.h) -----------------------------------
 constexpr MetricFamily kPuts{
@@ -366,6 +396,32 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
   out.Add(kHostBusy, {}, st.valve.host_busy_fraction);
   out.Add(kCpuPressure, {}, st.valve.cpu_pressure / 100.0);
   out.Add(kUptime, {}, static_cast<double>(st.uptime_nanos) / 1e9);
+  {
+    const CompactorStats& k = st.compactor;
+    out.Add(kCompactorCompressed, {}, k.compressed);
+    out.Add(kCompactorKeptRaw, {}, k.kept_raw);
+    out.Add(kCompactorStale, {}, k.stale);
+    out.Add(kCompactorQueueLength, {}, k.queue.length);
+    out.Add(kCompactorQueueOverflows, {}, k.queue.overflows);
+    for (int i = 0; i < kNumCompactionSkips; ++i) {
+      out.Add(kCompactorSkipped,
+              {{"cause", std::string(CompactionSkipName(
+                             static_cast<CompactionSkip>(i)))}},
+              k.queue.skipped[i]);
+    }
+    out.Add(kCompactorCpu, {{"class", "idle"}},
+            static_cast<double>(k.idle_cpu_ns) / 1e9);
+    out.Add(kCompactorCpu, {{"class", "normal"}},
+            static_cast<double>(k.normal_cpu_ns) / 1e9);
+    for (size_t b = 0; b < k.latency.size(); ++b) {
+      const std::string le =
+          kCompactLatencyBoundsMs[b] == INT64_MAX
+              ? std::string("+Inf")
+              : absl::StrCat(static_cast<double>(kCompactLatencyBoundsMs[b]) /
+                             1000.0);
+      out.Add(kCompactorWithin, {{"within", le}}, k.latency[b]);
+    }
+  }
   for (int i = 0; i < kNumCounters; ++i) {
     const CounterSeries s = StoreCounterSeries(static_cast<Counter>(i));
     if (!s.host_family.name.empty()) {

@@ -121,6 +121,24 @@ TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
   EXPECT_EQ(v.AdmissionHint(3), 0u);
 }
 
+TEST(ValveTest, DeferredCompressionDefersAdaptiveOnly) {
+  ValveOptions o = TestOptions();
+  o.deferred_compression = true;
+  Valve v(o, nullptr);
+  v.AddVm(1, Policy());  // adaptive (host default), tokens to spend
+  v.AddVm(2, Policy(100, ValveMode::kAlways));
+  EXPECT_EQ(v.Decide(1, 7, true), PutMode::kDefer);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kCompressed), 1u);
+  EXPECT_EQ(v.Decide(2, 7, true), PutMode::kCompress);  // always: in the put
+  Starve(v, 1);  // out of tokens: raw, as without deferral
+  EXPECT_EQ(v.Decide(1, 8, true), PutMode::kRaw);
+  // The per-host switch back to synchronous compression.
+  o.deferred_compression = false;
+  ASSERT_TRUE(v.SetOptions(o).ok());
+  v.AddVm(3, Policy());
+  EXPECT_EQ(v.Decide(3, 7, true), PutMode::kCompress);
+}
+
 TEST(ValveTest, AGuestStandingAsideIsAdmittedNothingInAnyMode) {
   Valve v(TestOptions());
   v.AddVm(1, Policy(100, ValveMode::kAdaptive));
