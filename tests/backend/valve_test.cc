@@ -124,7 +124,7 @@ TEST(ValveTest, ModesOffAndAlwaysIgnoreCpu) {
 TEST(ValveTest, DeferredCompressionDefersAdaptiveOnly) {
   ValveOptions o = TestOptions();
   o.deferred_compression = true;
-  Valve v(o, nullptr);
+  Valve v(o);
   v.AddVm(1, Policy());  // adaptive (host default), tokens to spend
   v.AddVm(2, Policy(100, ValveMode::kAlways));
   EXPECT_EQ(v.Decide(1, 7, true), PutMode::kDefer);
