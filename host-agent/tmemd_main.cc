@@ -24,6 +24,7 @@
 #include "host-agent/agent.h"
 #include "host-agent/channel/socket_file.h"
 #include "host-agent/channel/socket_group.h"
+#include "host-agent/common/setting_ranges.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
 #include "host-agent/control/grpc_service.h"
@@ -35,7 +36,6 @@
 #include "host-agent/libvirt/domain_manager.h"
 #include "host-agent/libvirt/libvirt_hypervisor.h"
 #include "host-agent/log.h"
-#include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
 namespace {

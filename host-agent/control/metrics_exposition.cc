@@ -33,8 +33,7 @@ constexpr MetricFamily kCompactorSkipped{
     "tmem_compactor_skipped_total", kCounter,
     "Queued pages never compressed, by what happened to them first."};
 constexpr MetricFamily kCompactorQueueLength{
-    "tmem_compactor_queue_length", kGauge,
-    "Pages waiting for the compactor."};
+    "tmem_compactor_queue_length", kGauge, "Pages waiting for the compactor."};
 constexpr MetricFamily kCompactorQueueOverflows{
     "tmem_compactor_queue_overflows_total", kCounter,
     "Deferred puts that found the queue full and stayed raw."};
@@ -404,10 +403,11 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
     out.Add(kCompactorQueueLength, {}, k.queue.length);
     out.Add(kCompactorQueueOverflows, {}, k.queue.overflows);
     for (int i = 0; i < kNumCompactionSkips; ++i) {
-      out.Add(kCompactorSkipped,
-              {{"cause", std::string(CompactionSkipName(
-                             static_cast<CompactionSkip>(i)))}},
-              k.queue.skipped[i]);
+      out.Add(
+          kCompactorSkipped,
+          {{"cause",
+            std::string(CompactionSkipName(static_cast<CompactionSkip>(i)))}},
+          k.queue.skipped[i]);
     }
     out.Add(kCompactorCpu, {{"class", "idle"}},
             static_cast<double>(k.idle_cpu_ns) / 1e9);

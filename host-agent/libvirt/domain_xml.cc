@@ -6,8 +6,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "host-agent/config.h"
 #include "host-agent/common/setting_ranges.h"
+#include "host-agent/config.h"
 
 namespace tmem {
 namespace {
