@@ -15,6 +15,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -265,4 +266,9 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace tmem::hostile
 
-int main(int argc, char** argv) { return tmem::hostile::Main(argc, argv); }
+int main(int argc, char** argv) try {
+  return tmem::hostile::Main(argc, argv);
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "tmem-isolation-bench: %s\n", e.what());
+  return 2;
+}
