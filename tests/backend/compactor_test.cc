@@ -419,7 +419,10 @@ void RunModel(uint64_t cap, bool may_evict) {
   EXPECT_EQ(s.queue.length, 0u);
   EXPECT_EQ(s.compressed + s.kept_raw + s.stale + s.no_room, s.queue.pushed);
   EXPECT_GT(s.queue.pushed, 0u);
-  EXPECT_GT(s.compressed, 0u);
+  // Not s.compressed > 0: the workers read or invalidate every page before
+  // the end, and on a loaded machine (ASan, other processes) the idle-
+  // priority compactor may reach none of them first -- seen in a full ASan
+  // run. The swap itself is checked deterministically above.
   uint64_t skipped = 0;
   for (uint64_t v : s.queue.skipped) skipped += v;
   // A stale ticket's page left the store (counted by cause) first.
