@@ -124,7 +124,7 @@ class DeferredStoreTest : public ::testing::Test {
     if (!store_->ReadDeferred(t[0], MutablePage(raw))) {
       return store_->CompleteDeferred(t[0], {});  // must say stale
     }
-    std::array<uint8_t, kMaxCompressedPage> block;
+    std::array<uint8_t, kMaxCompressedPage> block{};
     const size_t n = CompressPage(ConstPage(raw), block);
     return store_->CompleteDeferred(t[0],
                                     std::span<const uint8_t>(block.data(), n));
@@ -228,7 +228,7 @@ TEST_F(DeferredStoreTest, PageGoneBeforeItsTurnIsSkippedAndCounted) {
   ASSERT_EQ(queue_->PopBatch(t), 1u);
   Page raw{};
   ASSERT_TRUE(store_->ReadDeferred(t[0], MutablePage(raw)));
-  std::array<uint8_t, kMaxCompressedPage> block;
+  std::array<uint8_t, kMaxCompressedPage> block{};
   const size_t n = CompressPage(ConstPage(raw), block);
   const Page latest = TextPage(41);
   ASSERT_FALSE(Put(4, latest, PutMode::kRaw).deferred);
@@ -446,7 +446,7 @@ TEST(CompactorModelTest, ReplacementIsExactWithoutEviction) {
 
 TEST(CompactorModelTest, ReplacementIsExactUnderEviction) {
   // Five 64 KiB slabs for 192 keys: evictions race the compactor.
-  RunModel(320 * 1024, /*may_evict=*/true);
+  RunModel(uint64_t{320} * 1024, /*may_evict=*/true);
 }
 
 }  // namespace

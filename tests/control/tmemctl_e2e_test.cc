@@ -284,8 +284,8 @@ TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
         "# TYPE tmem_guest_miss_seconds gauge",
         "# TYPE tmem_guest_prefetch_used_pages_total counter",
         "# TYPE tmem_guest_prefetch_unused_pages_total counter",
-        "tmem_channel_get_batches_total{vm=\"g1\"} ",
-        "tmem_valve_dropped_puts_total{vm=\"g1\",reason=\"aside\"} 0"}) {
+        R"(tmem_channel_get_batches_total{vm="g1"} )",
+        R"(tmem_valve_dropped_puts_total{vm="g1",reason="aside"} 0)"}) {
     EXPECT_NE(metrics.find(series), std::string::npos) << series;
   }
   EXPECT_NE(HttpGet(static_cast<int>(port), "/other").find("404"),
