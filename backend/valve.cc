@@ -134,6 +134,8 @@ struct Valve::VmState {
   int periods_in_state = 0;
   uint64_t clock_at_state = 0;  // `clock` at the last change of state
 
+  // Smoothed share of admitted puts that came back (tick-only state).
+  double ReuseRatio() const { return win_puts > 0 ? win_useful / win_puts : 0; }
   // Evictions since the last change of state.
   uint64_t EvictionsInState() const {
     return (clock.load(std::memory_order_relaxed) - clock_at_state) /
@@ -548,7 +550,7 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
                          std::memory_order_relaxed);
       continue;
     }
-    const double ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+    const double ratio = s->ReuseRatio();
     if (!s->throttled) {
       // Judged only on enough evidence: min_samples admitted puts in the
       // window, and a state held for min_dwell_periods.
@@ -601,7 +603,7 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     // less (multiplicative decrease, at most halving per period); one well
     // within it gets admission back (multiplicative increase).
     VmState* s = c.s;
-    const double reuse = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+    const double reuse = s->ReuseRatio();
     if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
       const double factor =
           std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
@@ -666,7 +668,7 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
   out.guest_ram_pages = s->guest_ram_pages.load(std::memory_order_relaxed);
   out.evictions_in_state = s->EvictionsInState();
   out.judge_after_evictions = s->JudgeAfterEvictions();
-  out.reuse_ratio = s->win_puts > 0 ? s->win_useful / s->win_puts : 0;
+  out.reuse_ratio = s->ReuseRatio();
   out.cpu_tokens_ns = s->tokens.load(std::memory_order_relaxed);
   out.cpu_share_ns = s->share.load(std::memory_order_relaxed);
   out.cpu_used_ns = s->cpu_used.load(std::memory_order_relaxed);
