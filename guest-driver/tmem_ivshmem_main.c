@@ -72,6 +72,7 @@ static struct tmem_core_config tmem_cfg = {
 	.stall_after_timeouts = 3,
 	.batch_pages = TMEM_GET_BATCH_MAX,
 	.prefetch_windows = 8,
+	.readahead_windows = 2,
 	.miss_cost_ns = 18 * NSEC_PER_USEC, /* virtio disk + readahead, facts.md */
 	.aside_probe_ns = 1000 * NSEC_PER_MSEC,
 	.aside_sample_gets = 1024,
@@ -145,6 +146,9 @@ MODULE_PARM_DESC(get_batch_pages,
 		 "a get asks for up to this many pages of its file in one round trip, when the host offers it (<= 32; 0/1: off)");
 module_param_named(prefetch_windows, tmem_cfg.prefetch_windows, uint, 0444);
 MODULE_PARM_DESC(prefetch_windows, "windows of 32 slots that batched gets prefetch into (<= 16)");
+module_param_named(readahead_windows, tmem_cfg.readahead_windows, uint, 0644);
+MODULE_PARM_DESC(readahead_windows,
+		 "a get served from a full window asks for this many next windows without waiting (0: off)");
 module_param_named(miss_cost_ns, tmem_cfg.miss_cost_ns, ullong, 0644);
 MODULE_PARM_DESC(miss_cost_ns,
 		 "what a page-cache miss costs without tmem; tmem stands aside when it costs more per page served (0: never)");
@@ -447,6 +451,9 @@ static void debugfs_setup(void)
 	COUNTER(prefetch_used);
 	COUNTER(prefetch_unused);
 	COUNTER(gets_negative_cached);
+	COUNTER(readaheads);
+	COUNTER(readahead_waits);
+	COUNTER(readahead_wait_ns);
 	COUNTER(gets_not_sequential);
 	COUNTER(sqes_posted);
 	COUNTER(completions_reaped);

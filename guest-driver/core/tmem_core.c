@@ -629,6 +629,7 @@ static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 	u32 mask = w->count >= 32 ? ~0u : (1u << w->count) - 1;
 	u32 bits = status == TMEM_OK ? result & mask : 0;
 	struct tmem_core_pool *pool = &c->pools[w->pool];
+	u32 first;
 	bool valid;
 
 	if (status != TMEM_OK)
@@ -638,12 +639,14 @@ static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 		c->features &= ~TMEM_FEAT_GET_BATCH;
 	if (status == TMEM_OK && (result & ~mask))
 		c->c.errors++; /* hits outside the window: ignored */
+	/* A read-ahead has no waiter: its first page is prefetched too. */
+	first = p->waiter == WAIT_NONE ? 0 : 1u;
 	if (p->waiter == WAITING)
 		p->waiter = (bits & 1) ? DONE_HIT : DONE_MISS;
-	/* The first page is the waiter's (or nobody's, if it gave up). */
-	if (p->waiter != DONE_HIT && (bits & 1))
+	/* Else the first page is the waiter's (or nobody's, if it gave up). */
+	if (first && p->waiter != DONE_HIT && (bits & 1))
 		c->c.prefetch_unused++;
-	bits &= ~1u;
+	bits &= ~first;
 	valid = !w->doomed && w->epoch == c->epoch && pool->state == POOL_READY &&
 		pool->incarnation == w->incarnation && c->attached && !c->broken;
 	if (!valid) {
@@ -652,7 +655,7 @@ static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 	}
 	c->c.prefetch_unused += hweight32(bits & w->killed);
 	w->present = bits & ~w->killed;
-	w->missing = valid ? ~bits & mask & ~w->killed & ~1u : 0;
+	w->missing = valid ? ~bits & mask & ~w->killed & ~first : 0;
 	/* Until the waiter copied its page, the window's slot 0 is in use. */
 	if (p->waiter == DONE_HIT || p->waiter == DONE_MISS)
 		w->state = WIN_DELIVERING;
@@ -660,21 +663,37 @@ static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 		w->state = (w->present | w->missing) ? WIN_READY : WIN_FREE;
 }
 
+/* A window of handle h (any state but free) whose range holds the key. */
+static bool window_covers(const struct tmem_core_window *w, int h,
+			  const u32 *oid, u64 index)
+{
+	return w->state != WIN_FREE && w->pool == h && index >= w->first &&
+	       index - w->first < w->count && same_oid(w->oid, oid);
+}
+
 /*
  * Serves a get from a window: 1 hit (page copied), 0 a remembered miss,
- * -1 the windows know nothing of this key.
+ * -1 the windows know nothing of this key, -2 a window being filled by a
+ * read-ahead holds it (wait for it, then ask again). *win: the window.
  */
 static int window_serve(struct tmem_core *c, int h, const u32 *oid, u64 index,
-			void *page)
+			void *page, int *win)
 {
 	struct tmem_core_pool *pool = &c->pools[h];
 	struct tmem_core_window *w;
+	int filling = -1;
 	u32 i, k;
 
 	for (i = 0; i < c->nwin; i++) {
 		w = &c->win[i];
-		if (w->state != WIN_READY || w->pool != h || index < w->first ||
-		    index - w->first >= w->count || !same_oid(w->oid, oid))
+		if (!window_covers(w, h, oid, index))
+			continue;
+		if (w->state == WIN_FETCHING && !w->doomed &&
+		    !(w->killed & (1u << (index - w->first))) &&
+		    c->pending[w->tag & TAG_INDEX_MASK].tag == w->tag &&
+		    c->pending[w->tag & TAG_INDEX_MASK].waiter == WAIT_NONE)
+			filling = i;
+		if (w->state != WIN_READY)
 			continue;
 		if (w->epoch != c->epoch || pool->state != POOL_READY ||
 		    pool->incarnation != w->incarnation || flagged(c, pool->host_id)) {
@@ -690,15 +709,18 @@ static int window_serve(struct tmem_core *c, int h, const u32 *oid, u64 index,
 					       slot_addr(c, window_slot(c, i) + k));
 			w->present &= ~(1u << k);
 			c->c.prefetch_used++;
+			*win = i;
 			return 1;
 		}
 		if (w->missing & (1u << k)) {
 			w->missing &= ~(1u << k);
 			c->c.gets_negative_cached++;
+			*win = i;
 			return 0;
 		}
 	}
-	return -1;
+	*win = filling;
+	return filling >= 0 ? -2 : -1;
 }
 
 /* A window to fetch into (free, or the least recently used), or -1. */
@@ -1121,16 +1143,25 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
  * every disk read into fragments and pay a round trip per page besides.
  */
 #define ADMIT_EPOCH_PUTS 4096u
+#define PROBE_RUN_WINDOWS 8u
 
 static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 {
 	u32 hint = TMEM_ADMIT_ALL;
+	u64 block = TMEM_GET_BATCH_MAX;
 	u64 epoch;
 
 	if (c->features & TMEM_FEAT_ADMISSION_HINT)
 		hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
-	if (c->probing)
+	if (c->probing) {
 		hint = min(hint, READ_ONCE(c->cfg->aside_probe_share));
+		/*
+		 * Runs of PROBE_RUN_WINDOWS windows: read-ahead keeps going
+		 * within a run, so the probe measures batches as a reader at
+		 * full admission gets them, not one waited-for batch per block.
+		 */
+		block = TMEM_GET_BATCH_MAX * PROBE_RUN_WINDOWS;
+	}
 	/*
 	 * The choice of blocks moves on every ADMIT_EPOCH_PUTS puts: a page
 	 * evicted again and again gets its chance like any other, so a fixed
@@ -1140,8 +1171,7 @@ static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 	epoch = c->admit_puts++ / ADMIT_EPOCH_PUTS;
 	if (hint >= TMEM_ADMIT_ALL)
 		return true;
-	return (mix64(key_hash(oid, index / TMEM_GET_BATCH_MAX) ^ epoch) >> 48) <
-	       hint;
+	return (mix64(key_hash(oid, index / block) ^ epoch) >> 48) < hint;
 }
 
 /* --- entry points ---------------------------------------------------------- */
@@ -1458,15 +1488,21 @@ static bool get_done_locked(void *arg)
 	return done;
 }
 
-/* Without the lock: spin, then sleep, until the CQE, a reset or deadline. */
-static bool wait_get(struct tmem_core *c, struct get_ticket *t)
+/*
+ * Without the lock: spin, then sleep, until done(arg), or the deadline
+ * (returns true). A get spins get_spin_ns per page it waits for: a batch
+ * keeps the host longer, and sleeping costs an interrupt and a wake-up,
+ * which under emulation cost more than the host's whole batch.
+ */
+static bool wait_for(struct tmem_core *c, bool (*done)(void *arg), void *arg,
+		     u32 pages, u32 *interrupt_waits)
 {
 	u64 t_now = now(c);
-	u64 spin_until = t_now + READ_ONCE(c->cfg->get_spin_ns);
+	u64 spin_until = t_now + READ_ONCE(c->cfg->get_spin_ns) * max(pages, 1u);
 	u64 deadline = t_now + READ_ONCE(c->cfg->get_timeout_ns);
 
 	for (;;) {
-		if (get_done_locked(t))
+		if (done(arg))
 			return false;
 		t_now = now(c);
 		if (t_now >= deadline)
@@ -1475,9 +1511,58 @@ static bool wait_get(struct tmem_core *c, struct get_ticket *t)
 			cpu_relax();
 			continue;
 		}
-		if (c->ops->wait(c->ops_ctx, get_done_locked, t, deadline - t_now))
-			t->interrupt_waits++; /* counted under the lock later */
+		if (c->ops->wait(c->ops_ctx, done, arg, deadline - t_now))
+			(*interrupt_waits)++; /* counted under the lock later */
 	}
+}
+
+/* A read-ahead window being filled, waited for by a get. */
+struct window_ticket {
+	struct tmem_core *c;
+	u64 tag;
+	u64 rings_gen;
+	u32 win;
+};
+
+static bool window_filled(void *arg)
+{
+	struct window_ticket *t = arg;
+	struct tmem_core *c = t->c;
+	unsigned long flags;
+	bool done;
+
+	lock(c, &flags);
+	reap(c);
+	done = c->rings_gen != t->rings_gen || !c->attached || c->broken ||
+	       c->win[t->win].state != WIN_FETCHING || c->win[t->win].tag != t->tag;
+	unlock(c, flags);
+	return done;
+}
+
+/*
+ * Under the lock (dropped while waiting): waits for read-ahead window win
+ * to be filled, then serves the get from the windows as window_serve does
+ * (-1 if they no longer know the key, -2 if still filling).
+ */
+static int window_wait_serve(struct tmem_core *c, unsigned long *flags, int h,
+			     const u32 *oid, u64 index, void *page, int *win)
+{
+	struct window_ticket t = { .c = c, .win = *win,
+				   .tag = c->win[*win].tag,
+				   .rings_gen = c->rings_gen };
+	u32 pages = c->win[*win].count, waits = 0;
+	u64 t0 = now(c);
+	bool timed_out;
+
+	unlock(c, *flags);
+	timed_out = wait_for(c, window_filled, &t, pages, &waits);
+	lock(c, flags);
+	c->c.readahead_waits++;
+	c->c.readahead_wait_ns += now(c) - t0;
+	c->c.interrupt_waits += waits;
+	if (timed_out)
+		return -2;
+	return window_serve(c, h, oid, index, page, win);
 }
 
 /* Pages to ask for from index on (1: a plain GET). */
@@ -1503,7 +1588,7 @@ static u32 batch_size(struct tmem_core *c, int h, const u32 *oid, u64 index,
 }
 
 static u64 post_batch(struct tmem_core *c, int h, int id, const u32 *oid,
-		      u64 index, u32 count, int win)
+		      u64 index, u32 count, int win, u64 end)
 {
 	struct tmem_core_window *w = &c->win[win];
 	struct tmem_sqe sqe = {};
@@ -1532,9 +1617,63 @@ static u64 post_batch(struct tmem_core *c, int h, int id, const u32 *oid,
 	w->missing = 0;
 	w->killed = 0;
 	w->doomed = false;
+	w->tag = tag;
+	w->end = end;
+	w->ahead = false;
 	w->state = WIN_FETCHING;
 	c->c.get_batches++;
 	return tag;
+}
+
+/*
+ * A get was served from window wi (the reader went on past a batch's first
+ * page, so it reads on): ask now for the object's next blocks,
+ * with no one waiting, so that a sequential reader finds them filled, as
+ * the page cache's async readahead keeps the disk ahead of the reader.
+ * Only after a full window (a short one stopped at the file's end or at
+ * pages never sent), and only for blocks no window holds. The pages come
+ * out of the host (exclusive gets); those never read are counted unused.
+ */
+static void read_ahead(struct tmem_core *c, int h, const u32 *oid, u32 wi)
+{
+	struct tmem_core_window *w = &c->win[wi];
+	u32 batch = min(READ_ONCE(c->cfg->batch_pages), TMEM_GET_BATCH_MAX);
+	u32 depth = min(READ_ONCE(c->cfg->readahead_windows), c->nwin - 1);
+	u64 next = w->first, end = w->end;
+	u32 i, j, count;
+	bool covered;
+	int id, nw;
+
+	if (w->ahead || w->count < batch || batch < 2 || !depth)
+		return;
+	w->ahead = true;
+	id = resolve(c, h, false);
+	if (id < 0 || flagged(c, id))
+		return;
+	for (j = 0; j < depth; j++) {
+		if (next > U64_MAX - 2 * TMEM_GET_BATCH_MAX)
+			return;
+		next += batch;
+		if (end && next >= end)
+			return;
+		covered = false;
+		for (i = 0; i < c->nwin; i++)
+			covered |= window_covers(&c->win[i], h, oid, next);
+		if (covered)
+			continue;
+		/* The reader is past what was sent: nothing more to fetch. */
+		if (!host_may_hold(c, h, oid, next))
+			return;
+		count = batch_size(c, h, oid, next, end ? end - next : 0, true);
+		if (count < 2 || !have_room(c, NEED_CONTROL))
+			return;
+		nw = window_pick(c);
+		if (nw < 0 || (u32)nw == wi)
+			return;
+		if (!post_batch(c, h, id, oid, next, count, nw, end))
+			return;
+		c->c.readaheads++;
+	}
 }
 
 /* --- never slower: stand aside when tmem costs more than it saves --------- */
@@ -1624,6 +1763,19 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit)
 	 * one round trip each, never in batches: what that costs says
 	 * nothing about tmem at full admission, so it decides nothing.
 	 */
+	/*
+	 * A sample describes what tmem costs now: one left open for longer
+	 * than aside_probe_ns (a few misses in a put storm, then a pause
+	 * until the files are read again) starts over.
+	 */
+	if (c->sample_gets && now(c) - c->sample_start_ns > base) {
+		c->c.aside_samples_discarded += c->sample_gets;
+		c->sample_ns = 0;
+		c->sample_hits = 0;
+		c->sample_gets = 0;
+	}
+	if (!c->sample_gets)
+		c->sample_start_ns = now(c);
 	if (c->attached && !fully_admitted(c)) {
 		c->c.aside_samples_discarded += c->sample_gets + 1;
 		c->sample_ns = 0;
@@ -1706,14 +1858,19 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	}
 	/* Prefetched by an earlier batch: no round trip, hit or miss. */
 	if (c->nwin && valid_handle(c, h) && !c->pools[h].shared) {
-		served = window_serve(c, h, oid, index, page);
+		served = window_serve(c, h, oid, index, page, &win);
+		if (served == -2)
+			served = window_wait_serve(c, &flags, h, oid, index,
+						   page, &win);
 		if (served == 1) {
 			hit = true;
 			c->c.gets_hit++;
 			account_get(c, now(c) - t0, true);
+			read_ahead(c, h, oid, win);
 			goto out;
 		}
-		if (served == 0)
+		/* Still filling after the get's whole timeout: a miss. */
+		if (served == 0 || served == -2)
 			goto miss_local;
 	}
 	/*
@@ -1731,7 +1888,8 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	count = batch_size(c, h, oid, index, max_pages, sequential);
 	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c) : -1;
 	if (win >= 0) {
-		t.tag = post_batch(c, h, id, oid, index, count, win);
+		t.tag = post_batch(c, h, id, oid, index, count, win,
+				   max_pages ? index + max_pages : 0);
 	} else {
 		if (!have_room(c, NEED_GET))
 			goto miss_local;
@@ -1752,7 +1910,8 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	unlock(c, flags);
 
 	t_wait = now(c);
-	timed_out = wait_get(c, &t);
+	timed_out = wait_for(c, get_done_locked, &t, win >= 0 ? count : 1,
+			     &t.interrupt_waits);
 	t_wait = now(c) - t_wait;
 
 	lock(c, &flags);

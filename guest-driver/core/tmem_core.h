@@ -84,6 +84,15 @@ struct tmem_core_config {
 	u32 batch_pages;
 	u32 prefetch_windows;	 /* at most TMEM_CORE_MAX_WINDOWS */
 	/*
+	 * Read-ahead: when a get is served from a full window, the next
+	 * readahead_windows blocks of the object are asked for at once, without
+	 * waiting (as the page cache's own async readahead does for the disk),
+	 * so a sequential reader finds them filled instead of paying a round
+	 * trip per block. A get whose page is in a window still being filled
+	 * waits for that window. 0: a batch only when a get asks.
+	 */
+	u32 readahead_windows;
+	/*
 	 * Never slower: over every aside_sample_gets gets served by the host
 	 * or a window, the guest's time in those gets is compared with what
 	 * the pages served would have cost from disk (miss_cost_ns each).
@@ -158,12 +167,15 @@ struct tmem_core_counters {
 	u64 prefetch_used;		/* of gets_hit: served from a window */
 	u64 prefetch_unused;		/* prefetched pages dropped unread */
 	u64 gets_negative_cached;	/* of gets_miss_local: the batch said miss */
+	u64 readaheads;			/* of get_batches: asked ahead, no waiter */
+	u64 readahead_waits;		/* gets that waited for a window filling */
+	u64 readahead_wait_ns;		/* of get_ns: those waits */
 	/* Standing aside (never slower). */
 	u64 stood_aside;		/* times the guest stood aside */
 	u64 gets_skipped_aside;		/* of gets_miss_local */
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
 	u64 invalidates_skipped_aside;	/* private pools, nothing held */
-	u64 aside_samples_discarded;	/* cost samples under a sampling hint */
+	u64 aside_samples_discarded;	/* under a sampling hint, or stale */
 	u64 aside_cost_rose;		/* resumed early: a miss costs 2x more */
 	u64 put_ns;			/* time in put, all calls */
 	u64 get_ns;			/* time in get, waits included */
@@ -216,6 +228,9 @@ struct tmem_core_window {
 	u32 present;		/* bit k: page first + k unread in slot k */
 	u32 missing;		/* bit k: the host had no page first + k */
 	u32 killed;		/* while fetching: put or invalidated meanwhile */
+	u64 tag;		/* its GET_BATCH's, while fetching */
+	u64 end;		/* the object's page count when asked; 0: unknown */
+	bool ahead;		/* its read-ahead was asked (or not wanted) */
 	u16 count;
 	s16 pool;		/* handle */
 	u8 state;
@@ -306,6 +321,7 @@ struct tmem_core {
 	u64 sample_ns;		/* guest time in gets served by host or window */
 	u64 sample_hits;
 	u32 sample_gets;
+	u64 sample_start_ns;	/* when the sample's first get came */
 	u64 get_ns_per_hit;	/* last sample's, as published */
 	u64 miss_cost_measured_ns; /* tmem_core_set_miss_cost(); 0: none yet */
 	u64 aside_miss_ns;	/* the miss cost when it last stood aside */

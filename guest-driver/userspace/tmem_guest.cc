@@ -181,6 +181,7 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.skip_unsent_gets = options.skip_unsent_gets;
   config_.batch_pages = options.get_batch_pages;
   config_.prefetch_windows = options.prefetch_windows;
+  config_.readahead_windows = options.readahead_windows;
   config_.miss_cost_ns = Ns(options.miss_cost);
   config_.aside_sample_gets = options.aside_sample_gets;
   config_.aside_probe_share = options.aside_probe_share;
@@ -264,6 +265,9 @@ void TmemGuest::SyncCounters() {
   c.prefetch_used = k.prefetch_used;
   c.prefetch_unused = k.prefetch_unused;
   c.gets_negative_cached = k.gets_negative_cached;
+  c.readaheads = k.readaheads;
+  c.readahead_waits = k.readahead_waits;
+  c.readahead_wait_ns = k.readahead_wait_ns;
   c.stood_aside = k.stood_aside;
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;

@@ -104,6 +104,9 @@ struct TmemGuestOptions {
   // misses) without a round trip. 0 or 1: plain gets.
   uint32_t get_batch_pages = TMEM_GET_BATCH_MAX;
   uint32_t prefetch_windows = 8;
+  // A Get served from a full window asks for the object's next
+  // readahead_windows windows at once, without waiting (0: off).
+  uint32_t readahead_windows = 2;
   // Never slower (the kernel module's miss_cost_ns, default 18 us): over
   // every aside_sample_gets Gets served by the host or a prefetch window,
   // the time spent in them is compared with what the pages served would
@@ -177,12 +180,15 @@ struct GuestCounters {
   uint64_t prefetch_unused = 0;  // prefetched pages dropped unread
   // Of gets_miss_local: a batch said the host had no such page.
   uint64_t gets_negative_cached = 0;
+  uint64_t readaheads = 0;         // of get_batches: asked ahead, no waiter
+  uint64_t readahead_waits = 0;    // Gets that waited for a window filling
+  uint64_t readahead_wait_ns = 0;  // time in those waits
   // Standing aside (TmemGuestOptions::miss_cost).
   uint64_t stood_aside = 0;                // times the guest stood aside
   uint64_t gets_skipped_aside = 0;         // of gets_miss_local
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
   uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
-  uint64_t aside_samples_discarded = 0;    // cost samples under a hint
+  uint64_t aside_samples_discarded = 0;    // under a hint, or stale
   uint64_t aside_cost_rose = 0;  // resumed early: a miss costs 2x more
 };
 
@@ -224,6 +230,9 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("prefetch_used", c.prefetch_used);
   fn("prefetch_unused", c.prefetch_unused);
   fn("gets_negative_cached", c.gets_negative_cached);
+  fn("readaheads", c.readaheads);
+  fn("readahead_waits", c.readahead_waits);
+  fn("readahead_wait_ns", c.readahead_wait_ns);
   fn("stood_aside", c.stood_aside);
   fn("gets_skipped_aside", c.gets_skipped_aside);
   fn("puts_skipped_aside", c.puts_skipped_aside);

@@ -5,12 +5,15 @@
 // end drives random interleavings and checks every hit against the latest
 // put of its key.
 #include <array>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <tuple>
 
 #include "gtest/gtest.h"
@@ -141,6 +144,111 @@ TEST_F(BatchTest, RandomGetsArePlainAndLeaveTheRestOnTheHost) {
   // The page after the last one read: a sequential reader, batch from it.
   ASSERT_TRUE(guest_->Get(pool_, kFile, 21, out_));
   EXPECT_EQ(host_.op_count(TMEM_OP_GET_BATCH), 1u);
+}
+
+// Read-ahead: once a reader goes on past a batch's first page, the next
+// windows of the object are asked for without waiting, so a sequential
+// reader pays one round trip for the whole file, not one per window.
+TEST_F(BatchTest, ReadAheadKeepsASequentialReaderAheadOfTheHost) {
+  PutRange(kFile, 0, 128);
+  for (uint64_t i = 0; i < 128; ++i) {
+    ASSERT_TRUE(guest_->Get(pool_, kFile, i, out_)) << i;
+    ASSERT_EQ(out_, MakePage(kFile, i, 1)) << i;
+  }
+  const GuestCounters& c = guest_->counters();
+  EXPECT_EQ(c.get_batches, 4u);
+  EXPECT_EQ(c.readaheads, 3u) << "one batch waited for, three asked ahead";
+  EXPECT_EQ(host_.batch_pages(), 128u);
+  EXPECT_EQ(c.prefetch_used, 127u);
+  EXPECT_EQ(c.prefetch_unused, 0u);
+  EXPECT_EQ(host_.page_count(), 0u);
+  EXPECT_EQ(guest_->free_slots(), guest_->slots_usable()) << "no slot leaks";
+  EXPECT_EQ(guest_->in_flight(), 0u);
+}
+
+TEST_F(BatchTest, ReadAheadStopsAtTheFileEnd) {
+  PutRange(kFile, 0, 128);
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 0, out_, /*pages_to_end=*/40));
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 1, out_, /*pages_to_end=*/39));
+  guest_->Poll();
+  EXPECT_EQ(guest_->counters().readaheads, 1u);
+  EXPECT_EQ(host_.batch_pages(), 40u) << "32, then the 8 left to the end";
+  EXPECT_EQ(host_.page_count(), 88u);
+}
+
+TEST_F(BatchTest, ReadAheadCanBeTurnedOff) {
+  TmemGuestOptions o = Options();
+  o.readahead_windows = 0;
+  FakeHost host(BatchHost());
+  auto guest = MustCreate(&host, o);
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  for (uint64_t i = 0; i < 64; ++i) {
+    guest->Put(pool, kFile, i, MakePage(kFile, i, 1));
+  }
+  guest->Poll();
+  for (uint64_t i = 0; i < 64; ++i) {
+    ASSERT_TRUE(guest->Get(pool, kFile, i, out_)) << i;
+  }
+  EXPECT_EQ(guest->counters().readaheads, 0u);
+  EXPECT_EQ(guest->counters().get_batches, 2u) << "one waited-for batch each";
+}
+
+// A read-ahead is in flight (the host has not run it) when the reader
+// invalidates one of its pages and puts a new version of another: neither
+// old copy may be served, whatever the host returns for the batch.
+TEST_F(BatchTest, InvalidateAndPutWinOverAReadAheadInFlight) {
+  PutRange(kFile, 0, 64);
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 0, out_));
+  host_.paused = true;
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 1, out_));  // asks for 32..63
+  ASSERT_EQ(guest_->counters().readaheads, 1u);
+  guest_->InvalidatePage(pool_, kFile, 40);
+  guest_->Put(pool_, kFile, 41, MakePage(kFile, 41, 2));
+  host_.paused = false;
+  host_.Step(1000);
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 40, out_)) << "invalidated";
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 41, out_));
+  EXPECT_EQ(VersionOf(out_), 2u) << "the later put wins";
+  ASSERT_TRUE(guest_->Get(pool_, kFile, 42, out_));
+  EXPECT_EQ(out_, MakePage(kFile, 42, 1));
+  EXPECT_EQ(guest_->in_flight(), 0u);
+}
+
+// A reader that catches up with a read-ahead still being filled waits for
+// it rather than asking the host for the same pages again (which would
+// miss: the read-ahead took them, exclusive).
+TEST(BatchThreadedTest, AReaderWaitsForTheReadAheadItCaughtUpWith) {
+  FakeHost host(BatchHost());
+  TmemGuestOptions o = Options();
+  o.get_timeout = std::chrono::seconds(10);
+  auto guest = MustCreate(&host, o);
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  for (uint64_t i = 0; i < 64; ++i) {
+    guest->Put(pool, kFile, i, MakePage(kFile, i, 1));
+  }
+  guest->Poll();
+  Page out{};
+  ASSERT_TRUE(guest->Get(pool, kFile, 0, out));
+  host.paused = true;
+  ASSERT_TRUE(guest->Get(pool, kFile, 1, out));  // asks for 32..63
+  std::atomic<bool> released{false};
+  std::thread host_thread([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    released = true;
+    host.paused = false;
+    host.Step();
+  });
+  for (uint64_t i = 2; i < 64; ++i) {
+    ASSERT_TRUE(guest->Get(pool, kFile, i, out)) << i;
+    ASSERT_EQ(out, MakePage(kFile, i, 1)) << i;
+  }
+  EXPECT_TRUE(released) << "page 32 came from the read-ahead, after it ran";
+  host_thread.join();
+  EXPECT_EQ(host.op_count(TMEM_OP_GET_BATCH), 2u);
+  EXPECT_EQ(host.op_count(TMEM_OP_GET), 0u) << "no page asked for twice";
+  EXPECT_EQ(guest->in_flight(), 0u);
 }
 
 TEST_F(BatchTest, NeverSentTailIsNotAskedFor) {
