@@ -41,6 +41,19 @@ class DomainControl {
   virtual absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
                                                    bool persistent) = 0;
   virtual std::vector<DomainAttachState> List() = 0;
+  // libvirt's qemu hook, with the domain's full XML. Runs while libvirtd
+  // holds the domain, so it must not call libvirt back (that could wait
+  // for the hook: a deadlock). Prepare: a domain whose XML has the tmem
+  // device gets its channel now (policy from the XML's metadata), so the
+  // socket listens before QEMU starts; OK with nothing done for a domain
+  // without the device. Release: QEMU is gone; the channel on the device's
+  // socket goes (the next prepare makes it again). INVALID_ARGUMENT for an
+  // XML without name/uuid, a bad metadata element or a socket outside
+  // tmemd's directory (the hook fails, and libvirt does not start QEMU).
+  virtual absl::StatusOr<DomainAttachState> PrepareFromHook(
+      const std::string& domain_xml) = 0;
+  virtual absl::StatusOr<DomainAttachState> ReleaseFromHook(
+      const std::string& domain_xml) = 0;
   // A policy set for VM `vm` through the control plane (gRPC), already
   // applied: written into the tmemd metadata element of the domain the VM
   // serves (live, and the persistent config when the domain has one), so it

@@ -710,6 +710,25 @@ absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
   return DomainMessage(*st);
 }
 
+absl::StatusOr<v1::DomainState> ControlPlane::LibvirtHook(
+    const v1::LibvirtHookRequest& r) {
+  if (absl::Status s = NeedDomains(); !s.ok()) return s;
+  if (r.operation() != "prepare" && r.operation() != "release") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation: '", r.operation(),
+                     "' is not a hook operation tmemd handles (prepare, "
+                     "release)"));
+  }
+  if (r.domain_xml().empty()) {
+    return absl::InvalidArgumentError("domain_xml: empty");
+  }
+  absl::StatusOr<DomainAttachState> st =
+      r.operation() == "prepare" ? domains_->PrepareFromHook(r.domain_xml())
+                                 : domains_->ReleaseFromHook(r.domain_xml());
+  if (!st.ok()) return st.status();
+  return DomainMessage(*st);
+}
+
 absl::StatusOr<v1::ListDomainsResponse> ControlPlane::ListDomains() {
   if (absl::Status s = NeedDomains(); !s.ok()) return s;
   v1::ListDomainsResponse out;

@@ -91,6 +91,9 @@ class ControlPlane {
   absl::StatusOr<v1::DomainState> AttachDomain(const v1::DomainRequest& r);
   absl::StatusOr<v1::DomainState> DetachDomain(const v1::DomainRequest& r);
   absl::StatusOr<v1::ListDomainsResponse> ListDomains();
+  // libvirt's qemu hook: operation "prepare" or "release" (anything else
+  // is INVALID_ARGUMENT naming the field), the domain's XML.
+  absl::StatusOr<v1::DomainState> LibvirtHook(const v1::LibvirtHookRequest& r);
 
  private:
   // What a host push would do, checked, with nothing applied yet.

@@ -187,6 +187,13 @@ grpc::Status TmemControlService::DetachDomain(grpc::ServerContext* ctx,
   return Reply(control_->DetachDomain(*req), resp);
 }
 
+grpc::Status TmemControlService::LibvirtHook(grpc::ServerContext* ctx,
+                                             const v1::LibvirtHookRequest* req,
+                                             v1::DomainState* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "LibvirtHook"); !s.ok()) return s;
+  return Reply(control_->LibvirtHook(*req), resp);
+}
+
 grpc::Status TmemControlService::ListDomains(
     grpc::ServerContext* /*ctx*/, const v1::ListDomainsRequest* /*req*/,
     v1::ListDomainsResponse* resp) {

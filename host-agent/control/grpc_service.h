@@ -98,6 +98,9 @@ class TmemControlService final : public v1::TmemControl::Service {
   grpc::Status DetachDomain(grpc::ServerContext* ctx,
                             const v1::DomainRequest* req,
                             v1::DomainState* resp) override;
+  grpc::Status LibvirtHook(grpc::ServerContext* ctx,
+                           const v1::LibvirtHookRequest* req,
+                           v1::DomainState* resp) override;
   grpc::Status ListDomains(grpc::ServerContext* ctx,
                            const v1::ListDomainsRequest* req,
                            v1::ListDomainsResponse* resp) override;

@@ -224,6 +224,103 @@ void DomainManager::SyncAllLocked(bool autoattach) {
   for (const DomainSummary& d : *all) ReconcileLocked(d.name, autoattach);
 }
 
+absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
+    const std::string& domain_xml) {
+  DomainAttachState out;
+  out.domain = DomainXmlElement(domain_xml, "name");
+  const std::string uuid = DomainXmlElement(domain_xml, "uuid");
+  if (out.domain.empty() || uuid.empty()) {
+    return absl::InvalidArgumentError(
+        "libvirt hook: the domain XML has no <name> or <uuid>");
+  }
+  const std::optional<TmemDevice> device = FindTmemDevice(domain_xml);
+  if (!device) {
+    out.detail = "no tmem device: nothing to prepare";
+    return out;
+  }
+  absl::StatusOr<TmemMetadata> meta = DomainTmemMetadata(domain_xml);
+  if (!meta.ok()) {
+    // A typo in the element must not start the VM on default settings.
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain '", out.domain, "': ", meta.status().message()));
+  }
+  if (device->server_path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "domain '", out.domain, "': the tmem device has no <server path>"));
+  }
+  if (absl::Status s = SocketPathInDirectory(device->server_path,
+                                             agent_->options().socket_dir);
+      !s.ok()) {
+    Log(LogLevel::kError, "libvirt_socket_path_refused",
+        {{"domain", out.domain},
+         {"socket", device->server_path},
+         {"error", s.message()}});
+    return absl::InvalidArgumentError(
+        absl::StrCat("domain '", out.domain, "': ", s.message()));
+  }
+  out.vm = VmNameFor(out.domain, uuid);
+  absl::StatusOr<VmInfo> added =
+      agent_->AddVm(out.vm, meta->policy, device->server_path);
+  if (absl::IsAlreadyExists(added.status())) {
+    // Made earlier (a persistent config's channel, a previous prepare):
+    // the same socket is fine, with the XML's settings.
+    absl::StatusOr<VmInfo> existing = agent_->GetVm(out.vm);
+    if (existing.ok() && existing->socket_path == device->server_path) {
+      if (meta->present) (void)agent_->SetVmPolicy(out.vm, meta->policy);
+      added = std::move(existing);
+    }
+  }
+  if (!added.ok()) {
+    return absl::Status(
+        added.status().code(),
+        absl::StrCat("domain '", out.domain, "': ", added.status().message()));
+  }
+  out.detail = "socket listening for QEMU";
+  Log(LogLevel::kInfo, "libvirt_hook_prepared",
+      {{"domain", out.domain},
+       {"vm", out.vm},
+       {"socket", device->server_path}});
+  return out;
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::ReleaseFromHook(
+    const std::string& domain_xml) {
+  DomainAttachState out;
+  out.domain = DomainXmlElement(domain_xml, "name");
+  const std::string uuid = DomainXmlElement(domain_xml, "uuid");
+  if (out.domain.empty() || uuid.empty()) {
+    return absl::InvalidArgumentError(
+        "libvirt hook: the domain XML has no <name> or <uuid>");
+  }
+  const std::optional<TmemDevice> device = FindTmemDevice(domain_xml);
+  out.vm = VmNameFor(out.domain, uuid);
+  {
+    // A domain the manager follows is released by its STOPPED event (and
+    // its channel made again if its config keeps the device). try_lock: the
+    // manager may be inside a libvirt call that waits for this hook.
+    std::unique_lock<std::mutex> lock(op_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || domains_.count(out.domain) > 0) {
+      out.detail = "left to the domain's STOPPED event";
+      return out;
+    }
+  }
+  absl::StatusOr<VmInfo> info = agent_->GetVm(out.vm);
+  // Only the channel this domain's device names: a VM of the same name on
+  // another socket is someone else's.
+  if (!device || !info.ok() || info->socket_path != device->server_path) {
+    out.detail = "nothing to release";
+    return out;
+  }
+  if (absl::Status s = agent_->RemoveVm(out.vm);
+      !s.ok() && !absl::IsNotFound(s)) {
+    return s;
+  }
+  out.detail = "released";
+  Log(LogLevel::kInfo, "libvirt_hook_released",
+      {{"domain", out.domain}, {"vm", out.vm}});
+  return out;
+}
+
 std::string DomainManager::VmNameFor(const std::string& name,
                                      const std::string& uuid) const {
   return ValidateVmName(name).ok() ? name : uuid;

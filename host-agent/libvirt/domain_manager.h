@@ -89,6 +89,13 @@ class DomainManager final : public DomainControl {
   absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
                                            bool persistent) override;
   std::vector<DomainAttachState> List() override;
+  // Without the manager's mutex and without libvirt calls (the hook runs
+  // while libvirtd holds the domain); the STARTED event's reconcile later
+  // adopts the channel (same VM name and socket).
+  absl::StatusOr<DomainAttachState> PrepareFromHook(
+      const std::string& domain_xml) override;
+  absl::StatusOr<DomainAttachState> ReleaseFromHook(
+      const std::string& domain_xml) override;
   absl::Status PolicyChanged(const std::string& vm,
                              const VmPolicy& policy) override;
 

@@ -335,6 +335,22 @@ std::string FormatTmemMetadata(const TmemMetadata& m) {
       m.autoattach ? "true" : "false", "</autoattach></tmem>");
 }
 
+absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml) {
+  auto md = FindElement(domain_xml, "metadata");
+  if (!md || md->self_closing) return TmemMetadata{};
+  const std::string_view inner =
+      domain_xml.substr(md->open_end, md->end - md->open_end);
+  for (auto e = FindElement(inner, "tmem"); e;
+       e = FindElement(inner, "tmem", e->end)) {
+    // Another application's <x:tmem> is not ours: ours names our namespace.
+    const std::string_view open =
+        inner.substr(e->begin, e->open_end - e->begin);
+    if (open.find(kTmemMetadataUri) == std::string_view::npos) continue;
+    return ParseTmemMetadata(inner.substr(e->begin, e->end - e->begin));
+  }
+  return TmemMetadata{};
+}
+
 std::string DomainXmlElement(std::string_view xml, std::string_view element) {
   auto e = FindElement(xml, element);
   if (!e) return "";

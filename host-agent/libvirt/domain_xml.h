@@ -68,6 +68,10 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml);
 // puts it in kTmemMetadataUri with the prefix it is given).
 std::string FormatTmemMetadata(const TmemMetadata& metadata);
 
+// The tmem element inside a full domain XML's <metadata>: its settings,
+// or all defaults (present false) when there is none.
+absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml);
+
 // libvirt's <uuid> and <name> of a domain XML ("" when absent).
 std::string DomainXmlElement(std::string_view domain_xml,
                              std::string_view element);

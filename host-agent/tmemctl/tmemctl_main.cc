@@ -7,6 +7,8 @@
 //   tmemctl authorize NAME UUID [--revoke]
 //   tmemctl attach DOMAIN [--persistent] | detach DOMAIN [--persistent]
 //   tmemctl policy apply FILE
+//   tmemctl libvirt-hook DOMAIN OPERATION SUB-OP EXTRA  (libvirt's qemu hook;
+//     the domain XML on stdin)
 //
 // One host by default (the local admin socket). With --host (repeatable) or
 // --hosts FILE the command runs on every host at once, each under its own
@@ -58,7 +60,8 @@ struct Options {
   double cpu_budget = -1;
   std::vector<std::string> watch_vms;
   int interval_ms = 1000;
-  int count = 0;  // watch: 0 = until interrupted
+  int count = 0;                       // watch: 0 = until interrupted
+  std::vector<std::string> hook_args;  // libvirt-hook: DOMAIN OPERATION ...
 };
 
 // What one host answered: JSON for -o json, text for people.
@@ -349,6 +352,44 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
                                 r->detail().empty() ? "" : ", " + r->detail())};
 }
 
+// libvirt's qemu hook (/etc/libvirt/hooks/qemu.d/tmemd): libvirt runs it as
+// root with the domain XML on stdin, for every domain and operation, and
+// does not start a domain whose "prepare" hook fails. So it answers 0 at
+// once for operations tmemd has nothing to do with and for domains without
+// an ivshmem-doorbell device (without asking tmemd: those domains must
+// start even when tmemd is down), and fails, saying why, only when a tmem
+// domain's socket could not be made ready.
+int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
+  if (o.hook_args.size() < 2) {
+    std::cerr << "tmemctl libvirt-hook: want DOMAIN OPERATION [SUB-OP "
+                 "EXTRA], as libvirt calls hooks\n";
+    return 1;
+  }
+  const std::string& operation = o.hook_args[1];
+  if (operation != "prepare" && operation != "release") return 0;
+  std::stringstream xml;
+  xml << std::cin.rdbuf();
+  if (xml.str().find("ivshmem-doorbell") == std::string::npos) return 0;
+  if (targets.size() != 1) {
+    std::cerr << "tmemctl libvirt-hook: one host (the local tmemd) only\n";
+    return 1;
+  }
+  v1::LibvirtHookRequest req;
+  req.set_operation(operation);
+  req.set_domain_xml(xml.str());
+  Host h(targets[0], o);
+  auto r = h.Call(&Stub::LibvirtHook, req);
+  if (!r.ok()) {
+    // tmemd's message names the domain.
+    std::cerr << "tmemctl libvirt-hook: " << operation << ": "
+              << r.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "tmemd: " << operation << " " << r->domain() << ": "
+            << r->detail() << "\n";
+  return 0;
+}
+
 absl::StatusOr<Result> ApplyPolicy(Host& h, const PolicyFile& file) {
   // Applies everything, reports every item; fails if any item failed.
   json items = json::array();
@@ -609,6 +650,12 @@ int Run(int argc, char** argv) {
   auto* detach = app.add_subcommand("detach", "detach tmem from a domain");
   detach->add_option("domain", o.domain)->required();
   detach->add_flag("--persistent", o.persistent, "also from persistent XML");
+  auto* hook = app.add_subcommand(
+      "libvirt-hook",
+      "libvirt's qemu hook: DOMAIN OPERATION SUB-OP EXTRA, XML on stdin");
+  hook->add_option("args", o.hook_args, "as libvirt passes them");
+  // For libvirtd, not for people: not in --help or completion (tmemctl(1)).
+  hook->group("");
   auto* watch = app.add_subcommand("watch", "live per-VM table");
   watch->add_option("vms", o.watch_vms, "VMs to show (all)");
   watch->add_option("-i,--interval-ms", o.interval_ms, "refresh (1000)");
@@ -738,6 +785,8 @@ int Run(int argc, char** argv) {
   } else if (*attach || *detach) {
     const bool att = attach->parsed();
     command = [&, att](Host& h) { return Domain(h, att, o); };
+  } else if (*hook) {
+    return LibvirtHook(targets, o);
   } else if (*watch) {
     if (targets.size() != 1) {
       std::cerr << "tmemctl: watch shows one host; give one --host\n";

@@ -49,6 +49,15 @@ class FakeDomains : public DomainControl {
   std::vector<DomainAttachState> List() override {
     return {{"web1", "web1", true, false, ""}};
   }
+  absl::StatusOr<DomainAttachState> PrepareFromHook(
+      const std::string& xml) override {
+    return DomainAttachState{"hooked", "hooked", false, false,
+                             absl::StrCat("prepared ", xml.size(), " bytes")};
+  }
+  absl::StatusOr<DomainAttachState> ReleaseFromHook(
+      const std::string& /*xml*/) override {
+    return DomainAttachState{"hooked", "hooked", false, false, "released"};
+  }
   // Records what the control plane writes back; `fail_vm` plays a domain
   // whose metadata write fails (libvirtd gone).
   absl::Status PolicyChanged(const std::string& vm,
@@ -564,6 +573,39 @@ TEST_F(ControlServiceTest, DomainsForwardToDomainControl) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(ControlServiceTest, LibvirtHookForwardsAndRefusesUnknownOperations) {
+  v1::LibvirtHookRequest req;
+  req.set_operation("prepare");
+  req.set_domain_xml("<domain/>");
+  v1::DomainState st;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "prepared 9 bytes");
+  }
+  {
+    req.set_operation("release");
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "released");
+  }
+  {
+    req.set_operation("started");
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->LibvirtHook(&ctx, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("operation"), std::string::npos);
+  }
+  {
+    req.set_operation("prepare");
+    req.clear_domain_xml();
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->LibvirtHook(&ctx, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("domain_xml"), std::string::npos);
+  }
+}
+
 TEST_F(ControlServiceTest, WithoutLibvirtDomainsAreFailedPrecondition) {
   StopAll();
   StartAll(/*with_domains=*/false);
@@ -718,6 +760,9 @@ TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
   v1::DomainRequest dr;
   dr.set_domain("web1");
   v1::DomainState ds;
+  v1::LibvirtHookRequest hr;
+  hr.set_operation("prepare");
+  hr.set_domain_xml("<domain/>");
   v1::AuthorizeSharedPoolRequest ar;
   ar.set_vm("g1");
   ar.set_uuid("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
@@ -728,6 +773,7 @@ TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
       [&](auto* c) { return readonly_->FlushVm(c, vm, &fr); },
       [&](auto* c) { return readonly_->AttachDomain(c, dr, &ds); },
       [&](auto* c) { return readonly_->DetachDomain(c, dr, &ds); },
+      [&](auto* c) { return readonly_->LibvirtHook(c, hr, &ds); },
       [&](auto* c) { return readonly_->AuthorizeSharedPool(c, ar, &ap); },
   };
   for (auto& w : writes) {

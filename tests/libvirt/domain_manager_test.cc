@@ -126,6 +126,75 @@ TEST_F(DomainManagerTest, SocketPathOutsideTheSocketDirectoryIsRefused) {
   EXPECT_TRUE(agent_->HasVm("good"));
 }
 
+// libvirt's qemu hook: the XML alone makes the channel (no libvirt call:
+// FakeHypervisor knows no such domain), with the metadata's policy; the
+// STARTED reconcile adopts it; refusals name their reason.
+TEST_F(DomainManagerTest, HookPrepareMakesTheChannelFromTheXmlAlone) {
+  ASSERT_TRUE(manager_->Start().ok());
+  const std::string xml = absl::StrCat(
+      "<domain type='qemu'><name>tr1</name>"
+      "<uuid>4dea22b3-1d52-d8f3-2516-782e98ab3fa0</uuid><metadata>"
+      "<other:tmem xmlns:other='https://example.org/x'><quota>1</quota>"
+      "</other:tmem>"
+      "<tmem:tmem xmlns:tmem='https://tmemd.dev/xmlns/tmem/1'>"
+      "<quota>32MiB</quota></tmem:tmem></metadata><devices>",
+      TmemShmemXml(dir_ + "/tr1.sock", 1), "</devices></domain>");
+  absl::StatusOr<DomainAttachState> st = manager_->PrepareFromHook(xml);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->vm, "tr1");
+  EXPECT_TRUE(Exists(dir_ + "/tr1.sock"));
+  absl::StatusOr<VmInfo> info = agent_->GetVm("tr1");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->policy.quota_bytes, uint64_t{32} << 20);
+  // A second prepare (a restart) is fine: same socket.
+  EXPECT_TRUE(manager_->PrepareFromHook(xml).ok());
+  // Release of a domain the manager does not follow removes it.
+  st = manager_->ReleaseFromHook(xml);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->detail, "released");
+  EXPECT_FALSE(agent_->HasVm("tr1"));
+
+  // No device: nothing to do. Refusals: no uuid, a path outside, bad value.
+  st = manager_->PrepareFromHook(
+      "<domain><name>p</name><uuid>4dea22b3-1d52-d8f3-2516-782e98ab3fa1</uuid>"
+      "<devices/></domain>");
+  ASSERT_TRUE(st.ok());
+  EXPECT_FALSE(agent_->HasVm("p"));
+  EXPECT_FALSE(
+      manager_->PrepareFromHook("<domain><name>x</name></domain>").ok());
+  tmem::testing::TempDir elsewhere{"tmemd-dm-hook"};
+  absl::StatusOr<DomainAttachState> bad =
+      manager_->PrepareFromHook(absl::StrCat(
+          "<domain><name>out</name><uuid>4dea22b3-1d52-d8f3-2516-782e98ab3fa2"
+          "</uuid><devices>",
+          TmemShmemXml(elsewhere.path() + "/out.sock", 1),
+          "</devices></domain>"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(Exists(elsewhere.path() + "/out.sock"));
+  bad = manager_->PrepareFromHook(absl::StrCat(
+      "<domain><name>bq</name><uuid>4dea22b3-1d52-d8f3-2516-782e98ab3fa3"
+      "</uuid><metadata><tmem:tmem xmlns:tmem='https://tmemd.dev/xmlns/tmem/1'>"
+      "<quota>banana</quota></tmem:tmem></metadata><devices>",
+      TmemShmemXml(dir_ + "/bq.sock", 1), "</devices></domain>"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("quota"), absl::string_view::npos);
+  EXPECT_FALSE(agent_->HasVm("bq"));
+}
+
+TEST_F(DomainManagerTest, HookReleaseLeavesFollowedDomainsToTheirEvents) {
+  FakeHypervisor::Domain d = WithDevice("web1.sock");
+  d.uuid = "4dea22b3-1d52-d8f3-2516-782e98ab3fa9";
+  hv_.Define("web1", d);
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(agent_->HasVm("web1"));
+  const std::string xml = absl::StrCat(
+      "<domain><name>web1</name><uuid>", d.uuid, "</uuid><devices>",
+      TmemShmemXml(dir_ + "/web1.sock", 1), "</devices></domain>");
+  absl::StatusOr<DomainAttachState> st = manager_->ReleaseFromHook(xml);
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_TRUE(agent_->HasVm("web1")) << st->detail;
+}
+
 TEST_F(DomainManagerTest, RunningDeviceFromAnEarlierTmemdIsReported) {
   hv_.Define("old", WithDevice("old.sock"));
   hv_.Start("old");  // QEMU connected to a tmemd that is gone

@@ -93,7 +93,8 @@ dpkg-deb --ctrl-tarfile "${deb}" | tar -tf - | sort >"${work}/control-files"
 for f in ./conffiles ./control ./md5sums ./postinst ./prerm ./postrm; do
   grep -qxF "${f}" "${work}/control-files" || die "control archive lacks ${f}"
 done
-[[ "$(dpkg-deb -I "${deb}" conffiles)" == /etc/tmemd/tmemd.toml ]] \
+[[ "$(dpkg-deb -I "${deb}" conffiles | sort | tr '\n' ' ')" == \
+   "/etc/libvirt/hooks/qemu.d/tmemd /etc/tmemd/tmemd.toml " ]] \
   || die "conffiles: $(dpkg-deb -I "${deb}" conffiles)"
 dpkg-deb -c "${deb}" | tee "${work}/contents"
 expect_file() {  # MODE PATH
@@ -104,6 +105,7 @@ expect_file -rwxr-xr-x /usr/sbin/tmemd
 expect_file -rwxr-xr-x /usr/bin/tmemctl
 expect_file -rw-r--r-- /lib/systemd/system/tmemd.service
 expect_file -rw-r--r-- /etc/tmemd/tmemd.toml
+expect_file -rwxr-xr-x /etc/libvirt/hooks/qemu.d/tmemd
 expect_file -rw-r--r-- /usr/share/man/man8/tmemd.8.gz
 expect_file -rw-r--r-- /usr/share/man/man1/tmemctl.1.gz
 expect_file -rw-r--r-- /usr/share/man/man5/tmemd.toml.5.gz
@@ -206,6 +208,12 @@ for f in /usr/sbin/tmemd /usr/bin/tmemctl /lib/systemd/system/tmemd.service \
   [[ ! -e "${f}" ]] || die "${f} left after dpkg -r"
 done
 [[ -f /etc/tmemd/tmemd.toml ]] || die "dpkg -r removed the conffile (only --purge may)"
+# The libvirt hook stays too (a conffile): with tmemctl gone it must let
+# every domain start.
+hook=/etc/libvirt/hooks/qemu.d/tmemd
+[[ -x "${hook}" ]] || die "dpkg -r removed the libvirt hook (a conffile)"
+echo "<domain><devices><shmem><model type='ivshmem-doorbell'/></shmem></devices></domain>" |
+  "${hook}" guest prepare begin - || die "the left-over libvirt hook fails domains"
 [[ ! -e /etc/systemd/system/multi-user.target.wants/tmemd.service ]] \
   || die "multi-user.target.wants link left after dpkg -r"
 [[ "$(dpkg-query -W -f='${db:Status-Abbrev}' tmemd)" == "rc " ]] || die "not in state rc after dpkg -r"
@@ -213,6 +221,7 @@ done
 step "dpkg --purge"
 dpkg --purge tmemd
 for f in /etc/tmemd /var/lib/tmemd /run/tmemd /etc/systemd/system/tmemd.service \
+         /etc/libvirt/hooks/qemu.d/tmemd \
          /var/lib/systemd/deb-systemd-helper-enabled/tmemd.service.dsh-also \
          /var/lib/systemd/deb-systemd-helper-masked/tmemd.service; do
   [[ ! -e "${f}" && ! -L "${f}" ]] || die "${f} left after dpkg --purge"

@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# libvirt's qemu hook (issue 14: transient domains and incoming migrations).
+# A real libvirtd on qemu:///system runs packaging/libvirt/tmemd-qemu-hook's
+# command (tmemctl libvirt-hook) from /etc/libvirt/hooks/qemu.d/; a real
+# tmemd (--libvirt-uri) answers it:
+#  - a transient domain (virsh create) whose XML has the tmem device starts:
+#    its socket did not exist before the hook, QEMU connects, the quota in
+#    its metadata is applied;
+#  - its socket outside tmemd's directory, or a bad metadata value: the hook
+#    fails, libvirt does not start QEMU, and virsh says why;
+#  - a domain without the device starts while tmemd is stopped;
+#  - destroy: the VM's channel goes.
+# Exit 77 (skipped, with the reason) only when libvirtd cannot run here.
+#
+# Usage: libvirt_hook_test.sh TMEMD TMEMCTL SOURCE_DIR
+set -uo pipefail
+tmemd="$1" tmemctl="$2" src="$3"
+
+log() { printf '[hook-test] %s\n' "$*"; }
+fail() { log "FAIL: $*"; exit 1; }
+
+if ! "${src}/scripts/start-libvirtd.sh"; then
+  log "SKIP: libvirtd cannot run here (scripts/start-libvirtd.sh failed)"
+  exit 77
+fi
+[[ -x /usr/bin/qemu-system-x86_64 ]] || { log "SKIP: no qemu-system-x86_64"; exit 77; }
+getent group libvirt-qemu >/dev/null || { log "SKIP: no libvirt-qemu group"; exit 77; }
+
+work="$(mktemp -d /tmp/tmemd-hook.XXXXXX)"
+chmod 0711 "${work}"  # QEMU (libvirt-qemu) walks to the socket directory
+sock="${work}/sock"
+mkdir -m 0750 "${sock}"
+chgrp libvirt-qemu "${sock}"
+control="${work}/control.sock"
+hook_dir=/etc/libvirt/hooks/qemu.d
+hook="${hook_dir}/tmemd-test-$$"
+name="tmemd-test-hook-$$"
+tmemd_pid=""
+
+cleanup() {
+  for d in "${name}" "${name}-outside" "${name}-badmeta" "${name}-plain"; do
+    virsh -c qemu:///system destroy "${d}" >/dev/null 2>&1
+  done
+  [[ -n "${tmemd_pid}" ]] && kill "${tmemd_pid}" 2>/dev/null && wait "${tmemd_pid}" 2>/dev/null
+  if [[ -e "${hook}" ]]; then
+    rm -f "${hook}"
+    # libvirtd reads the hook directory when it starts: forget ours.
+    "${src}/scripts/start-libvirtd.sh" --restart >/dev/null
+  fi
+  rm -rf "${work}"
+}
+trap cleanup EXIT
+
+start_tmemd() {
+  "${tmemd}" --socket-dir "${sock}" --control-socket "${control}" \
+    --libvirt-uri qemu:///system >>"${work}/tmemd.log" 2>&1 &
+  tmemd_pid=$!
+  for _ in $(seq 100); do
+    [[ -S "${control}" ]] && "${tmemctl}" -s "${control}" status >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  cat "${work}/tmemd.log"
+  fail "tmemd did not start"
+}
+
+# $1 name, $2 socket path ('' for no tmem device), $3 metadata element or ''
+domain_xml() {
+  local device=""
+  [[ -n "$2" ]] && device="<shmem name='tmem0' role='master'><model type='ivshmem-doorbell'/><server path='$2'/><msi vectors='1' ioeventfd='on'/></shmem>"
+  cat <<EOF
+<domain type='qemu'><name>$1</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
+<os><type arch='x86_64' machine='pc'>hvm</type></os><features><acpi/></features>
+<on_poweroff>destroy</on_poweroff>
+<metadata>$3</metadata>
+<devices><emulator>/usr/bin/qemu-system-x86_64</emulator><memballoon model='none'/>${device}</devices>
+</domain>
+EOF
+}
+
+meta() {
+  printf '<tmem:tmem xmlns:tmem="https://tmemd.dev/xmlns/tmem/1"><quota>%s</quota></tmem:tmem>' "$1"
+}
+
+start_tmemd
+mkdir -p "${hook_dir}"
+cat >"${hook}" <<EOF
+#!/bin/sh
+exec ${tmemctl} -s ${control} libvirt-hook "\$@"
+EOF
+chmod 0755 "${hook}"
+log "hook ${hook} installed; restarting libvirtd so that it sees it"
+"${src}/scripts/start-libvirtd.sh" --restart >/dev/null || fail "libvirtd did not restart"
+
+log "1. a transient domain with the tmem device, socket not there yet"
+[[ -e "${sock}/hook.sock" ]] && fail "the socket exists before the hook ran"
+domain_xml "${name}" "${sock}/hook.sock" "$(meta 64MiB)" >"${work}/dom.xml"
+virsh -c qemu:///system create "${work}/dom.xml" >"${work}/create.out" 2>&1 ||
+  { cat "${work}/create.out" "${work}/tmemd.log"; fail "virsh create failed"; }
+connected=""
+for _ in $(seq 100); do
+  out="$("${tmemctl}" -s "${control}" -o json vm "${name}" 2>/dev/null)"
+  if grep -q '"connected": *true' <<<"${out}"; then connected=1; break; fi
+  sleep 0.1
+done
+[[ -n "${connected}" ]] || { echo "${out}"; fail "QEMU did not connect to the prepared socket"; }
+grep -q '"quota_bytes": *"67108864"' <<<"${out}" ||
+  { echo "${out}"; fail "the metadata quota (64MiB) is not applied"; }
+grep -q "event=libvirt_hook_prepared" "${work}/tmemd.log" || fail "no libvirt_hook_prepared in the log"
+log "   started, QEMU connected, quota 64MiB applied"
+
+log "2. the device's socket outside tmemd's directory: refused before QEMU starts"
+domain_xml "${name}-outside" "${work}/outside.sock" "" >"${work}/outside.xml"
+if virsh -c qemu:///system create "${work}/outside.xml" >"${work}/outside.out" 2>&1; then
+  fail "a domain with its socket outside the socket directory started"
+fi
+grep -q "tmemctl libvirt-hook" "${work}/outside.out" ||
+  { cat "${work}/outside.out"; fail "virsh does not show the hook's reason"; }
+log "   refused: $(grep -o 'tmemctl libvirt-hook.*' "${work}/outside.out" | head -1)"
+
+log "3. a bad metadata value: refused, naming it"
+domain_xml "${name}-badmeta" "${sock}/badmeta.sock" "$(meta banana)" >"${work}/badmeta.xml"
+if virsh -c qemu:///system create "${work}/badmeta.xml" >"${work}/badmeta.out" 2>&1; then
+  fail "a domain with quota 'banana' started"
+fi
+grep -q "quota" "${work}/badmeta.out" || { cat "${work}/badmeta.out"; fail "the refusal does not name the quota"; }
+[[ -e "${sock}/badmeta.sock" ]] && fail "a refused domain left a socket"
+
+log "4. destroy: the channel goes"
+virsh -c qemu:///system destroy "${name}" >/dev/null || fail "virsh destroy failed"
+gone=""
+for _ in $(seq 100); do
+  if ! "${tmemctl}" -s "${control}" vm "${name}" >/dev/null 2>&1; then gone=1; break; fi
+  sleep 0.1
+done
+[[ -n "${gone}" ]] || fail "the VM's channel is still there after destroy"
+
+log "5. tmemd stopped: a domain without the device still starts"
+kill "${tmemd_pid}" && wait "${tmemd_pid}" 2>/dev/null
+tmemd_pid=""
+domain_xml "${name}-plain" "" "" >"${work}/plain.xml"
+virsh -c qemu:///system create "${work}/plain.xml" >"${work}/plain.out" 2>&1 ||
+  { cat "${work}/plain.out"; fail "a domain without tmem did not start with tmemd down"; }
+virsh -c qemu:///system destroy "${name}-plain" >/dev/null 2>&1
+log "PASS"
