@@ -300,23 +300,34 @@ static void tmem_put_page(int h, struct cleancache_filekey key, pgoff_t index,
  * arrive. Per page, the lower of two views: request latency (summed over
  * requests, so overlapping readahead counts twice) and time the device was
  * busy: a conservative cost makes the guest stand aside sooner, never later.
+ * A period whose reads averaged fewer than MISS_COST_SMALL_PAGES pages per
+ * request is a random reader's: its latency per read goes to the random
+ * estimate (plain gets are weighed against it), the others to the per-page
+ * one (batches and windows): a random reader must not be judged by what
+ * readahead costs, nor the other way round.
  */
 #define MISS_COST_PERIOD (HZ / 10)
 #define MISS_COST_MIN_SECTORS (64 * (PAGE_SIZE >> 9)) /* 64 pages read */
+#define MISS_COST_SMALL_PAGES 4
 
 static struct {
 	spinlock_t lock;
 	dev_t dev;
 	unsigned long next;
-	u64 nsecs, sectors, ticks;
-	u64 estimate_ns;
+	u64 nsecs, sectors, ticks, ios;
+	u64 estimate_ns, random_estimate_ns;
 } miss_cost = { .lock = __SPIN_LOCK_UNLOCKED(miss_cost.lock) };
+
+static u64 ewma(u64 old, u64 sample)
+{
+	return old ? (old * 3 + sample) / 4 : sample;
+}
 
 static void sample_miss_cost(struct inode *inode)
 {
 	struct block_device *bdev = inode->i_sb->s_bdev;
 	struct hd_struct *part;
-	u64 nsecs, sectors, ticks, d_sec, lat, busy, per_page;
+	u64 nsecs, sectors, ticks, ios, d_sec, d_ios, lat, busy, per_page;
 	unsigned long flags;
 
 	if (!measure_miss_cost || !bdev || !bdev->bd_part ||
@@ -328,23 +339,35 @@ static void sample_miss_cost(struct inode *inode)
 	nsecs = part_stat_read(part, nsecs[STAT_READ]);
 	sectors = part_stat_read(part, sectors[STAT_READ]);
 	ticks = part_stat_read(part, io_ticks);
-	if (miss_cost.dev != bdev->bd_dev || sectors < miss_cost.sectors) {
+	ios = part_stat_read(part, ios[STAT_READ]);
+	if (miss_cost.dev != bdev->bd_dev || sectors < miss_cost.sectors ||
+	    ios < miss_cost.ios) {
 		miss_cost.dev = bdev->bd_dev; /* a new baseline */
 	} else if (sectors - miss_cost.sectors >= MISS_COST_MIN_SECTORS) {
 		d_sec = sectors - miss_cost.sectors;
+		d_ios = max(ios - miss_cost.ios, 1ull);
 		lat = div64_u64((nsecs - miss_cost.nsecs) * (PAGE_SIZE >> 9), d_sec);
-		busy = div64_u64(jiffies_to_nsecs(ticks - miss_cost.ticks) *
-				 (PAGE_SIZE >> 9), d_sec);
-		per_page = busy ? min(lat, busy) : lat;
-		miss_cost.estimate_ns = miss_cost.estimate_ns ?
-			(miss_cost.estimate_ns * 3 + per_page) / 4 : per_page;
-		tmem_core_set_miss_cost(&core, miss_cost.estimate_ns);
+		if (d_sec < d_ios * MISS_COST_SMALL_PAGES * (PAGE_SIZE >> 9)) {
+			/* Per read: latency summed over requests / requests. */
+			miss_cost.random_estimate_ns =
+				ewma(miss_cost.random_estimate_ns,
+				     div64_u64(nsecs - miss_cost.nsecs, d_ios));
+			tmem_core_set_random_miss_cost(&core,
+						       miss_cost.random_estimate_ns);
+		} else {
+			busy = div64_u64(jiffies_to_nsecs(ticks - miss_cost.ticks) *
+					 (PAGE_SIZE >> 9), d_sec);
+			per_page = busy ? min(lat, busy) : lat;
+			miss_cost.estimate_ns = ewma(miss_cost.estimate_ns, per_page);
+			tmem_core_set_miss_cost(&core, miss_cost.estimate_ns);
+		}
 	} else {
 		goto out; /* too few reads yet: keep the baseline */
 	}
 	miss_cost.nsecs = nsecs;
 	miss_cost.sectors = sectors;
 	miss_cost.ticks = ticks;
+	miss_cost.ios = ios;
 out:
 	WRITE_ONCE(miss_cost.next, jiffies + MISS_COST_PERIOD);
 	spin_unlock_irqrestore(&miss_cost.lock, flags);

@@ -1213,6 +1213,7 @@ int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
 	c->sample_ns = 0;
 	c->sample_hits = 0;
 	c->sample_gets = 0;
+	c->sample_cost_ns = 0;
 	err = ensure_attached_err(c);
 	unlock(c, flags);
 	return err;
@@ -1719,6 +1720,7 @@ static void resume(struct tmem_core *c)
 	c->sample_ns = 0;
 	c->sample_hits = 0;
 	c->sample_gets = 0;
+	c->sample_cost_ns = 0;
 	if (c->attached)
 		st_release(&hdr(c)->guest_flags, 0);
 }
@@ -1744,6 +1746,23 @@ static u64 miss_cost(struct tmem_core *c)
 	return c->miss_cost_measured_ns ? c->miss_cost_measured_ns : configured;
 }
 
+#define COST_UNKNOWN U64_MAX
+
+/*
+ * What the disk would have cost for the page a get was served: a plain GET
+ * stands for a small random read, a batch or window for readahead.
+ */
+static u64 miss_cost_for(struct tmem_core *c, bool single)
+{
+	if (!READ_ONCE(c->cfg->miss_cost_ns))
+		return 0;
+	if (!single)
+		return miss_cost(c);
+	if (c->miss_cost_random_ns)
+		return c->miss_cost_random_ns;
+	return c->miss_cost_measured_ns ? COST_UNKNOWN : miss_cost(c);
+}
+
 /* The host admits every put of ours (not a sampling hint)? */
 static bool fully_admitted(struct tmem_core *c)
 {
@@ -1751,18 +1770,25 @@ static bool fully_admitted(struct tmem_core *c)
 	       READ_ONCE(hdr(c)->admission_hint) >= TMEM_ADMIT_ALL;
 }
 
-/* A get served by the host or a window took ns: close samples, decide. */
-static void account_get(struct tmem_core *c, u64 ns, bool hit)
+static void sample_reset(struct tmem_core *c)
+{
+	c->sample_ns = 0;
+	c->sample_hits = 0;
+	c->sample_gets = 0;
+	c->sample_cost_ns = 0;
+}
+
+/*
+ * A get served by the host or a window took ns (single: a plain GET, not
+ * a batch or window): close samples, decide.
+ */
+static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 {
 	const struct tmem_core_config *cfg = c->cfg;
-	u64 cost = miss_cost(c);
+	u64 cost = miss_cost_for(c, single);
 	u64 base = max(READ_ONCE(cfg->aside_probe_ns), 1ull);
+	u64 per_hit;
 
-	/*
-	 * While the host samples our puts, the few pages it holds come back
-	 * one round trip each, never in batches: what that costs says
-	 * nothing about tmem at full admission, so it decides nothing.
-	 */
 	/*
 	 * A sample describes what tmem costs now: one left open for longer
 	 * than aside_probe_ns (a few misses in a put storm, then a pause
@@ -1770,41 +1796,43 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit)
 	 */
 	if (c->sample_gets && now(c) - c->sample_start_ns > base) {
 		c->c.aside_samples_discarded += c->sample_gets;
-		c->sample_ns = 0;
-		c->sample_hits = 0;
-		c->sample_gets = 0;
+		sample_reset(c);
+	}
+	/*
+	 * While the host samples our puts, the few pages it holds come back
+	 * one round trip each, never in batches: what that costs says
+	 * nothing about tmem at full admission, so it decides nothing. Nor
+	 * does a get whose alternative is not measured yet.
+	 */
+	if ((c->attached && !fully_admitted(c)) || cost == COST_UNKNOWN) {
+		c->c.aside_samples_discarded += c->sample_gets + 1;
+		sample_reset(c);
+		return;
 	}
 	if (!c->sample_gets)
 		c->sample_start_ns = now(c);
-	if (c->attached && !fully_admitted(c)) {
-		c->c.aside_samples_discarded += c->sample_gets + 1;
-		c->sample_ns = 0;
-		c->sample_hits = 0;
-		c->sample_gets = 0;
-		return;
-	}
 	c->sample_ns += ns;
 	c->sample_hits += hit;
+	c->sample_cost_ns += hit ? cost : 0;
 	if (++c->sample_gets < max(READ_ONCE(cfg->aside_sample_gets), 1u))
 		return;
 	c->get_ns_per_hit = c->sample_ns / max(c->sample_hits, 1ull);
+	per_hit = c->sample_cost_ns / max(c->sample_hits, 1ull);
 	if (c->attached) {
 		WRITE_ONCE(hdr(c)->guest_get_ns, c->get_ns_per_hit);
-		WRITE_ONCE(hdr(c)->guest_miss_ns, cost);
+		WRITE_ONCE(hdr(c)->guest_miss_ns, per_hit);
 	}
-	if (cost && c->sample_ns > c->sample_hits * cost) {
+	if (cost && c->sample_ns > c->sample_cost_ns) {
 		/* Each time it still does not pay, look again later. */
 		c->aside_backoff_ns = c->aside_backoff_ns ?
 				      min(c->aside_backoff_ns * 2, base * 64) : base;
-		c->aside_miss_ns = cost;
+		c->aside_miss_ns = max(per_hit, 1ull);
 		stand_aside(c);
 	} else {
 		c->aside_backoff_ns = 0;
 		c->probing = false; /* it pays: every block again */
 	}
-	c->sample_ns = 0;
-	c->sample_hits = 0;
-	c->sample_gets = 0;
+	sample_reset(c);
 }
 
 /* The guest's own view, for the host to show (never trusted there). */
@@ -1865,7 +1893,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		if (served == 1) {
 			hit = true;
 			c->c.gets_hit++;
-			account_get(c, now(c) - t0, true);
+			account_get(c, now(c) - t0, true, false);
 			read_ahead(c, h, oid, win);
 			goto out;
 		}
@@ -1955,7 +1983,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (t.lost)
 		c->c.gets_miss_local++;
 	c->c.interrupt_waits += t.interrupt_waits;
-	account_get(c, now(c) - t0, hit);
+	account_get(c, now(c) - t0, hit, win < 0);
 	goto out;
 
 miss_local:
@@ -2073,6 +2101,21 @@ void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page)
 	 * rather than after a backoff of up to a minute.
 	 */
 	if (c->aside && c->aside_miss_ns && ns_per_page / 2 >= c->aside_miss_ns) {
+		c->aside_until_ns = 0;
+		c->aside_backoff_ns = 0;
+		c->c.aside_cost_rose++;
+	}
+	unlock(c, flags);
+}
+
+void tmem_core_set_random_miss_cost(struct tmem_core *c, u64 ns_per_read)
+{
+	unsigned long flags;
+
+	lock(c, &flags);
+	c->miss_cost_random_ns = ns_per_read;
+	/* As above: random reads got dear, look again at once. */
+	if (c->aside && c->aside_miss_ns && ns_per_read / 2 >= c->aside_miss_ns) {
 		c->aside_until_ns = 0;
 		c->aside_backoff_ns = 0;
 		c->c.aside_cost_rose++;

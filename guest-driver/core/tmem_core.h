@@ -324,6 +324,8 @@ struct tmem_core {
 	u64 sample_start_ns;	/* when the sample's first get came */
 	u64 get_ns_per_hit;	/* last sample's, as published */
 	u64 miss_cost_measured_ns; /* tmem_core_set_miss_cost(); 0: none yet */
+	u64 miss_cost_random_ns; /* tmem_core_set_random_miss_cost(); 0: none */
+	u64 sample_cost_ns;	/* what the sample's hits would cost from disk */
 	u64 aside_miss_ns;	/* the miss cost when it last stood aside */
 
 	struct tmem_core_counters c;
@@ -390,6 +392,14 @@ void tmem_core_interrupt(struct tmem_core *c);
  * never-slower decision; a configured miss_cost_ns of 0 still means never.
  */
 void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page);
+/*
+ * The same for small (random) reads, per read: a plain GET (a random
+ * reader's) is weighed against this, a batch or window (a sequential
+ * reader's) against the per-page cost above. While the platform has
+ * measured sequential reads but no small ones yet, plain GETs decide
+ * nothing: a random reader is not judged by what readahead costs.
+ */
+void tmem_core_set_random_miss_cost(struct tmem_core *c, u64 ns_per_read);
 /* The host pool id behind a handle, or -1. */
 int tmem_core_host_pool_id(struct tmem_core *c, int h);
 void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s);

@@ -345,6 +345,12 @@ void TmemGuest::SetMeasuredMissCost(std::chrono::nanoseconds per_page) {
   SyncCounters();
 }
 
+void TmemGuest::SetMeasuredRandomMissCost(std::chrono::nanoseconds per_read) {
+  tmem_core_set_random_miss_cost(
+      &core_, static_cast<uint64_t>(std::max<int64_t>(per_read.count(), 0)));
+  SyncCounters();
+}
+
 int TmemGuest::host_pool_id(PoolHandle pool) {
   return tmem_core_host_pool_id(&core_, pool);
 }

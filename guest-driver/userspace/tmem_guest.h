@@ -291,6 +291,9 @@ class TmemGuest {
   // from the block device): replaces TmemGuestOptions::miss_cost, and a
   // rise to twice what it was when the guest stood aside ends the wait.
   void SetMeasuredMissCost(std::chrono::nanoseconds per_page);
+  // The same for small random reads, per read: plain Gets are weighed
+  // against it (tmem_core_set_random_miss_cost).
+  void SetMeasuredRandomMissCost(std::chrono::nanoseconds per_read);
 
   const GuestCounters& counters() const { return counters_; }
   // For tests and reports.

@@ -171,6 +171,42 @@ TEST(AsideCostTest, AMissCostingTwiceAsMuchEndsTheWaitAtOnce) {
   EXPECT_EQ(out, MakePage(99));
 }
 
+// A random reader's plain gets are weighed against a small read's cost,
+// never against readahead's per-page cost: with only the sequential cost
+// measured they decide nothing; once a random read's cost is measured they
+// do (issue 13: a random row stood aside on the sequential warm-up's 5 us).
+TEST(AsideCostTest, PlainGetsAreJudgedByTheRandomReadCost) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(1)));
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  guest->SetMeasuredMissCost(std::chrono::nanoseconds(1));
+  Page out{};
+  // Every other page, backwards: no get follows the last one, all plain.
+  auto read_all = [&](uint64_t version) {
+    for (uint64_t i = 0; i < 32; i += 2) {
+      guest->Put(pool, kFile, i, MakePage(i + version));
+      host.Step();
+    }
+    guest->Poll();
+    for (uint64_t i = 30;; i -= 2) {
+      guest->Get(pool, kFile, i, out);
+      if (i == 0) break;
+    }
+  };
+  read_all(0);
+  EXPECT_FALSE(guest->standing_aside())
+      << "judged by the sequential cost, which says nothing of random reads";
+  EXPECT_EQ(guest->counters().stood_aside, 0u);
+  EXPECT_GT(guest->counters().aside_samples_discarded, 0u);
+  guest->SetMeasuredRandomMissCost(std::chrono::seconds(1));
+  read_all(100);
+  EXPECT_FALSE(guest->standing_aside()) << "a random read costs more: stay";
+  guest->SetMeasuredRandomMissCost(std::chrono::nanoseconds(1));
+  read_all(200);
+  EXPECT_TRUE(guest->standing_aside()) << "a random read costs less: aside";
+}
+
 // A probe after standing aside puts only a share of the blocks (whole ones:
 // tmem_guest_test checks that) until a sample says tmem pays: probing a guest
 // for which tmem does not pay costs that share of its puts, not all of them.
