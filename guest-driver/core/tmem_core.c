@@ -1668,8 +1668,17 @@ static void read_ahead(struct tmem_core *c, int h, const u32 *oid, u32 wi)
 		count = batch_size(c, h, oid, next, end ? end - next : 0, true);
 		if (count < 2 || !have_room(c, NEED_CONTROL))
 			return;
-		nw = window_pick(c);
-		if (nw < 0 || (u32)nw == wi)
+		/*
+		 * A free or read-out window only: taking one with unread pages
+		 * would throw away what another reader is about to read (they
+		 * left the host).
+		 */
+		for (nw = 0; nw < (int)c->nwin; nw++)
+			if (c->win[nw].state == WIN_FREE ||
+			    (c->win[nw].state == WIN_READY &&
+			     !(c->win[nw].present | c->win[nw].missing)))
+				break;
+		if (nw == (int)c->nwin || (u32)nw == wi)
 			return;
 		if (!post_batch(c, h, id, oid, next, count, nw, end))
 			return;
