@@ -2097,23 +2097,28 @@ int tmem_core_host_pool_id(struct tmem_core *c, int h)
 	return id;
 }
 
+/*
+ * Under the lock: what the guest reads changed (a sequential scan that
+ * readahead made cheap gave way to random reads, say): a miss now costs at
+ * least twice what it did when tmem did not pay, so look again at once
+ * rather than after a backoff of up to a minute.
+ */
+static void resume_if_cost_rose(struct tmem_core *c, u64 cost)
+{
+	if (c->aside && c->aside_miss_ns && cost / 2 >= c->aside_miss_ns) {
+		c->aside_until_ns = 0;
+		c->aside_backoff_ns = 0;
+		c->c.aside_cost_rose++;
+	}
+}
+
 void tmem_core_set_miss_cost(struct tmem_core *c, u64 ns_per_page)
 {
 	unsigned long flags;
 
 	lock(c, &flags);
 	c->miss_cost_measured_ns = ns_per_page;
-	/*
-	 * What the guest reads changed (a sequential scan that readahead made
-	 * cheap gave way to random reads, say): a miss now costs at least
-	 * twice what it did when tmem did not pay, so look again at once
-	 * rather than after a backoff of up to a minute.
-	 */
-	if (c->aside && c->aside_miss_ns && ns_per_page / 2 >= c->aside_miss_ns) {
-		c->aside_until_ns = 0;
-		c->aside_backoff_ns = 0;
-		c->c.aside_cost_rose++;
-	}
+	resume_if_cost_rose(c, ns_per_page);
 	unlock(c, flags);
 }
 
@@ -2123,12 +2128,7 @@ void tmem_core_set_random_miss_cost(struct tmem_core *c, u64 ns_per_read)
 
 	lock(c, &flags);
 	c->miss_cost_random_ns = ns_per_read;
-	/* As above: random reads got dear, look again at once. */
-	if (c->aside && c->aside_miss_ns && ns_per_read / 2 >= c->aside_miss_ns) {
-		c->aside_until_ns = 0;
-		c->aside_backoff_ns = 0;
-		c->c.aside_cost_rose++;
-	}
+	resume_if_cost_rose(c, ns_per_read);
 	unlock(c, flags);
 }
 

@@ -224,15 +224,26 @@ void DomainManager::SyncAllLocked(bool autoattach) {
   for (const DomainSummary& d : *all) ReconcileLocked(d.name, autoattach);
 }
 
-absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
-    const std::string& domain_xml) {
-  DomainAttachState out;
-  out.domain = DomainXmlElement(domain_xml, "name");
-  const std::string uuid = DomainXmlElement(domain_xml, "uuid");
-  if (out.domain.empty() || uuid.empty()) {
+namespace {
+// The hook's domain: its name and VM name from the XML, which must have both
+// <name> and <uuid> (libvirt always writes them).
+absl::Status HookDomain(const std::string& domain_xml, DomainAttachState* out,
+                        std::string* uuid) {
+  out->domain = DomainXmlElement(domain_xml, "name");
+  *uuid = DomainXmlElement(domain_xml, "uuid");
+  if (out->domain.empty() || uuid->empty()) {
     return absl::InvalidArgumentError(
         "libvirt hook: the domain XML has no <name> or <uuid>");
   }
+  return absl::OkStatus();
+}
+}  // namespace
+
+absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
+    const std::string& domain_xml) {
+  DomainAttachState out;
+  std::string uuid;
+  if (absl::Status s = HookDomain(domain_xml, &out, &uuid); !s.ok()) return s;
   const std::optional<TmemDevice> device = FindTmemDevice(domain_xml);
   if (!device) {
     out.detail = "no tmem device: nothing to prepare";
@@ -286,12 +297,8 @@ absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
 absl::StatusOr<DomainAttachState> DomainManager::ReleaseFromHook(
     const std::string& domain_xml) {
   DomainAttachState out;
-  out.domain = DomainXmlElement(domain_xml, "name");
-  const std::string uuid = DomainXmlElement(domain_xml, "uuid");
-  if (out.domain.empty() || uuid.empty()) {
-    return absl::InvalidArgumentError(
-        "libvirt hook: the domain XML has no <name> or <uuid>");
-  }
+  std::string uuid;
+  if (absl::Status s = HookDomain(domain_xml, &out, &uuid); !s.ok()) return s;
   const std::optional<TmemDevice> device = FindTmemDevice(domain_xml);
   out.vm = VmNameFor(out.domain, uuid);
   {
