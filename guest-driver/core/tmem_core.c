@@ -1422,7 +1422,9 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->private_sent = true;
 	c->c.puts_sent++;
 out:
-	c->c.put_ns += now(c) - t0;
+	t0 = now(c) - t0;
+	c->c.put_ns += t0;
+	c->sample_put_ns += t0;
 	unlock(c, flags);
 }
 
@@ -1818,8 +1820,10 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 		sample_reset(c);
 		return;
 	}
-	if (!c->sample_gets)
+	if (!c->sample_gets) {
 		c->sample_start_ns = now(c);
+		c->sample_put_ns = 0;
+	}
 	c->sample_ns += ns;
 	c->sample_hits += hit;
 	c->sample_cost_ns += hit ? cost : 0;
@@ -1831,7 +1835,12 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 		WRITE_ONCE(hdr(c)->guest_get_ns, c->get_ns_per_hit);
 		WRITE_ONCE(hdr(c)->guest_miss_ns, per_hit);
 	}
-	if (cost && c->sample_ns > c->sample_cost_ns) {
+	/*
+	 * What tmem cost the guest over the sample: its gets, and the puts
+	 * made meanwhile (a re-reader puts about a page per page it reads: a
+	 * hit is paid for by a put as well as by its get).
+	 */
+	if (cost && c->sample_ns + c->sample_put_ns > c->sample_cost_ns) {
 		/* Each time it still does not pay, look again later. */
 		c->aside_backoff_ns = c->aside_backoff_ns ?
 				      min(c->aside_backoff_ns * 2, base * 64) : base;

@@ -326,6 +326,7 @@ struct tmem_core {
 	u64 miss_cost_measured_ns; /* tmem_core_set_miss_cost(); 0: none yet */
 	u64 miss_cost_random_ns; /* tmem_core_set_random_miss_cost(); 0: none */
 	u64 sample_cost_ns;	/* what the sample's hits would cost from disk */
+	u64 sample_put_ns;	/* time in puts since the sample's first get */
 	u64 aside_miss_ns;	/* the miss cost when it last stood aside */
 
 	struct tmem_core_counters c;
