@@ -24,6 +24,7 @@ enum waiter_state { WAIT_NONE, WAITING, DONE_HIT, DONE_MISS, ABANDONED };
 enum need { NEED_PUT, NEED_GET, NEED_CONTROL, NEED_INVALIDATE };
 
 static void windows_reset(struct tmem_core *c);
+static void sample_reset(struct tmem_core *c);
 static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 			    s32 status, u32 result);
 
@@ -723,17 +724,26 @@ static int window_serve(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	return filling >= 0 ? -2 : -1;
 }
 
-/* A window to fetch into (free, or the least recently used), or -1. */
-static int window_pick(struct tmem_core *c)
+/*
+ * A window to fetch into: a free one, else with take_unread the least
+ * recently used readable one (its unread pages dropped), without it one
+ * read out (nothing unread: another reader's pages stay); or -1.
+ */
+static int window_pick(struct tmem_core *c, bool take_unread)
 {
+	struct tmem_core_window *w;
 	int best = -1;
 	u32 i;
 
 	for (i = 0; i < c->nwin; i++) {
-		if (c->win[i].state == WIN_FREE)
+		w = &c->win[i];
+		if (w->state == WIN_FREE)
 			return i;
-		if (c->win[i].state == WIN_READY &&
-		    (best < 0 || c->win[i].lru < c->win[best].lru))
+		if (w->state != WIN_READY)
+			continue;
+		if (!take_unread && !(w->present | w->missing))
+			return i;
+		if (take_unread && (best < 0 || w->lru < c->win[best].lru))
 			best = i;
 	}
 	if (best >= 0)
@@ -1210,10 +1220,7 @@ int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
 	c->aside = false;
 	c->probing = false;
 	c->aside_backoff_ns = 0;
-	c->sample_ns = 0;
-	c->sample_hits = 0;
-	c->sample_gets = 0;
-	c->sample_cost_ns = 0;
+	sample_reset(c);
 	err = ensure_attached_err(c);
 	unlock(c, flags);
 	return err;
@@ -1670,17 +1677,9 @@ static void read_ahead(struct tmem_core *c, int h, const u32 *oid, u32 wi)
 		count = batch_size(c, h, oid, next, end ? end - next : 0, true);
 		if (count < 2 || !have_room(c, NEED_CONTROL))
 			return;
-		/*
-		 * A free or read-out window only: taking one with unread pages
-		 * would throw away what another reader is about to read (they
-		 * left the host).
-		 */
-		for (nw = 0; nw < (int)c->nwin; nw++)
-			if (c->win[nw].state == WIN_FREE ||
-			    (c->win[nw].state == WIN_READY &&
-			     !(c->win[nw].present | c->win[nw].missing)))
-				break;
-		if (nw == (int)c->nwin || (u32)nw == wi)
+		/* Never one with unread pages: they left the host. */
+		nw = window_pick(c, false);
+		if (nw < 0 || (u32)nw == wi)
 			return;
 		if (!post_batch(c, h, id, oid, next, count, nw, end))
 			return;
@@ -1728,10 +1727,7 @@ static void resume(struct tmem_core *c)
 	 * blocks, so hits still come in batches and cost what they would).
 	 */
 	c->probing = true;
-	c->sample_ns = 0;
-	c->sample_hits = 0;
-	c->sample_gets = 0;
-	c->sample_cost_ns = 0;
+	sample_reset(c);
 	if (c->attached)
 		st_release(&hdr(c)->guest_flags, 0);
 }
@@ -1932,7 +1928,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (id < 0 || flagged(c, id))
 		goto miss_local;
 	count = batch_size(c, h, oid, index, max_pages, sequential);
-	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c) : -1;
+	win = count > 1 && have_room(c, NEED_CONTROL) ? window_pick(c, true) : -1;
 	if (win >= 0) {
 		t.tag = post_batch(c, h, id, oid, index, count, win,
 				   max_pages ? index + max_pages : 0);

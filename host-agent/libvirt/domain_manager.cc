@@ -259,33 +259,16 @@ absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
     return absl::InvalidArgumentError(absl::StrCat(
         "domain '", out.domain, "': the tmem device has no <server path>"));
   }
-  if (absl::Status s = SocketPathInDirectory(device->server_path,
-                                             agent_->options().socket_dir);
-      !s.ok()) {
-    Log(LogLevel::kError, "libvirt_socket_path_refused",
-        {{"domain", out.domain},
-         {"socket", device->server_path},
-         {"error", s.message()}});
-    return absl::InvalidArgumentError(
-        absl::StrCat("domain '", out.domain, "': ", s.message()));
+  // The channel exactly as for a domain the glue follows; the STARTED
+  // reconcile then adopts it (same VM name and socket).
+  DomainState st;
+  st.name = out.domain;
+  st.uuid = uuid;
+  st.metadata = *meta;
+  if (absl::Status s = EnsureChannel(st, device->server_path); !s.ok()) {
+    return s;
   }
-  out.vm = VmNameFor(out.domain, uuid);
-  absl::StatusOr<VmInfo> added =
-      agent_->AddVm(out.vm, meta->policy, device->server_path);
-  if (absl::IsAlreadyExists(added.status())) {
-    // Made earlier (a persistent config's channel, a previous prepare):
-    // the same socket is fine, with the XML's settings.
-    absl::StatusOr<VmInfo> existing = agent_->GetVm(out.vm);
-    if (existing.ok() && existing->socket_path == device->server_path) {
-      if (meta->present) (void)agent_->SetVmPolicy(out.vm, meta->policy);
-      added = std::move(existing);
-    }
-  }
-  if (!added.ok()) {
-    return absl::Status(
-        added.status().code(),
-        absl::StrCat("domain '", out.domain, "': ", added.status().message()));
-  }
+  out.vm = st.vm;
   out.detail = "socket listening for QEMU";
   Log(LogLevel::kInfo, "libvirt_hook_prepared",
       {{"domain", out.domain},
@@ -346,8 +329,8 @@ absl::StatusOr<TmemMetadata> DomainManager::ReadMetadataLocked(
   return ParseTmemMetadata(**xml);
 }
 
-absl::Status DomainManager::EnsureChannelLocked(DomainState& st,
-                                                const std::string& path) {
+absl::Status DomainManager::EnsureChannel(DomainState& st,
+                                          const std::string& path) {
   if (st.channel) return absl::OkStatus();
   // Whoever can define a domain names this path: tmemd binds, chmods,
   // chowns and unlinks there, so it must be a file directly in tmemd's own
@@ -491,7 +474,7 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
 
   if (live || config) {
     const std::string path = live ? live->server_path : config->server_path;
-    if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) {
+    if (absl::Status s = EnsureChannel(st, path); !s.ok()) {
       st.detail = std::string(s.message());
     }
   } else if (st.channel && !st.detach_pending) {
@@ -579,7 +562,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
   std::string path = live     ? live->server_path
                      : config ? config->server_path
                               : "";
-  if (absl::Status s = EnsureChannelLocked(st, path); !s.ok()) return s;
+  if (absl::Status s = EnsureChannel(st, path); !s.ok()) return s;
   absl::Status s = hv_->AttachDevice(
       name, TmemShmemXml(st.socket_path, options_.vectors, Master()), do_live,
       do_config);

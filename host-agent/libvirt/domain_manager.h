@@ -132,7 +132,9 @@ class DomainManager final : public DomainControl {
   void ReconcileLocked(const std::string& name, bool autoattach);
   absl::StatusOr<DomainAttachState> AttachLocked(const std::string& name,
                                                  bool persistent);
-  absl::Status EnsureChannelLocked(DomainState& st, const std::string& path);
+  // Touches only `st` and the agent (no libvirt, no domains_): the hook
+  // calls it without op_mu_.
+  absl::Status EnsureChannel(DomainState& st, const std::string& path);
   void ReleaseChannelLocked(DomainState& st, const std::string& why);
   void ApplyPolicyLocked(DomainState& st, bool force);
   absl::StatusOr<TmemMetadata> ReadMetadataLocked(const std::string& name,

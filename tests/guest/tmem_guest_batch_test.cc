@@ -77,6 +77,14 @@ std::unique_ptr<TmemGuest> MustCreate(FakeHost* host,
   return g.ok() ? std::move(*g) : nullptr;
 }
 
+// Version 1 of pages 0 .. n - 1 of kFile, handed to the host.
+void PutPages(TmemGuest* guest, int pool, uint64_t n) {
+  for (uint64_t i = 0; i < n; ++i) {
+    guest->Put(pool, kFile, i, MakePage(kFile, i, 1));
+  }
+  guest->Poll();
+}
+
 class BatchTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -183,10 +191,7 @@ TEST_F(BatchTest, ReadAheadCanBeTurnedOff) {
   auto guest = MustCreate(&host, o);
   ASSERT_NE(guest, nullptr);
   const int pool = *guest->InitFs();
-  for (uint64_t i = 0; i < 64; ++i) {
-    guest->Put(pool, kFile, i, MakePage(kFile, i, 1));
-  }
-  guest->Poll();
+  PutPages(guest.get(), pool, 64);
   for (uint64_t i = 0; i < 64; ++i) {
     ASSERT_TRUE(guest->Get(pool, kFile, i, out_)) << i;
   }
@@ -225,10 +230,7 @@ TEST(BatchThreadedTest, AReaderWaitsForTheReadAheadItCaughtUpWith) {
   auto guest = MustCreate(&host, o);
   ASSERT_NE(guest, nullptr);
   const int pool = *guest->InitFs();
-  for (uint64_t i = 0; i < 64; ++i) {
-    guest->Put(pool, kFile, i, MakePage(kFile, i, 1));
-  }
-  guest->Poll();
+  PutPages(guest.get(), pool, 64);
   Page out{};
   ASSERT_TRUE(guest->Get(pool, kFile, 0, out));
   host.paused = true;
