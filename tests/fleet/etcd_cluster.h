@@ -30,20 +30,32 @@ namespace tmem::testing {
 inline constexpr char kEtcdBinary[] = "/usr/bin/etcd";
 inline constexpr char kEtcdctlBinary[] = "/usr/bin/etcdctl";
 
-inline int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
-    close(fd);
-    return -1;
+// `count` distinct loopback ports that were free a moment ago. All sockets
+// stay bound until every port is chosen: a port closed at once may be handed
+// out again by the next bind, and two members on one port make etcd refuse
+// the cluster ("has duplicate url").
+inline std::vector<int> FreePorts(int count) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < count; ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+      if (fd >= 0) close(fd);
+      ports.push_back(-1);
+      continue;
+    }
+    fds.push_back(fd);
+    ports.push_back(ntohs(a.sin_port));
   }
-  close(fd);
-  return ntohs(a.sin_port);
+  for (int fd : fds) close(fd);
+  return ports;
 }
+
+inline int FreePort() { return FreePorts(1)[0]; }
 
 // A CA; etcd's server certificate for 127.0.0.1/localhost; a client
 // certificate from that CA; and a client certificate from a second CA etcd
@@ -107,10 +119,11 @@ class EtcdCluster {
   // with --client-cert-auth on the client port (peers stay plaintext).
   EtcdCluster(int members, std::string log_dir, const EtcdCerts* tls)
       : log_dir_(std::move(log_dir)), tls_(tls) {
+    const std::vector<int> ports = FreePorts(3 * members);
     for (int i = 0; i < members; ++i) {
-      client_ports_.push_back(FreePort());
-      peer_ports_.push_back(FreePort());
-      metrics_ports_.push_back(FreePort());
+      client_ports_.push_back(ports[3 * i]);
+      peer_ports_.push_back(ports[3 * i + 1]);
+      metrics_ports_.push_back(ports[3 * i + 2]);
     }
     members_.resize(members);
   }
