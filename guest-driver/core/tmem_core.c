@@ -1346,7 +1346,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	struct tmem_sqe sqe = {};
 	u64 t0 = now(c);
 	u32 slot;
-	int id;
+	int id, admitted = -1; /* admit() counts puts: asked once at most */
 
 	lock(c, &flags);
 	if (holds_nothing_private(c, h) &&
@@ -1365,6 +1365,22 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_skipped_aside++;
 		c->c.puts_skipped_by_hint++;
 		goto out;
+	}
+	/*
+	 * The hint refuses a key never sent: no window holds it and no older
+	 * version needs an invalidate. Decided before any window scan, reap
+	 * or pool lookup, so a streamer's evictions (nearly all refused)
+	 * cost the guest a hash and a filter test each.
+	 */
+	if (valid_handle(c, h) && !c->pools[h].shared && c->attached &&
+	    !c->broken && !host_changed(c) &&
+	    !host_may_hold(c, h, oid, index)) {
+		admitted = admit(c, oid, index);
+		if (!admitted) {
+			c->c.puts_skipped_by_hint++;
+			c->c.drop_invalidates_avoided++;
+			goto out;
+		}
 	}
 	/* Sent or not, this put makes a prefetched copy of the key stale. */
 	if (valid_handle(c, h))
@@ -1395,7 +1411,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_dropped_flush_pending++;
 		goto out;
 	}
-	if (c->aside || !admit(c, oid, index)) {
+	if (c->aside || !(admitted >= 0 ? admitted : admit(c, oid, index))) {
 		c->c.puts_skipped_aside += c->aside;
 		c->c.puts_skipped_by_hint++;
 		drop_put(c, h, id, oid, index);
@@ -1883,7 +1899,15 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.gets_skipped_aside++;
 		goto miss_local;
 	}
-	if (c->cfg->skip_unsent_gets && holds_nothing_private(c, h)) {
+	/*
+	 * A key never sent cannot be on the host nor in a window (a window
+	 * holds only pages the host returned, and whatever makes the filter
+	 * forget a pool kills its windows): a streaming reader's page-cache
+	 * misses stop here, before any attach, reap or window scan.
+	 */
+	if (c->cfg->skip_unsent_gets &&
+	    (holds_nothing_private(c, h) ||
+	     (valid_handle(c, h) && !host_may_hold(c, h, oid, index)))) {
 		c->c.gets_skipped_never_sent++;
 		goto miss_local;
 	}
@@ -1914,15 +1938,6 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		/* Still filling after the get's whole timeout: a miss. */
 		if (served == 0 || served == -2)
 			goto miss_local;
-	}
-	/*
-	 * A key never sent cannot be there (no false negatives): a streaming
-	 * reader's page-cache misses never wait on the host.
-	 */
-	if (c->cfg->skip_unsent_gets && valid_handle(c, h) &&
-	    !host_may_hold(c, h, oid, index)) {
-		c->c.gets_skipped_never_sent++;
-		goto miss_local;
 	}
 	id = resolve(c, h, true);
 	if (id < 0 || flagged(c, id))

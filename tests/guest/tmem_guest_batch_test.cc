@@ -308,6 +308,15 @@ TEST_F(BatchTest, HostResetForgetsPrefetchedPages) {
 
 TEST_F(BatchTest, MissesAreRememberedUntilTheKeyIsPut) {
   guest_->Put(pool_, kFile, 0, MakePage(kFile, 0, 1));
+  host_.Step();
+  // Page 1 was sent (the sent-keys filter cannot rule it out) but the host
+  // dropped it: the window says it is missing.
+  host_.drop_puts = true;
+  guest_->Put(pool_, kFile, 1, MakePage(kFile, 1, 1));
+  host_.Step();
+  guest_->Poll();
+  ASSERT_EQ(guest_->counters().puts_dropped_by_host, 1u);
+  host_.drop_puts = false;
   guest_->Put(pool_, kFile, 2, MakePage(kFile, 2, 1));
   guest_->Poll();
   ASSERT_TRUE(guest_->Get(pool_, kFile, 0, out_));  // window 0..2

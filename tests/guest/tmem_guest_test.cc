@@ -440,6 +440,49 @@ TEST(TmemGuestSlotTest, WithoutTheFilterEveryDropInvalidates) {
   EXPECT_EQ(guest->counters().drop_invalidates_avoided, 0u);
 }
 
+// Issue 13, a streamer's cost per page-cache event: once the pool holds
+// something, a put the hint refuses of a key never sent, and a get of such a
+// key, are decided by the sent-keys filter alone: no ring entry, no wait,
+// not even a reap of the completion waiting in the CQ.
+TEST(TmemGuestSlotTest, RefusedNewKeysAndTheirGetsNeverTouchTheRing) {
+  FakeHost host;
+  auto guest = MustCreate(&host);
+  const int pool = *guest->InitFs();
+  guest->Poll();  // the pool is ready
+  guest->Put(pool, kFile, 100, MakePage(100));
+  host.Step();
+  const auto unreaped = [&host] {
+    return __atomic_load_n(&host.header()->cq_tail.value, __ATOMIC_ACQUIRE) -
+           __atomic_load_n(&host.header()->cq_head.value, __ATOMIC_ACQUIRE);
+  };
+  ASSERT_EQ(unreaped(), 1u) << "the put's completion waits in the CQ";
+  host.paused = true;
+  host.SetAdmissionHint(0);
+  const GuestCounters before = guest->counters();
+  for (uint64_t i = 1000; i < 2000; ++i) {
+    guest->Put(pool, kFile, i, MakePage(i));
+    Page out{};
+    EXPECT_FALSE(guest->Get(pool, kFile, 1000 + i, out));
+  }
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.sqes_posted, before.sqes_posted);
+  EXPECT_EQ(c.puts_skipped_by_hint - before.puts_skipped_by_hint, 1000u);
+  EXPECT_EQ(c.drop_invalidates_avoided - before.drop_invalidates_avoided,
+            1000u);
+  EXPECT_EQ(c.gets_skipped_never_sent - before.gets_skipped_never_sent, 1000u);
+  EXPECT_EQ(c.gets_timeout, before.gets_timeout);
+  EXPECT_EQ(c.completions_reaped, before.completions_reaped);
+  EXPECT_EQ(unreaped(), 1u) << "no reap: the filter alone decided";
+  // Key 100 was sent: refusing its new version must still invalidate the
+  // old one, behind the paused host.
+  guest->Put(pool, kFile, 100, MakePage(101));
+  EXPECT_EQ(c.invalidates_for_dropped_puts, 1u);
+  host.paused = false;
+  host.Step();
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, kFile, 100, out)) << "the old version died";
+}
+
 // Issue 13, cheap when off: before any put reached a private pool the host
 // holds nothing of it, filter or not, so nothing crosses the ring.
 TEST(TmemGuestSlotTest, NothingSentYetNeedsNoInvalidateEvenWithoutAFilter) {
