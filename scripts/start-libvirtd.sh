@@ -10,7 +10,9 @@
 # machine has no AppArmor or SELinux, so that is DAC only). tmemd hands its
 # sockets to QEMU through their group (docs/libvirt.md, "Unprivileged
 # QEMU"). Earlier versions of this script appended a block making QEMU run
-# as root; it is removed here (and libvirtd restarted) when found.
+# as root; it is removed here (and libvirtd restarted) when found. The
+# system D-Bus is started too when missing, so that libvirtd authorizes
+# non-root clients through polkit as on a stock host (below).
 #
 # Usage: scripts/start-libvirtd.sh [--restart]
 set -uo pipefail
@@ -46,9 +48,45 @@ if grep -Eq '^[[:space:]]*(user|group|dynamic_ownership|security_driver)[[:space
       "the tests expect libvirt's defaults"
 fi
 
+# Non-root clients of qemu:///system (tmemd runs as user tmemd) are
+# authorized by polkit over the system D-Bus: libvirt's default
+# auth_unix_rw is "polkit", and Debian's
+# /usr/share/polkit-1/rules.d/60-libvirt.rules allows group libvirt. On a
+# real host systemd starts the bus; here it is started when missing (polkitd
+# is then bus-activated by dbus-daemon, as on Debian), and libvirtd is
+# restarted: it looks for the bus once and keeps the failure ("Unable to get
+# system bus connection") for its lifetime.
+bus_answers() {
+  dbus-send --system --dest=org.freedesktop.DBus --type=method_call \
+    --print-reply / org.freedesktop.DBus.GetId >/dev/null 2>&1
+}
+if ! command -v dbus-daemon >/dev/null 2>&1 || ! command -v dbus-send >/dev/null 2>&1; then
+  log "note: no dbus-daemon/dbus-send: libvirtd cannot ask polkit, only root may use qemu:///system"
+elif ! bus_answers; then
+  pid_file=/run/dbus/pid
+  if [[ -f "${pid_file}" ]] && ! pgrep -x dbus-daemon >/dev/null 2>&1; then
+    "${sudo_cmd[@]}" rm -f "${pid_file}"  # stale: dbus-daemon refuses to start over it
+  fi
+  log "starting the system D-Bus (dbus-daemon --system) for libvirtd's polkit checks"
+  "${sudo_cmd[@]}" mkdir -p /run/dbus
+  if "${sudo_cmd[@]}" dbus-daemon --system --fork && bus_answers; then
+    restart=1
+  else
+    log "note: the system D-Bus did not start: only root may use qemu:///system"
+  fi
+fi
+
 running() { pgrep -x libvirtd >/dev/null 2>&1; }
 answers() { timeout 10 virsh -c qemu:///system version >/dev/null 2>&1; }
 
+# A libvirtd started before the bus existed never asks polkit: an
+# unprivileged probe (user nobody, which polkit denies either way) shows it.
+if ((!restart)) && running && bus_answers && ((EUID == 0)) &&
+    timeout 10 setpriv --reuid=nobody --regid=nogroup --clear-groups \
+      virsh -c qemu:///system version 2>&1 | grep -q 'system bus'; then
+  log "libvirtd started before the system D-Bus: restarting it"
+  restart=1
+fi
 if ((restart)) && running; then
   log "stopping the running libvirtd (pid $(pgrep -x libvirtd | tr '\n' ' '))"
   "${sudo_cmd[@]}" kill -TERM $(pgrep -x libvirtd)

@@ -604,7 +604,9 @@ int Run(int argc, char** argv) {
   app.add_option("--key", o.key, "client key (PEM)");
   app.add_option("--server-name", o.server_name,
                  "expected server certificate name (default: the host)");
-  app.add_option("-t,--timeout", o.timeout_s, "per-host deadline, seconds (5)");
+  auto* timeout = app.add_option("-t,--timeout", o.timeout_s,
+                                 "per-host deadline, seconds (5; attach and "
+                                 "detach: 30)");
   app.add_option("-o,--output", o.output, "table|json")
       ->check(CLI::IsMember({"table", "json"}));
 
@@ -690,6 +692,11 @@ int Run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // libvirt answers a live detach only after waiting up to 5 s for the
+  // guest's unplug ack (a guest without ACPI hot-plug never sends it), and
+  // an attach waits for QEMU's device_add: 5 s would report
+  // DEADLINE_EXCEEDED for a request that went through.
+  if ((*attach || *detach) && timeout->count() == 0) o.timeout_s = 30;
   if (*fleet) {
     fo.command = fleet->get_subcommands().front()->get_name();
     return RunFleetCommand(fo, std::cout, std::cerr);

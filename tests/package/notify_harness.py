@@ -128,6 +128,18 @@ class Notify:
         fail(f"no {key}={value} within {timeout:.0f} s")
 
 
+def run_pumping(notify, argv, **kwargs):
+    """Runs a command to completion while reading $NOTIFY_SOCKET, as
+    systemd keeps reading it: a datagram socket queues few messages
+    (net.unix.max_dgram_qlen, 10 by default), and then the service's next
+    sd_notify (WATCHDOG=1, FDSTORE=1, FDSTOREREMOVE=1) blocks whatever
+    thread sends it."""
+    p = subprocess.Popen(argv, **kwargs)
+    while p.poll() is None:
+        notify.pump(0.05)
+    return p.returncode
+
+
 def proc_status(pid):
     out = {}
     with open(f"/proc/{pid}/status", encoding="utf-8") as f:
@@ -264,9 +276,9 @@ def main():
         for cmd in args.after_ready:
             cmd = cmd.replace("$MAINPID", str(proc.pid))
             print(f"notify_harness: $ {cmd}", flush=True)
-            r = subprocess.run(cmd, shell=True, check=False)
-            if r.returncode != 0:
-                fail(f"'{cmd}' exited {r.returncode}")
+            rc = run_pumping(notify, cmd, shell=True)
+            if rc != 0:
+                fail(f"'{cmd}' exited {rc}")
 
         if watchdog_s is not None:
             window = 2.0 * watchdog_s
