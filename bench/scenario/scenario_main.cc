@@ -836,7 +836,7 @@ std::string Markdown(const std::vector<Row>& rows) {
 std::string TargetsText(const std::vector<Target>& t) {
   std::string out;
   for (const Target& x : t) {
-    absl::StrAppendFormat(&out, "  %-5s %-58s %-9s %s\n", x.Verdict(), x.name,
+    absl::StrAppendFormat(&out, "  %-5s %-68s %-9s %s\n", x.Verdict(), x.name,
                           x.goal, x.measured);
   }
   return out;
