@@ -12,13 +12,14 @@
 //   phases  re-read hit ratio >= synchronous adaptive's; tmemd's CPU over
 //           the busy phases (worst run) <= the CPU budget, of the host;
 //   stream  throughput >= 0.98x of `none` (median of per-round ratios).
-// "Within 2 s" counts pages the compactor compressed in time over the pages
-// it had to compress: compressed (in time or late) + no_room (no memory for
-// the block) + queue overflows (never queued). Pages read, invalidated,
-// evicted or re-put before their turn are left out (nothing was stored
-// long enough to compress), and so are pages LZ4 could not shrink
-// (kept_raw: raw in every mode). Synchronous modes compress in the put, so
-// the share is N/A for them.
+// "Within 2 s" counts pages the compactor compressed in time over the
+// stored pages that should have been compressed: compressed (in time or
+// late) + no_room (no memory for the block) + queue overflows (never
+// queued) + the valve's raw decisions (out of CPU: stored raw, never
+// queued). Pages read, invalidated, evicted or re-put before their turn are
+// left out (not stored long enough to compress), and so are pages LZ4
+// could not shrink (kept_raw: raw in every mode). Synchronous modes
+// compress in the put, so the share is N/A for them.
 #ifndef TMEMD_BENCH_SCENARIO_DEFERRED_REPORT_H_
 #define TMEMD_BENCH_SCENARIO_DEFERRED_REPORT_H_
 

@@ -802,7 +802,8 @@ std::string DeferredSection(const Config& c, const std::vector<Row>& rows) {
       "\ndeferred compression (issue 17): ratio: host compression ratio in "
       "steady state; compacted / <=2s %: pages the compactor compressed and "
       "the share within 2 s of their put (of compacted + no room + "
-      "overflows); skipped / stale: pages gone before their turn; idle s / "
+      "overflows + the valve's raw decisions); skipped / stale: pages gone "
+      "before their turn; idle s / "
       "normal s: compactor CPU by class; busy / idle CPU: tmemd's CPU of "
       "the host in the busy / idle phases (phases only)\n\n",
       table);

@@ -156,6 +156,8 @@ TEST(ScenarioToolTest, DeferredScenariosProduceCompactorRowsAndTargets) {
     EXPECT_EQ(r.at("runs"), "1");
     if (r.at("mode") == "deferred") {
       EXPECT_LE(D(r, "compact_within_2s"), D(r, "compact_compressed"));
+      // What the share is over: at least the compressed pages.
+      EXPECT_GE(D(r, "compact_owed"), D(r, "compact_compressed"));
     } else {
       // Synchronous modes never queue a page for the compactor.
       EXPECT_EQ(D(r, "compact_compressed"), 0);
