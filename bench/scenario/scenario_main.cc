@@ -18,7 +18,13 @@
 //           CPU hogs on by default (host CPU saturated);
 //   reread  one VM re-reads a working set that fits in tmem but not in its
 //           page cache;
-//   both    the two VMs together, on one tmemd.
+//   both    the two VMs together, on one tmemd;
+//   idle    (on request) the reread VM on a host with no hogs at all: the
+//           compactor's put-to-compressed time and the compression ratio
+//           (issue 17);
+//   phases  (on request) the reread VM with a hog on every core, switched
+//           on and off every 2 s (host_phases.h): hit ratio and tmemd's CPU
+//           in the busy phases (issue 17).
 // Rounds interleave the modes (the order rotates every round) so that noise
 // from this shared 2-core machine hits every mode alike; figures are medians
 // over rounds, ratios medians of per-round ratios.
@@ -53,6 +59,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -66,6 +73,10 @@
 #include "bench/page_corpus.h"
 #include "bench/scenario/app_work.h"
 #include "bench/scenario/decide_cost.h"
+#include "bench/scenario/deferred_report.h"
+#include "bench/scenario/host_phases.h"
+#include "bench/scenario/report_rows.h"
+#include "bench/scenario/tmemd_log.h"
 
 #ifndef TMEMD_BIN
 #define TMEMD_BIN "tmemd"
@@ -79,6 +90,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+// The phases scenario's busy and idle periods (issue 17: every 2 s).
+constexpr std::chrono::milliseconds kPhasePeriod(2000);
 
 struct Config {
   bool quick = false;
@@ -107,53 +121,11 @@ struct Config {
   bool plot = true;
 };
 
-// A flat JSON object's fields (numbers, strings, booleans) by name: enough
-// for tmemd's log lines and the guest's result line.
-std::map<std::string, std::string> ParseFlatJson(const std::string& s) {
-  std::map<std::string, std::string> out;
-  size_t i = s.find('{');
-  if (i == std::string::npos) return out;
-  ++i;
-  auto skip = [&] {
-    while (i < s.size() && (s[i] == ' ' || s[i] == ',')) ++i;
-  };
-  auto read_string = [&]() -> std::string {
-    std::string v;
-    ++i;  // opening quote
-    while (i < s.size() && s[i] != '"') {
-      if (s[i] == '\\' && i + 1 < s.size()) ++i;
-      v += s[i++];
-    }
-    ++i;
-    return v;
-  };
-  while (true) {
-    skip();
-    if (i >= s.size() || s[i] != '"') break;
-    std::string key = read_string();
-    while (i < s.size() && (s[i] == ' ' || s[i] == ':')) ++i;
-    if (i >= s.size()) break;
-    std::string value;
-    if (s[i] == '"') {
-      value = read_string();
-    } else {
-      while (i < s.size() && s[i] != ',' && s[i] != '}') value += s[i++];
-      while (!value.empty() && value.back() == ' ') value.pop_back();
-    }
-    out[key] = value;
-  }
-  return out;
-}
-
-double Num(const std::map<std::string, std::string>& m, const std::string& k) {
-  auto it = m.find(k);
-  if (it == m.end()) return 0;
-  if (it->second == "true") return 1;
-  if (it->second == "false") return 0;
-  return std::strtod(it->second.c_str(), nullptr);
-}
-
+// NaN values (a metric a run does not have) are left out.
 double Median(std::vector<double> v) {
+  v.erase(std::remove_if(v.begin(), v.end(),
+                         [](double x) { return std::isnan(x); }),
+          v.end());
   if (v.empty()) return std::nan("");
   std::sort(v.begin(), v.end());
   const size_t n = v.size();
@@ -278,16 +250,19 @@ struct RunResult {
   int hogs = 0;
   bool ok = false;
   std::string error;
-  double wall_s = 0;             // guests' run, start to last exit
-  double tmemd_cpu_s = 0;        // over wall_s (/proc/PID/stat)
-  double tmemd_cpu_frac = 0;     // tmemd_cpu_s / (wall_s * cpus)
-  double tmemd_total_cpu_s = 0;  // its whole life (wait4 rusage)
+  double wall_s = 0;                   // guests' run, start to last exit
+  double tmemd_cpu_s = 0;              // over wall_s (/proc/PID/stat)
+  double tmemd_cpu_frac = 0;           // tmemd_cpu_s / (wall_s * cpus)
+  double tmemd_total_cpu_s = 0;        // its whole life (wait4 rusage)
+  std::map<std::string, double> host;  // run-level (deferred_report.h)
   std::vector<VmResult> vms;
 };
 
 std::vector<std::string> VmsOf(const std::string& scenario) {
   if (scenario == "stream") return {"stream"};
-  if (scenario == "reread") return {"reread"};
+  if (scenario == "reread" || scenario == "idle" || scenario == "phases") {
+    return {"reread"};
+  }
   return {"stream", "reread"};
 }
 
@@ -302,9 +277,19 @@ class Runner {
     r.scenario = scenario;
     r.mode = mode;
     r.round = round;
+    // idle: no other tenant, whatever --other-hogs says; phases: one hog
+    // per core, switched on and off (host_phases.h).
     r.hogs = scenario == "stream"
                  ? (c_.stream_hogs < 0 ? cpus_ : c_.stream_hogs)
-                 : c_.other_hogs;
+             : scenario == "idle"   ? 0
+             : scenario == "phases" ? cpus_
+                                    : c_.other_hogs;
+    // phases: at least two busy and two idle periods.
+    const double guest_duration =
+        scenario == "phases"
+            ? std::max(c_.duration,
+                       4 * std::chrono::duration<double>(kPhasePeriod).count())
+            : c_.duration;
     const fs::path dir = fs::path(c_.out) / "runs" /
                          absl::StrCat(scenario, "-", mode, "-r", round);
     std::error_code ec;
@@ -364,6 +349,11 @@ class Runner {
 
     std::vector<pid_t> hogs;
     for (int i = 0; i < r.hogs; ++i) hogs.push_back(SpawnHog());
+    std::unique_ptr<HostPhases> phases;
+    if (scenario == "phases") {
+      phases = std::make_unique<HostPhases>(
+          hogs, kPhasePeriod, [tmemd] { return ProcCpuSeconds(tmemd); });
+    }
 
     // Guests, stdout through pipes (progress and result lines).
     struct Child {
@@ -378,6 +368,7 @@ class Runner {
     std::vector<Child> kids(vms.size());
     const double t0_cpu = ProcCpuSeconds(tmemd);
     const Clock::time_point t0 = Clock::now();
+    if (phases) phases->Start(t0);
     for (size_t i = 0; i < vms.size(); ++i) {
       Child& k = kids[i];
       k.vm = vms[i];
@@ -386,7 +377,7 @@ class Runner {
         r.error = "pipe failed";
         break;
       }
-      double duration = c_.duration;
+      double duration = guest_duration;
       // In "both" the streamer outlasts the re-reader's warm-up, so the
       // re-reader is measured with the streamer running throughout.
       if (scenario == "both" && k.vm == "stream") duration += 1.5;
@@ -434,8 +425,17 @@ class Runner {
     // A guest that outlives its duration by this much is hung: kill it (its
     // result line is then missing and the run fails).
     const Clock::time_point deadline =
-        t0 + std::chrono::seconds(static_cast<int>(c_.duration) + 60);
+        t0 + std::chrono::seconds(static_cast<int>(guest_duration) + 60);
     while (open_fds > 0) {
+      int wait_ms = 200;
+      if (phases) {
+        phases->Tick(Clock::now());
+        wait_ms = static_cast<int>(std::clamp<int64_t>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(
+                phases->NextSwitch() - Clock::now())
+                .count(),
+            1, 200));
+      }
       if (Clock::now() > deadline) {
         for (const Child& k : kids) kill(k.pid, SIGKILL);
       }
@@ -447,7 +447,7 @@ class Runner {
           idx.push_back(i);
         }
       }
-      poll(pfds.data(), pfds.size(), 200);
+      poll(pfds.data(), pfds.size(), wait_ms);
       for (size_t j = 0; j < pfds.size(); ++j) {
         if ((pfds[j].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
         Child& k = kids[idx[j]];
@@ -491,6 +491,8 @@ class Runner {
     }
     const Clock::time_point t1 = Clock::now();
     const double t1_cpu = ProcCpuSeconds(tmemd);
+    PhaseTotals phase_totals;
+    if (phases) phase_totals = phases->Finish(t1);
     for (pid_t h : hogs) kill(h, SIGKILL);
     for (pid_t h : hogs) {
       waitpid(h, nullptr, 0);
@@ -508,22 +510,9 @@ class Runner {
         static_cast<double>(tru.ru_utime.tv_sec + tru.ru_stime.tv_sec) +
         static_cast<double>(tru.ru_utime.tv_usec + tru.ru_stime.tv_usec) / 1e6;
 
-    // tmemd's per-VM statistics: the counters at shutdown (the last
-    // vm_stats line), the pages held at their peak (tmemd forgets a VM's
-    // pages when its guest disconnects, so the last line holds none).
-    std::map<std::string, std::map<std::string, std::string>> vm_stats;
-    {
-      std::ifstream f(tlog);
-      std::string line;
-      std::map<std::string, double> peak_pages;
-      while (std::getline(f, line)) {
-        if (line.find(R"("event":"vm_stats")") == std::string::npos) continue;
-        auto m = ParseFlatJson(line);
-        peak_pages[m["vm"]] = std::max(peak_pages[m["vm"]], Num(m, "pages"));
-        vm_stats[m["vm"]] = m;
-      }
-      for (auto& [vm, m] : vm_stats) m["pages"] = absl::StrCat(peak_pages[vm]);
-    }
+    // tmemd's log: per-VM counters, the compactor's, the host's ratio.
+    const TmemdLog log = ReadTmemdLog(tlog);
+    r.host = DeferredMetrics(log, phases ? &phase_totals : nullptr, cpus_);
     r.ok = r.error.empty();
     if (!WIFEXITED(tstatus) || WEXITSTATUS(tstatus) != 0) {
       r.ok = false;
@@ -534,7 +523,9 @@ class Runner {
       VmResult v;
       v.vm = k.vm;
       v.guest = ParseFlatJson(k.result);
-      v.tmemd = vm_stats[k.vm];
+      if (auto it = log.vm_stats.find(k.vm); it != log.vm_stats.end()) {
+        v.tmemd = it->second;
+      }
       if (k.result.empty() || !WIFEXITED(k.status) ||
           WEXITSTATUS(k.status) != 0) {
         r.ok = false;
@@ -561,12 +552,7 @@ class Runner {
 // ---------------------------------------------------------------------------
 // Aggregation and reports.
 
-// Per (scenario, mode, vm): medians over rounds.
-struct Row {
-  std::string scenario, mode, vm;
-  int runs = 0;
-  std::map<std::string, double> m;  // metric -> median
-};
+// Rows (report_rows.h): per (scenario, mode, vm), medians over rounds.
 
 const std::vector<std::string>& Metrics() {
   static const std::vector<std::string> k = {"mb_per_s",
@@ -592,13 +578,19 @@ const std::vector<std::string>& Metrics() {
                                              "tmem_hits",
                                              "disk_reads",
                                              "pages_read"};
-  return k;
+  static const std::vector<std::string> all = [] {
+    std::vector<std::string> v = k;
+    for (const std::string& d : DeferredMetricNames()) v.push_back(d);
+    return v;
+  }();
+  return all;
 }
 
 double MetricOf(const RunResult& r, const VmResult& v, const std::string& k) {
   if (k == "tmemd_cpu_s") return r.tmemd_cpu_s;
   if (k == "tmemd_cpu_frac") return r.tmemd_cpu_frac;
   if (k == "tmemd_total_cpu_s") return r.tmemd_total_cpu_s;
+  if (auto it = r.host.find(k); it != r.host.end()) return it->second;
   if (v.tmemd.count(k) != 0) return Num(v.tmemd, k);
   return Num(v.guest, k);
 }
@@ -655,40 +647,6 @@ std::vector<Row> Aggregate(const Config& c, const std::vector<RunResult>& runs,
     }
   }
   return rows;
-}
-
-const Row* FindRow(const std::vector<Row>& rows, const std::string& s,
-                   const std::string& mode, const std::string& vm) {
-  for (const Row& r : rows) {
-    if (r.scenario == s && r.mode == mode && r.vm == vm) return &r;
-  }
-  return nullptr;
-}
-
-struct Target {
-  std::string name;
-  std::string measured;  // human text
-  double value = std::nan("");
-  std::string goal;  // ">= 0.97"
-  double bound = 0;
-  bool at_least = true;
-  bool info = false;
-  bool Known() const { return !std::isnan(value); }
-  bool Pass() const {
-    return Known() && (at_least ? value >= bound : value <= bound);
-  }
-  std::string Verdict() const {
-    if (info) return "info";
-    if (!Known()) return "N/A";
-    return Pass() ? "PASS" : "FAIL";
-  }
-};
-
-std::string Fmt(double v, const char* fmt = "%.3f") {
-  if (std::isnan(v)) return "n/a";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), fmt, v);
-  return buf;
 }
 
 std::vector<Target> Targets(const Config& c, const std::vector<Row>& rows,
@@ -793,6 +751,21 @@ std::vector<Target> Targets(const Config& c, const std::vector<Row>& rows,
     x.at_least = false;
     t.push_back(x);
   }
+  const WorstOf worst = [&runs](const std::string& s, const std::string& mode,
+                                const std::string& metric) {
+    double w = std::nan("");
+    for (const RunResult& r : runs) {
+      if (!r.ok || r.scenario != s || r.mode != mode) continue;
+      auto it = r.host.find(metric);
+      if (it == r.host.end() || std::isnan(it->second)) continue;
+      if (std::isnan(w) || it->second > w) w = it->second;
+    }
+    return w;
+  };
+  for (Target& x :
+       DeferredTargets(c.scenarios, c.modes, rows, worst, c.cpu_budget)) {
+    t.push_back(std::move(x));
+  }
   (void)rounds;
   return t;
 }
@@ -819,6 +792,21 @@ std::string Table(const std::vector<Row>& rows) {
         Fmt(g("admission") / 65536 * 100, "%.1f%%"));
   }
   return out;
+}
+
+// The compactor's table (deferred_report.h), when it has anything to say.
+std::string DeferredSection(const Config& c, const std::vector<Row>& rows) {
+  const std::string table = DeferredTable(c.scenarios, c.modes, rows);
+  if (table.empty()) return "";
+  return absl::StrCat(
+      "\ndeferred compression (issue 17): ratio: host compression ratio in "
+      "steady state; compacted / <=2s %: pages the compactor compressed and "
+      "the share within 2 s of their put (of compacted + no room + "
+      "overflows + the valve's raw decisions); skipped / stale: pages gone "
+      "before their turn; idle s / "
+      "normal s: compactor CPU by class; busy / idle CPU: tmemd's CPU of "
+      "the host in the busy / idle phases (phases only)\n\n",
+      table);
 }
 
 std::string Markdown(const std::vector<Row>& rows) {
@@ -849,7 +837,7 @@ std::string Markdown(const std::vector<Row>& rows) {
 std::string TargetsText(const std::vector<Target>& t) {
   std::string out;
   for (const Target& x : t) {
-    absl::StrAppendFormat(&out, "  %-5s %-58s %-9s %s\n", x.Verdict(), x.name,
+    absl::StrAppendFormat(&out, "  %-5s %-68s %-9s %s\n", x.Verdict(), x.name,
                           x.goal, x.measured);
   }
   return out;
@@ -986,9 +974,12 @@ int Main(int argc, char** argv) {
   app.add_option("--out", c.out, "output directory");
   app.add_option("--tmemd", c.tmemd, "tmemd binary");
   app.add_option("--guest", c.guest, "tmem-scenario-guest binary");
-  app.add_option("--scenarios", c.scenarios, "stream,reread,both")
+  app.add_option("--scenarios", c.scenarios,
+                 "stream,reread,both; idle (reread, never hogs) and phases "
+                 "(reread, hogs on every core switched every 2 s) on request "
+                 "(issue 17's rows, with --modes ...,deferred)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"stream", "reread", "both"}));
+      ->check(CLI::IsMember({"stream", "reread", "both", "idle", "phases"}));
   app.add_option("--modes", c.modes,
                  "none,off,always,adaptive (none: guests without "
                  "tmem; off: tmemd --mode off, guests still send gets; "
@@ -1164,7 +1155,8 @@ int Main(int argc, char** argv) {
       cpus,
       " cores); pages/compr/raw/drop: tmemd's vm_stats at SIGTERM; admit: "
       "final admission hint\n\n",
-      Table(rows), "\ntargets:\n", TargetsText(targets),
+      Table(rows), DeferredSection(c, rows), "\ntargets:\n",
+      TargetsText(targets),
       absl::StrFormat(
           "\n%d run(s) failed; %.0f s in all; results in %s\n", failures,
           std::chrono::duration<double>(Clock::now() - start).count(), c.out));

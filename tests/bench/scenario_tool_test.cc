@@ -1,7 +1,8 @@
 // Runs tmem-scenario (the scenario benchmark) in a tiny configuration and
 // checks that it produces well-formed, sane output: every scenario/mode/VM
 // row in the CSV, throughputs and hit ratios in range, "off" storing
-// nothing, "always" hitting on the re-read working set, the targets listed.
+// nothing, "always" hitting on the re-read working set, the targets listed;
+// and issue 17's idle/phases scenarios with the compactor's figures.
 // Performance targets are the benchmark's business, never this test's.
 #include <sys/wait.h>
 #include <unistd.h>
@@ -119,6 +120,71 @@ TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
   const std::string targets = ReadAll(out / "targets.csv");
   EXPECT_EQ(std::count(targets.begin(), targets.end(), '\n'), 8) << targets;
   EXPECT_NE(targets.find("Decide"), std::string::npos);
+  fs::remove_all(out);
+}
+
+// Issue 17's scenarios and rows: idle and phases, each mode a row with the
+// compactor's figures, the deferred targets listed for deferred and for
+// the synchronous valve.
+TEST(ScenarioToolTest, DeferredScenariosProduceCompactorRowsAndTargets) {
+  const fs::path out = fs::temp_directory_path() /
+                       absl::StrCat("tmem-scenario-deferred-test-", getpid());
+  fs::remove_all(out);
+  const std::string cmd = absl::StrCat(
+      SCENARIO_BIN,
+      " --rounds 1 --duration 0.6 --memory-cap 16MiB --cache-pages 256"
+      " --working-set 768 --corpus-pages 64 --micro-rounds -1 --progress 0"
+      " --no-plot --scenarios idle,phases --modes always,adaptive,deferred"
+      " --out ",
+      out.string(), " > ", (out / "stdout.txt").string(), " 2>&1");
+  fs::create_directories(out);
+  // The test is single-threaded: system() is safe here.
+  const int status = std::system(cmd.c_str());  // NOLINT(concurrency-mt-unsafe)
+  ASSERT_TRUE(WIFEXITED(status)) << cmd;
+  ASSERT_EQ(WEXITSTATUS(status), 0) << ReadAll(out / "stdout.txt");
+
+  const std::string text = ReadAll(out / "scenario.txt");
+  EXPECT_NE(text.find("deferred compression (issue 17)"), std::string::npos)
+      << text;
+
+  const auto rows = ReadCsv(out / "scenario.csv");
+  // idle x 3 modes, phases x 3 modes, one VM (reread) each.
+  ASSERT_EQ(rows.size(), 6u) << ReadAll(out / "scenario.csv");
+  for (const auto& r : rows) {
+    SCOPED_TRACE(absl::StrCat(r.at("scenario"), "/", r.at("mode")));
+    EXPECT_EQ(r.at("vm"), "reread");
+    EXPECT_EQ(r.at("runs"), "1");
+    if (r.at("mode") == "deferred") {
+      EXPECT_LE(D(r, "compact_within_2s"), D(r, "compact_compressed"));
+      // What the share is over: at least the compressed pages.
+      EXPECT_GE(D(r, "compact_owed"), D(r, "compact_compressed"));
+    } else {
+      // Synchronous modes never queue a page for the compactor.
+      EXPECT_EQ(D(r, "compact_compressed"), 0);
+      EXPECT_EQ(r.at("compact_share_2s"), "n/a");
+    }
+    if (r.at("scenario") == "phases") {
+      // At least 8 s measured in 2 s periods: 3 switches or more.
+      EXPECT_GE(D(r, "phase_switches"), 3);
+      EXPECT_GE(D(r, "busy_tmemd_cpu_frac"), 0);
+      EXPECT_LE(D(r, "busy_tmemd_cpu_frac"), 1.05);
+      EXPECT_GE(D(r, "idle_tmemd_cpu_frac"), 0);
+      EXPECT_LE(D(r, "idle_tmemd_cpu_frac"), 1.05);
+    } else {
+      EXPECT_EQ(r.at("phase_switches"), "n/a");
+    }
+  }
+
+  const std::string targets = ReadAll(out / "targets.csv");
+  // 7 rows of the valve's targets, 6 of issue 17's, the header.
+  EXPECT_EQ(std::count(targets.begin(), targets.end(), '\n'), 14) << targets;
+  for (const char* row :
+       {"idle: deferred pages compressed within 2 s",
+        "idle: compression ratio, synchronous adaptive / always",
+        "phases (busy/idle every 2 s): hit ratio deferred / adaptive",
+        "phases: tmemd CPU in busy phases, deferred, worst run"}) {
+    EXPECT_NE(targets.find(row), std::string::npos) << row;
+  }
   fs::remove_all(out);
 }
 
