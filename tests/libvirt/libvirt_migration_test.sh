@@ -38,10 +38,20 @@
 # downtime (domjobinfo --completed on the destination), with the tmem
 # device and for the same domain without it.
 #
+# With --real-guest instead: the 5.10 test guest (vm-images/, TCG) with its
+# verifying workload (init.sh tmemtest=ops) as a persistent domain, moved
+# A -> B -> A -> B with virsh migrate at each of its WAIT_HOST_RESTART
+# points, its reads, puts and gets in flight. Each destination tmemd counts
+# the foreign region and gets the guest's puts and get hits, each source
+# tmemd holds none of its pages afterwards; the guest sees every host
+# generation change, verifies every page it reads (TMEMTEST DONE fails=0)
+# and logs no BUG/Oops.
+#
 # Exit 77 (skipped, with the reason) only when two libvirtd cannot run here.
-# Usage: libvirt_migration_test.sh TMEMD TMEMCTL SOURCE_DIR
+# Usage: libvirt_migration_test.sh TMEMD TMEMCTL SOURCE_DIR [--real-guest]
 set -uo pipefail
-tmemd_bin="$1" tmemctl="$2" src="$3"
+tmemd_bin="$1" tmemctl="$2" src="$3" real_guest=0
+[[ "${4:-}" == --real-guest ]] && real_guest=1
 
 log() { printf '[migration-test %s] %s\n' "$(date +%T)" "$*"; }
 fail() {
@@ -142,10 +152,15 @@ start_host() {
   # migration both hosts run a domain of the same name, whose cgroup paths
   # would collide. Migration ports apart (libvirt refuses a local address
   # for migration_address/migration_host; the destination names itself by
-  # its hostname, which resolves to this machine).
+  # its hostname, which resolves to this machine). remember_owner: the two
+  # hosts label the same files (the guest's disk, kernel, console file);
+  # each libvirtd keeping a reference count of their owner in the files'
+  # xattrs refused the destination's label ("Setting different DAC user or
+  # group ... already in use") in one run of three.
   cat >>"${root}/etc/qemu.conf" <<EOF
 # tmemd libvirt_migration_test: host ${h}
 stdio_handler = "file"
+remember_owner = 0
 cgroup_controllers = [ ]
 migration_port_min = ${port}
 migration_port_max = $((port + 9))
@@ -323,12 +338,139 @@ there_and_back() {
   done
 }
 
+# The real guest: domain XML like vm-images/tmem-guest.xml.in, the device
+# made migratable as in domain_xml, the console appended to one file by the
+# QEMU of every host.
+guest_xml() { # NAME UUID KERNEL INITRD DISK SERIAL CMDLINE
+  cat <<EOF
+<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>$1</name><uuid>$2</uuid><memory unit='MiB'>160</memory><vcpu>1</vcpu>
+  <os><type arch='x86_64' machine='pc'>hvm</type><kernel>$3</kernel><initrd>$4</initrd>
+    <cmdline>console=ttyS0 panic=-1 $7</cmdline></os>
+  <features><acpi/></features>
+  <on_poweroff>destroy</on_poweroff><on_reboot>destroy</on_reboot><on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'><driver name='qemu' type='raw' cache='none' io='native'/>
+      <source file='$5'/><target dev='vda' bus='virtio'/></disk>
+    <shmem name='tmem0' role='master'><model type='ivshmem-doorbell'/><server path='${sockdir}/$1.sock'/>
+      <msi vectors='1' ioeventfd='on'/><alias name='ua-tmem0'/></shmem>
+    <serial type='file'><source path='$6' append='on'/><target port='0'/></serial>
+    <memballoon model='none'/>
+  </devices>
+  <qemu:override><qemu:device alias='ua-tmem0'><qemu:frontend>
+    <qemu:property name='master' type='string' value='on'/></qemu:frontend></qemu:device></qemu:override>
+</domain>
+EOF
+}
+
+# logged_since HOST FROM_LINE TEXT: HOST's tmemd logged TEXT after line
+# FROM_LINE.
+logged_since() {
+  [[ "$(tail -n +"$(($2 + 1))" "${work}/$1/tmemd.log")" == *"$3"* ]]
+}
+
+# stats_rose HOST VM FROM_LINE COUNTER ABOVE: a vm_stats line of the
+# connected VM in HOST's tmemd log, after line FROM_LINE, has COUNTER above
+# ABOVE (puts: valve_raw + valve_compressed, what the VM stored). Sets
+# stat_seen to the counters of the last such line.
+stats_rose() {
+  local line value
+  line="$(tail -n +"$(($3 + 1))" "${work}/$1/tmemd.log" |
+    grep "event=vm_stats vm=$2 connected=true " | tail -1)"
+  [[ -n "${line}" ]] || return 1
+  if [[ "$4" == puts ]]; then
+    value=$(($(sed -n 's/.* valve_raw=\([0-9]*\).*/\1/p' <<<"${line}") +
+      $(sed -n 's/.* valve_compressed=\([0-9]*\).*/\1/p' <<<"${line}")))
+  else
+    value="$(sed -n "s/.* $4=\([0-9]*\).*/\1/p" <<<"${line}")"
+  fi
+  stat_seen="$(grep -o 'gets_hit=[0-9]*' <<<"${line}") stored=$(($(sed -n 's/.* valve_raw=\([0-9]*\).*/\1/p' <<<"${line}") + $(sed -n 's/.* valve_compressed=\([0-9]*\).*/\1/p' <<<"${line}")))"
+  ((${value:-0} > $5))
+}
+
+real_guest_test() {
+  local dom="tmemd-mig-g-${tag}" images serial="${work}/guest/serial.log"
+  local round=0 hosts=(A B) from to hits_before t0 waits log_lines
+  images="$("${src}/vm-images/build-all.sh" 2>"${work}/build-all.log")" ||
+    skip "the guest images do not build here ($(tail -1 "${work}/build-all.log"))"
+  local KERNEL="" INITRD=""
+  eval "${images}"
+  mkdir -p "${work}/guest"
+  chmod 0755 "${work}/guest"
+  # Copies: libvirt relabels (chowns) what a domain uses, the cache is shared.
+  cp "${KERNEL}" "${work}/guest/bzImage"
+  cp "${INITRD}" "${work}/guest/initrd"
+  truncate -s 1G "${work}/guest/disk.img"
+  mkfs.ext4 -q -F "${work}/guest/disk.img" || fail "mkfs.ext4 failed"
+  : >"${serial}"
+  guest_xml "${dom}" "$(cat /proc/sys/kernel/random/uuid)" "${work}/guest/bzImage" \
+    "${work}/guest/initrd" "${work}/guest/disk.img" "${serial}" \
+    "tmem_ivshmem.miss_cost_ns=0 tmemtest=ops tmemtest_pages=${GUEST_PAGES:-6000} tmemtest_files=3" \
+    >"${work}/g.xml"
+  for h in A B; do
+    vsh "${h}" define "${work}/g.xml" >/dev/null || fail "virsh define of the guest on ${h} failed"
+  done
+  vsh A start "${dom}" >/dev/null || fail "virsh start of the guest on A failed"
+  log "real guest ${dom} started on A (TCG; boot and first writes take minutes)"
+  t0=$(date +%s)
+  while ((round < 3)); do
+    (($(date +%s) - t0 > 1200)) && fail "the guest did not reach round $((round + 1)) in 20 min"
+    if grep -aqE 'Kernel panic|BUG:|Oops' "${serial}"; then
+      grep -aE 'TMEMTEST|tmem_ivshmem|panic|BUG|Oops' "${serial}" | tail -20
+      fail "the guest kernel logged a panic/BUG/Oops"
+    fi
+    grep -aq "TMEMTEST DONE" "${serial}" && fail "the guest finished before round $((round + 1)): $(grep -a 'CHECK .* FAIL' "${serial}" | head -3)"
+    waits=$(grep -ac "TMEMTEST WAIT_HOST_RESTART" "${serial}")
+    if ((waits > round)); then
+      round=$((round + 1))
+      from="${hosts[$(((round + 1) % 2))]}" to="${hosts[$((round % 2))]}"
+      hits_before="$(vm_field "${to}" "${dom}" gets_hit)"
+      log_lines="$(wc -l <"${work}/${to}/tmemd.log")"
+      log "round ${round}: the guest waits with reads in flight; virsh migrate ${from} -> ${to}"
+      # --unsafe: the disk is one file both hosts see at the same path (one
+      # machine), but on a local filesystem, which libvirt cannot tell from
+      # unshared storage.
+      migrate "${from}" "${to}" "${dom}" real_guest --unsafe ||
+        fail "virsh migrate of the guest ${from} -> ${to}: $(cat "${work}/migrate.out")"
+      # From the log too: the first foreign region of a channel is logged.
+      wait_until 60 logged_since "${to}" "${log_lines}" "event=foreign_region_reset vm=${dom} " ||
+        fail "${to}'s tmemd counted no foreign region for the guest"
+      wait_until 60 is_field "${from}" "${dom}" connected false ||
+        fail "${from}'s tmemd still sees the guest's QEMU"
+      is_field "${from}" "${dom}" pages 0 || fail "${from}'s tmemd still holds pages of the guest"
+      # The guest's after-round rereads hit on the destination. Read from
+      # the destination's per-second vm_stats lines since the migration:
+      # after the last round the guest may finish, and its channel be made
+      # again empty, before tmemctl would be asked.
+      wait_until 600 stats_rose "${to}" "${dom}" "${log_lines}" gets_hit "${hits_before}" ||
+        fail "no get hit for the guest on ${to} within 10 min of round ${round}"
+      wait_until 60 stats_rose "${to}" "${dom}" "${log_lines}" puts 0 ||
+        fail "no put from the guest on ${to} after round ${round}"
+      log "   on ${to}: foreign region counted, guest puts and get hits (${stat_seen}); ${from}: released, 0 pages"
+    fi
+    sleep 1
+  done
+  wait_until 900 grep -aq "TMEMTEST DONE" "${serial}" || fail "the guest did not finish within 15 min of the last round"
+  grep -aE 'TMEMTEST (CHECK (restart|after)|DONE)' "${serial}" | sed 's/^/   [guest] /' | grep -v 'PASS' | head -20
+  grep -aq "TMEMTEST DONE fails=0" "${serial}" ||
+    fail "the guest reports failures: $(grep -a 'CHECK .* FAIL' "${serial}" | head -5)"
+  grep -aqE 'Kernel panic|BUG:|Oops|WARNING:' "${serial}" && fail "the guest kernel logged BUG/WARNING/Oops"
+  log "real guest: 3 virsh migrations, $(grep -ac 'TMEMTEST CHECK .* PASS' "${serial}") guest checks passed, DONE fails=0"
+  log "PASS"
+}
+
 mkdir -m 0755 "${sockdir}" || fail "cannot make ${sockdir}"
 uuid_a=6a3b0d8e-5f2c-4c1e-9b7a-0000000000aa uuid_b=6a3b0d8e-5f2c-4c1e-9b7a-0000000000bb
 start_host A "${uuid_a}" 49300
 start_host B "${uuid_b}" 49320
 host_ready A "${uuid_a}"
 host_ready B "${uuid_b}"
+
+((real_guest)) && {
+  real_guest_test
+  exit 0
+}
 
 log "0. role='master' alone (as the glue writes it): what virsh migrate says"
 domain_xml "${transient}" "$(cat /proc/sys/kernel/random/uuid)" 1 0 >"${work}/t0.xml"
