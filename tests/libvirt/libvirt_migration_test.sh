@@ -18,22 +18,28 @@
 #
 # The migrations are not live (`virsh migrate` without --live: libvirt
 # pauses the guest, copies its memory once and resumes it on the
-# destination): QEMU 7.2's live precopy under TCG corrupts guests on this
-# machine even without tmem (vm-images/migrate-test.py). `--live` is tried
-# once, its outcome printed, not asserted.
+# destination): QEMU 7.2's live precopy under TCG has corrupted guests on
+# this machine even without tmem (vm-images/migrate-test.py). `--live` is
+# tried once, its outcome printed, not asserted.
+#
+# libvirt 9.0 does not put role='master' of an ivshmem-doorbell on QEMU's
+# command line, so the domains add master=on with a <qemu:override>
+# (domain_xml; docs/libvirt.md).
 #
 # The domains run no OS (SeaBIOS finds nothing to boot) but have tmem's
-# ivshmem-doorbell device (role='master') connected to tmemd. Checks:
+# ivshmem-doorbell device (role='master') connected to tmemd. Steps:
+#  0. role='master' without the override: virsh migrate's answer printed.
 #  1. persistent domain, defined on both hosts first, A -> B -> A: on the
-#     destination QEMU is connected to that host's tmemd, which counts the
-#     region that arrived holding the source's header (foreign) and
-#     re-initializes it; the XML keeps role='master'; a quota set with
-#     tmemctl on A (written into the domain's metadata) is applied by B;
-#     the source's tmemd releases the VM (its config keeps the device, so
-#     the channel is made again, empty and unconnected).
+#     destination QEMU (started with master=on) is connected to that host's
+#     tmemd, which counts the region that arrived holding the source's
+#     header (foreign) and re-initializes it; the XML keeps role='master';
+#     a quota set with tmemctl on A (written into the domain's metadata) is
+#     applied by B; the source's tmemd releases the VM (its config keeps
+#     the device, so the channel is made again, empty and unconnected).
 #  2. transient domain (virsh create), A -> B -> A: the destination's
 #     socket comes from its hook (prepare), the source's channel is gone.
-#  3. virsh migrate --live once (outcome printed).
+#  3. the same domain without the device, A -> B -> A, for the times.
+#  4. virsh migrate --live once (outcome printed).
 # Prints BENCH lines: virsh migrate wall time and libvirt's job time and
 # downtime (domjobinfo --completed on the destination), with the tmem
 # device and for the same domain without it.
