@@ -104,9 +104,10 @@ struct ValveOptions {
   double reuse_window_decay = 0.9;  // per period, of the reuse counters
   int ghost_bits = 16;              // ghost list: 2^bits key hashes per VM
   double memory_headroom_fraction = 0.05;
-  // Adaptive mode: a put the valve would compress is stored raw at once and
-  // compressed later by the compactor with idle cycles (PutMode::kDefer,
-  // backend/compactor.h). false: compress in the put. `always` stays
+  // Adaptive mode: a put the valve would compress, or would store raw for
+  // want of CPU tokens, is stored raw at once and compressed later by the
+  // compactor with idle cycles (PutMode::kDefer, backend/compactor.h).
+  // false: compress in the put (raw when out of tokens). `always` stays
   // synchronous either way.
   bool deferred_compression = false;
 };

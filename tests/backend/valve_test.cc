@@ -130,8 +130,12 @@ TEST(ValveTest, DeferredCompressionDefersAdaptiveOnly) {
   EXPECT_EQ(v.Decide(1, 7, true), PutMode::kDefer);
   EXPECT_EQ(Count(v, 1, ValveCounter::kCompressed), 1u);
   EXPECT_EQ(v.Decide(2, 7, true), PutMode::kCompress);  // always: in the put
-  Starve(v, 1);  // out of tokens: raw, as without deferral
-  EXPECT_EQ(v.Decide(1, 8, true), PutMode::kRaw);
+  // Out of tokens: stored raw now and queued too, so idle cycles compress
+  // it later (issue 17: a page raw for want of CPU is not raw for good).
+  Starve(v, 1);
+  const uint64_t raw = Count(v, 1, ValveCounter::kRaw);
+  EXPECT_EQ(v.Decide(1, 8, true), PutMode::kDefer);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kRaw), raw + 1);
   // The per-host switch back to synchronous compression.
   o.deferred_compression = false;
   ASSERT_TRUE(v.SetOptions(o).ok());
