@@ -3,8 +3,10 @@
 // Contract (issue 15: a VM that floods slows only itself). Every ring is
 // either light (its last turn emptied it, or stopped at an entry its guest
 // waits on) or backlogged (its last turn ended with entries left and its
-// quantum spent). A round serves every light ring with entries once (up to
-// `light_quantum` entries), then gives each backlogged ring a turn of up to
+// quantum spent). A round serves every light ring once (up to
+// `light_quantum` entries; a ring with no entries too, since its drain is
+// where flush requests, guest restarts and impossible ring indices are
+// noticed), then gives each backlogged ring a turn of up to
 // `batch` entries; while any other ring is light, a backlogged turn is cut
 // into chunks of `chunk` entries and after each chunk every light ring with
 // entries is served again. Hence, for a light ring that posts an entry:
@@ -46,7 +48,7 @@ class TurnScheduler {
     virtual size_t size() const = 0;
     // True if ring `i` has entries the host has not consumed yet.
     virtual bool Pending(size_t i) = 0;
-    // Drains up to `max_entries` (>= 1) entries of ring `i`.
+    // Drains up to `max_entries` (>= 1) entries of ring `i` (maybe none).
     virtual RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries) = 0;
   };
 
