@@ -304,7 +304,7 @@ double Percent(int64_t nanos, const Usage& u) {
 }
 
 void PrintTimeRow(const std::string& label, const Usage& u) {
-  const int64_t wall_ns = static_cast<int64_t>(u.seconds * 1e9);
+  const auto wall_ns = static_cast<int64_t>(u.seconds * 1e9);
   const int64_t blocked_ns = wall_ns - u.neighbour.run_ns - u.neighbour.wait_ns;
   std::printf(
       "| %s | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f | %.2f | %.1f | %.1f "
