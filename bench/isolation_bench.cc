@@ -8,15 +8,30 @@
 // sampled every 50 ms over gRPC. Target (issue 15): ratio >= 0.8 for each
 // attack, charge <= quota + 5%, cap never exceeded.
 //
+// The simulated guests are threads of this process: on a small host they
+// compete with the neighbour and tmemd for the CPUs, which VMs with their
+// own vCPUs under a hypervisor's per-VM bound (a cgroup's cpu.max or
+// cpu.weight) would not. Each attack therefore runs twice: attackers
+// "unbounded", and attackers at SCHED_IDLE (they get a CPU only when
+// neither the neighbour nor tmemd wants it), the stand-in for that bound;
+// both rows are printed. A second table says where the neighbour's time
+// went in each window, from /proc/PID/task/TID/schedstat: its own CPU, its
+// wait for a CPU (run queue), the rest blocked on tmemd; tmemd's worker
+// CPU and run-queue wait; the worker CPU the valve charged each side; the
+// attackers' CPU and run-queue wait.
+//
 // Exit status: 1 if a guarantee broke (a mismatch, cap or quota exceeded,
 // tmemd died), never because of a ratio; the numbers are for RESULTS.md.
 //   tmem-isolation-bench --tmemd build/release/host-agent/tmemd [--smoke]
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,8 +46,111 @@ namespace {
 using std::chrono::milliseconds;
 constexpr uint64_t kMiB = 1ull << 20;
 
+// A thread's scheduler statistics (/proc/PID/task/TID/schedstat): time on a
+// CPU, time runnable but waiting for one, and how many times it ran.
+struct Sched {
+  int64_t run_ns = 0;
+  int64_t wait_ns = 0;
+  int64_t slices = 0;
+  Sched& operator+=(const Sched& o) {
+    run_ns += o.run_ns;
+    wait_ns += o.wait_ns;
+    slices += o.slices;
+    return *this;
+  }
+  Sched operator-(const Sched& o) const {
+    return {run_ns - o.run_ns, wait_ns - o.wait_ns, slices - o.slices};
+  }
+};
+
+Sched ReadSched(pid_t pid, pid_t tid) {
+  Sched s;
+  if (tid <= 0) return s;
+  std::ifstream in(absl::StrFormat("/proc/%d/task/%d/schedstat", pid, tid));
+  in >> s.run_ns >> s.wait_ns >> s.slices;
+  return in ? s : Sched{};
+}
+
+std::string ReadComm(pid_t pid, pid_t tid) {
+  std::ifstream in(absl::StrFormat("/proc/%d/task/%d/comm", pid, tid));
+  std::string comm;
+  std::getline(in, comm);
+  return comm;
+}
+
+// Everything a window is measured by, read at one moment.
+struct Snapshot {
+  std::chrono::steady_clock::time_point at;
+  uint64_t ops = 0;
+  uint64_t hits = 0;
+  Sched neighbour;  // the verified guest's thread
+  Sched attackers;  // every attacker thread, summed
+  Sched workers;    // tmemd's worker threads ("tmem-worker*"), summed
+  Sched tmemd;      // every tmemd thread, summed
+  int64_t neighbour_charged_ns = 0;  // worker CPU the valve charged the VM
+  int64_t attackers_charged_ns = 0;  // ... and the attackers' VMs, summed
+};
+
+struct Usage {
+  double seconds = 0;
+  double ops_per_s = 0;
+  double hits_per_s = 0;
+  Sched neighbour, attackers, workers, tmemd;
+  int64_t neighbour_charged_ns = 0, attackers_charged_ns = 0;
+  uint64_t ops = 0;
+};
+
+int64_t ChargedNs(const Tmemd& tmemd, const std::string& vm) {
+  absl::StatusOr<v1::VmDetail> d = tmemd.GetVm(vm);
+  return d.ok() ? static_cast<int64_t>(d->valve().cpu_used_ns()) : 0;
+}
+
+Snapshot Take(const Tmemd& tmemd, const VerifiedGuest& guest,
+              const std::vector<std::unique_ptr<RawAttacker>>& attackers,
+              const std::vector<std::string>& attacker_vms) {
+  Snapshot s;
+  s.neighbour_charged_ns = ChargedNs(tmemd, "good");
+  for (const std::string& vm : attacker_vms) {
+    s.attackers_charged_ns += ChargedNs(tmemd, vm);
+  }
+  const pid_t self = getpid();
+  s.neighbour = ReadSched(self, guest.tid());
+  for (const auto& a : attackers) s.attackers += ReadSched(self, a->tid());
+  std::error_code ec;
+  const std::string task_dir = absl::StrFormat("/proc/%d/task", tmemd.pid());
+  for (const auto& entry : std::filesystem::directory_iterator(task_dir, ec)) {
+    const pid_t tid = std::atoi(entry.path().filename().c_str());
+    const Sched t = ReadSched(tmemd.pid(), tid);
+    s.tmemd += t;
+    if (ReadComm(tmemd.pid(), tid).starts_with("tmem-worker")) s.workers += t;
+  }
+  s.ops = guest.ops();
+  s.hits = guest.hits() + guest.bulk_hits();
+  s.at = std::chrono::steady_clock::now();
+  return s;
+}
+
+Usage Between(const Snapshot& a, const Snapshot& b) {
+  Usage u;
+  u.seconds = std::chrono::duration<double>(b.at - a.at).count();
+  u.ops = b.ops - a.ops;
+  u.ops_per_s = u.seconds > 0 ? static_cast<double>(u.ops) / u.seconds : 0;
+  u.hits_per_s =
+      u.seconds > 0 ? static_cast<double>(b.hits - a.hits) / u.seconds : 0;
+  u.neighbour = b.neighbour - a.neighbour;
+  u.attackers = b.attackers - a.attackers;
+  u.workers = b.workers - a.workers;
+  u.tmemd = b.tmemd - a.tmemd;
+  u.neighbour_charged_ns = b.neighbour_charged_ns - a.neighbour_charged_ns;
+  u.attackers_charged_ns = b.attackers_charged_ns - a.attackers_charged_ns;
+  return u;
+}
+
 struct Row {
   std::string attack;
+  std::string attackers_cpu;  // "unbounded" or "SCHED_IDLE"
+  Usage alone;                // the alone window before the attack
+  Usage attacked;
   double alone_ops = 0;
   double attacked_ops = 0;
   double attacked_hits = 0;
@@ -57,32 +175,29 @@ Row Failed(std::string what) {
   return r;
 }
 
-double Rate(uint64_t count, double seconds) {
-  return seconds > 0 ? static_cast<double>(count) / seconds : 0;
+// Sleeps `ms` and measures the window.
+Usage Window(const Tmemd& tmemd, const VerifiedGuest& guest,
+             const std::vector<std::unique_ptr<RawAttacker>>& attackers,
+             const std::vector<std::string>& attacker_vms, int ms) {
+  const Snapshot a = Take(tmemd, guest, attackers, attacker_vms);
+  std::this_thread::sleep_for(milliseconds(ms));
+  return Between(a, Take(tmemd, guest, attackers, attacker_vms));
 }
 
-// Ops/s (and hits/s) of `guest` over one window.
-std::pair<double, double> Window(const VerifiedGuest& guest, int ms) {
-  const uint64_t ops0 = guest.ops();
-  const uint64_t hits0 = guest.hits() + guest.bulk_hits();
-  const auto t0 = std::chrono::steady_clock::now();
-  std::this_thread::sleep_for(milliseconds(ms));
-  const double s =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
-          .count();
-  return {Rate(guest.ops() - ops0, s),
-          Rate(guest.hits() + guest.bulk_hits() - hits0, s)};
+enum class Bound { kUnbounded, kIdle };
+const char* BoundName(Bound b) {
+  return b == Bound::kIdle ? "SCHED_IDLE" : "unbounded";
 }
 
 // One tmemd; the verified guest runs throughout; each attack in `attacks`
-// is bracketed by alone windows.
+// is run once per bound in `bounds`, each bracketed by alone windows.
 std::vector<Row> RunScenario(
     const Settings& settings, const std::string& dir, const TmemdSpec& spec_in,
     uint64_t bulk,
     const std::vector<
         std::pair<std::string, std::vector<std::pair<std::string, Attack>>>>&
         attacks,
-    const std::vector<std::string>& watched) {
+    const std::vector<std::string>& watched, const std::vector<Bound>& bounds) {
   std::vector<Row> rows;
   TmemdSpec spec = spec_in;
   spec.tmemd_bin = settings.tmemd_bin;
@@ -104,57 +219,102 @@ std::vector<Row> RunScenario(
       return {Failed("fill failed")};
     }
   }
+  const Tmemd& host = **tmemd;
   (*guest)->Start();
-  Window(**guest, settings.window_ms / 2);  // warm-up
-  double alone_before = Window(**guest, settings.window_ms).first;
+  const std::vector<std::unique_ptr<RawAttacker>> none;
+  Window(host, **guest, none, {}, settings.window_ms / 2);  // warm-up
+  Usage alone_before = Window(host, **guest, none, {}, settings.window_ms);
   for (const auto& [name, attackers_spec] : attacks) {
-    Row row;
-    row.attack = name;
-    std::vector<std::unique_ptr<RawAttacker>> attackers;
-    for (const auto& [vm, attack] : attackers_spec) {
-      auto a = RawAttacker::Connect((*tmemd)->Socket(vm), attack);
-      if (!a.ok()) {
-        row.note = a.status().ToString();
-        row.guarantees_held = false;
-        break;
+    for (const Bound bound : bounds) {
+      Row row;
+      row.attack = name;
+      row.attackers_cpu = BoundName(bound);
+      std::vector<std::unique_ptr<RawAttacker>> attackers;
+      std::vector<std::string> attacker_vms;
+      for (const auto& [vm, attack] : attackers_spec) {
+        auto a = RawAttacker::Connect(host.Socket(vm), attack);
+        if (!a.ok()) {
+          row.note = a.status().ToString();
+          row.guarantees_held = false;
+          break;
+        }
+        attackers.push_back(std::move(*a));
+        attacker_vms.push_back(vm);
       }
-      attackers.push_back(std::move(*a));
+      Sampler sampler(&host, watched);
+      sampler.Start();
+      const uint64_t mismatches0 = (*guest)->mismatches();
+      for (auto& a : attackers) a->Start(bound == Bound::kIdle);
+      // Let the attack ramp up.
+      Window(host, **guest, attackers, attacker_vms, settings.window_ms / 4);
+      row.attacked =
+          Window(host, **guest, attackers, attacker_vms, settings.window_ms);
+      for (auto& a : attackers) {
+        a->Stop();
+        row.attack_entries += a->completed();
+        if (a->idle_failed()) row.note += "SCHED_IDLE refused; ";
+      }
+      const SampleSummary s = sampler.Stop();
+      // Let the host drain.
+      Window(host, **guest, none, {}, settings.window_ms / 4);
+      const Usage alone_after =
+          Window(host, **guest, none, {}, settings.window_ms);
+      row.alone = alone_before;
+      row.alone_ops = (alone_before.ops_per_s + alone_after.ops_per_s) / 2;
+      row.attacked_ops = row.attacked.ops_per_s;
+      row.attacked_hits = row.attacked.hits_per_s;
+      row.max_quota_ratio = s.max_quota_ratio;
+      row.max_cap_ratio = s.cap_bytes == 0
+                              ? 0
+                              : static_cast<double>(s.max_used_bytes) /
+                                    static_cast<double>(s.cap_bytes);
+      row.mismatches = (*guest)->mismatches() - mismatches0;
+      if (row.mismatches > 0 || s.cap_exceeded > 0 || s.quota_exceeded > 0 ||
+          row.attacked.hits_per_s == 0 || !host.Alive()) {
+        row.guarantees_held = false;
+      }
+      for (const std::string& v : s.violations) row.note += v + "; ";
+      rows.push_back(row);
+      alone_before = alone_after;
     }
-    Sampler sampler(tmemd->get(), watched);
-    sampler.Start();
-    const uint64_t mismatches0 = (*guest)->mismatches();
-    for (auto& a : attackers) a->Start();
-    Window(**guest, settings.window_ms / 4);  // let the attack ramp up
-    const auto [ops, hits] = Window(**guest, settings.window_ms);
-    for (auto& a : attackers) {
-      a->Stop();
-      row.attack_entries += a->completed();
-    }
-    const SampleSummary s = sampler.Stop();
-    Window(**guest, settings.window_ms / 4);  // let the host drain
-    const double alone_after = Window(**guest, settings.window_ms).first;
-    row.alone_ops = (alone_before + alone_after) / 2;
-    row.attacked_ops = ops;
-    row.attacked_hits = hits;
-    row.max_quota_ratio = s.max_quota_ratio;
-    row.max_cap_ratio = s.cap_bytes == 0
-                            ? 0
-                            : static_cast<double>(s.max_used_bytes) /
-                                  static_cast<double>(s.cap_bytes);
-    row.mismatches = (*guest)->mismatches() - mismatches0;
-    if (row.mismatches > 0 || s.cap_exceeded > 0 || s.quota_exceeded > 0 ||
-        hits == 0 || !(*tmemd)->Alive()) {
-      row.guarantees_held = false;
-    }
-    for (const std::string& v : s.violations) row.note += v + "; ";
-    rows.push_back(row);
-    alone_before = alone_after;
   }
   (*guest)->Stop();
   if ((*tmemd)->Stop() != 0) {
     rows.push_back(Failed("tmemd exit: " + (*tmemd)->Log()));
   }
   return rows;
+}
+
+double LoadAverage() {
+  double load = -1;
+  std::ifstream in("/proc/loadavg");
+  in >> load;
+  return load;
+}
+
+// Microseconds per neighbour op of `nanos`.
+double PerOp(int64_t nanos, const Usage& u) {
+  return u.ops == 0
+             ? 0
+             : static_cast<double>(nanos) / 1e3 / static_cast<double>(u.ops);
+}
+// Share of the window's wall time (100 = one CPU).
+double Percent(int64_t nanos, const Usage& u) {
+  return u.seconds <= 0 ? 0 : static_cast<double>(nanos) / 1e7 / u.seconds;
+}
+
+void PrintTimeRow(const std::string& label, const Usage& u) {
+  const auto wall_ns = static_cast<int64_t>(u.seconds * 1e9);
+  const int64_t blocked_ns = wall_ns - u.neighbour.run_ns - u.neighbour.wait_ns;
+  std::printf(
+      "| %s | %.2f | %.2f | %.2f | %.2f | %.0f / %.0f | %.2f | %.1f | %.1f "
+      "| %.1f | %.1f |\n",
+      label.c_str(), PerOp(wall_ns, u), PerOp(u.neighbour.run_ns, u),
+      PerOp(u.neighbour.wait_ns, u), PerOp(blocked_ns, u),
+      Percent(u.workers.run_ns, u), Percent(u.workers.wait_ns, u),
+      PerOp(u.neighbour_charged_ns, u), Percent(u.attackers_charged_ns, u),
+      Percent(u.attackers.run_ns, u), Percent(u.attackers.wait_ns, u),
+      Percent(u.tmemd.run_ns, u));
 }
 
 int Main(int argc, char** argv) {
@@ -169,6 +329,13 @@ int Main(int argc, char** argv) {
                  "objects the neighbour holds during the pool storms")
       ->check(CLI::Range(uint64_t{1}, uint64_t{10'000'000}));
   app.add_flag("--smoke", smoke, "tiny run: 20k objects, 400 ms windows");
+  std::string attackers_cpu = "both";
+  app.add_option("--attackers-cpu", attackers_cpu,
+                 "the attacker threads' CPU: unbounded (compete with the "
+                 "neighbour and tmemd for the host's CPUs), idle "
+                 "(SCHED_IDLE: the stand-in for a hypervisor's per-VM CPU "
+                 "bound) or both (each attack twice)")
+      ->check(CLI::IsMember({"unbounded", "idle", "both"}));
   std::string only;
   app.add_option("--only", only,
                  "run only the scenarios whose name contains this "
@@ -178,6 +345,10 @@ int Main(int argc, char** argv) {
     settings.window_ms = 400;
     settings.bulk_objects = 20'000;
   }
+  std::vector<Bound> bounds;
+  if (attackers_cpu != "idle") bounds.push_back(Bound::kUnbounded);
+  if (attackers_cpu != "unbounded") bounds.push_back(Bound::kIdle);
+  const double load_before = LoadAverage();
   char tmpl[] = "/tmp/tmem-isolation-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("mkdtemp");
@@ -191,7 +362,8 @@ int Main(int argc, char** argv) {
     const std::string dir = root + "/" + sub;
     std::filesystem::create_directories(dir);
     std::filesystem::permissions(dir, std::filesystem::perms::owner_all);
-    for (Row& r : RunScenario(settings, dir, spec, bulk, attacks, watched)) {
+    for (Row& r :
+         RunScenario(settings, dir, spec, bulk, attacks, watched, bounds)) {
       rows.push_back(std::move(r));
     }
   };
@@ -240,18 +412,21 @@ int Main(int argc, char** argv) {
   std::error_code ec;
   std::filesystem::remove_all(root, ec);
 
+  std::printf("load average (1 min) %.2f before, %.2f after\n\n", load_before,
+              LoadAverage());
   std::printf(
-      "| attack | alone ops/s | attacked ops/s | ratio (target >= 0.8) | "
-      "hits/s attacked | attack entries | max charge/quota | max used/cap | "
-      "mismatches |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- "
-      "|\n");
+      "| attack | attackers' CPU | alone ops/s | attacked ops/s | ratio "
+      "(target >= 0.8) | hits/s attacked | attack entries | max "
+      "charge/quota | max used/cap | mismatches |\n| --- | --- | --- | --- "
+      "| --- | --- | --- | --- | --- | --- |\n");
   bool ok = true;
   for (const Row& r : rows) {
     const double ratio = r.alone_ops > 0 ? r.attacked_ops / r.alone_ops : 0;
     std::printf(
-        "| %s | %.0f | %.0f | %.2f | %.0f | %llu | %s | %.3f | %llu "
+        "| %s | %s | %.0f | %.0f | %.2f | %.0f | %llu | %s | %.3f | %llu "
         "|%s\n",
-        r.attack.c_str(), r.alone_ops, r.attacked_ops, ratio, r.attacked_hits,
+        r.attack.c_str(), r.attackers_cpu.c_str(), r.alone_ops, r.attacked_ops,
+        ratio, r.attacked_hits,
         static_cast<unsigned long long>(r.attack_entries),
         r.max_quota_ratio > 0
             ? absl::StrFormat("%.3f", r.max_quota_ratio).c_str()
@@ -259,6 +434,24 @@ int Main(int argc, char** argv) {
         r.max_cap_ratio, static_cast<unsigned long long>(r.mismatches),
         r.guarantees_held ? "" : (" GUARANTEE BROKEN " + r.note).c_str());
     ok = ok && r.guarantees_held;
+  }
+  // Where the neighbour's time goes: per neighbour op, its thread on a
+  // CPU (work and spin), runnable but waiting for a CPU, and blocked
+  // (asleep on its completion interrupt); tmemd's worker threads' CPU and
+  // run-queue wait; what the valve charged each side for worker time; the
+  // attacker threads' own CPU and wait.
+  std::printf(
+      "\n| window | neighbour us/op | its CPU us/op | its run-queue wait "
+      "us/op | its blocked us/op | worker CPU %% / run-queue wait %% | "
+      "worker time charged to the neighbour us/op | charged to the "
+      "attackers %% | attackers' CPU %% | attackers' run-queue wait %% | "
+      "tmemd CPU %% |\n| --- | --- | --- | --- | --- | --- | --- | --- | "
+      "--- | --- | --- |\n");
+  for (const Row& r : rows) {
+    if (r.alone.seconds > 0) PrintTimeRow(r.attack + ": alone", r.alone);
+    if (r.attacked.seconds > 0) {
+      PrintTimeRow(r.attack + ": attacked, " + r.attackers_cpu, r.attacked);
+    }
   }
   return ok ? 0 : 1;
 }

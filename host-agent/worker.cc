@@ -1,5 +1,6 @@
 #include "host-agent/worker.h"
 
+#include <pthread.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -24,10 +25,20 @@ int64_t NowMicros() {
       .count();
 }
 
+int64_t ThreadCpuNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
 }  // namespace
 
 Worker::Worker(const WorkerOptions& options)
-    : options_(options), poll_us_(options.poll_us) {}
+    : options_(options),
+      poll_us_(options.poll_us),
+      turns_(TurnOptions{.batch = options.batch,
+                         .chunk = options.chunk,
+                         .light_quantum = options.light_quantum}) {}
 
 Worker::~Worker() {
   Stop();
@@ -154,17 +165,89 @@ void Worker::ApplyCommands() {
   cv_.notify_all();
 }
 
-namespace {
-int64_t ThreadCpuNanos() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-}  // namespace
+// The worker's connected rings as the TurnScheduler sees them. Serving a
+// ring drains it, sends the guest's interrupt, and charges the VM the
+// worker CPU it used: the clock is read only when the worker moves from
+// one VM's ring to another's, so a backlogged VM served in chunks pays
+// no clock reads while nobody else has work.
+class Worker::ActiveRings : public TurnScheduler::Rings {
+ public:
+  ActiveRings(Worker* worker, const std::vector<Channel*>& rung)
+      : worker_(worker), rung_(rung) {}
+  ~ActiveRings() override { ChargeTo(nullptr); }
+  ActiveRings(const ActiveRings&) = delete;
+  ActiveRings& operator=(const ActiveRings&) = delete;
 
-bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
-  bool work = false;
-  *more = false;
+  size_t size() const override { return worker_->active_.size(); }
+  bool Pending(size_t i) override {
+    return worker_->active_[i]->consumer().Pending() > 0;
+  }
+  RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries) override;
+
+ private:
+  // The CPU since the last switch goes to the VM that used it.
+  void ChargeTo(Channel* next);
+
+  Worker* const worker_;
+  const std::vector<Channel*>& rung_;
+  Channel* charging_ = nullptr;
+  int64_t charging_since_ns_ = 0;
+};
+
+void Worker::ActiveRings::ChargeTo(Channel* next) {
+  if (next == charging_) return;
+  const int64_t now = ThreadCpuNanos();
+  if (charging_ != nullptr && charging_->advisor() != nullptr) {
+    // The valve's CPU accounting: what this VM's entries really cost, its
+    // completion interrupts included (an eventfd write per get a sleeping
+    // guest waits on).
+    charging_->advisor()->ChargeCpu(charging_->vm(), now - charging_since_ns_);
+  }
+  charging_ = next;
+  charging_since_ns_ = now;
+}
+
+RingConsumer::DrainResult Worker::ActiveRings::Serve(size_t i,
+                                                     uint32_t max_entries) {
+  Channel* ch = worker_->active_[i];
+  // A ring with no entries costs a few header loads: not worth the clock
+  // reads of a switch (the previous VM, if any, is charged for them).
+  if (ch->consumer().Pending() > 0) ChargeTo(ch);
+  const RingConsumer::DrainResult r = ch->consumer().Drain(max_entries);
+  if (r.interrupt) {
+    // NotifyGuest counts what it really sent (kInterruptsSent).
+    ch->server().NotifyGuest(TMEM_VEC_COMPLETE);
+  }
+  if (r.consumed > 0 && worker_->served_[i] == 0) {
+    worker_->served_[i] = 1;
+    ch->NoteServed();
+    // Work found without this guest ringing: what polling saves (once
+    // per round, however many chunks the round took).
+    if (std::find(rung_.begin(), rung_.end(), ch) == rung_.end()) {
+      ch->metrics().Inc(ChannelCounter::kPollRounds);
+    }
+  }
+  if (r.reset) {
+    // A hostile guest can reset its channel thousands of times a second;
+    // the counter has every one, the log one line per second per VM.
+    ResetLogState& state = worker_->reset_log_[ch];
+    const int64_t now = NowMicros();
+    if (now - state.last_log_us >= 1000000) {
+      Log(LogLevel::kWarn, "channel_reset",
+          {{"vm", ch->name()},
+           {"reason", "corrupt ring indices"},
+           {"suppressed_since_last", state.suppressed}});
+      state.last_log_us = now;
+      state.suppressed = 0;
+    } else {
+      ++state.suppressed;
+    }
+  }
+  return r;
+}
+
+bool Worker::DrainAll(const std::vector<Channel*>& rung) {
+  active_.clear();
   for (Channel* ch : channels_) {
     if (!ch->server().connected()) continue;
     if (ch->region().IsForeign()) {
@@ -182,45 +265,16 @@ bool Worker::DrainAll(const std::vector<Channel*>& rung, bool* more) {
       continue;
     }
     ch->PublishAdmissionHint();
-    PutAdvisor* advisor = ch->advisor();
-    const bool measure = advisor != nullptr && ch->consumer().Pending() > 0;
-    const int64_t cpu0 = measure ? ThreadCpuNanos() : 0;
-    const RingConsumer::DrainResult r = ch->consumer().Drain(options_.batch);
-    if (r.interrupt) {
-      // NotifyGuest counts what it really sent (kInterruptsSent).
-      ch->server().NotifyGuest(TMEM_VEC_COMPLETE);
-    }
-    // The valve's CPU accounting: what this VM's batch really cost, its
-    // completion interrupt included (an eventfd write per get a sleeping
-    // guest waits on), two clock reads per batch rather than per entry.
-    if (measure) advisor->ChargeCpu(ch->vm(), ThreadCpuNanos() - cpu0);
-    if (r.consumed > 0) {
-      work = true;
-      ch->NoteServed();
-      // Work found without this guest ringing: what polling saves.
-      if (std::find(rung.begin(), rung.end(), ch) == rung.end()) {
-        ch->metrics().Inc(ChannelCounter::kPollRounds);
-      }
-    }
-    if (r.more) *more = true;
-    if (r.reset) {
-      // A hostile guest can reset its channel thousands of times a second;
-      // the counter has every one, the log one line per second per VM.
-      ResetLogState& state = reset_log_[ch];
-      const int64_t now = NowMicros();
-      if (now - state.last_log_us >= 1000000) {
-        Log(LogLevel::kWarn, "channel_reset",
-            {{"vm", ch->name()},
-             {"reason", "corrupt ring indices"},
-             {"suppressed_since_last", state.suppressed}});
-        state.last_log_us = now;
-        state.suppressed = 0;
-      } else {
-        ++state.suppressed;
-      }
-    }
+    active_.push_back(ch);
   }
-  return work;
+  if (active_ != last_active_) {
+    // Ring indices name other channels now.
+    turns_.Forget();
+    last_active_ = active_;
+  }
+  served_.assign(active_.size(), 0);
+  ActiveRings rings(this, rung);
+  return turns_.Round(rings) > 0;
 }
 
 bool Worker::SetNeedsDoorbell(bool needs) {
@@ -243,6 +297,9 @@ bool Worker::SetNeedsDoorbell(bool needs) {
 }
 
 void Worker::Loop() {
+  // Named so that per-thread CPU and scheduling figures (top -H, /proc,
+  // tmem-isolation-bench) tell the data plane from gRPC and other threads.
+  pthread_setname_np(pthread_self(), "tmem-worker");
   running_ = true;
   std::vector<epoll_event> events(64);
   int64_t last_work_us = 0;
@@ -315,8 +372,7 @@ void Worker::Loop() {
       }
     }
     if (!running_) break;
-    bool more = false;
-    const bool work = DrainAll(rung, &more);
+    const bool work = DrainAll(rung);
     const int64_t now = NowMicros();
     if (work) {
       last_work_us = now;

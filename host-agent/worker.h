@@ -2,13 +2,15 @@
 //
 // One epoll loop watches each channel's listening socket, attached client
 // and doorbell eventfds. It drains submission rings in batches (per VM, in
-// ring order), raises the guest's completion interrupt only when a completed
-// entry asked for one, and polls adaptively: after finding work it keeps
-// polling the rings for `poll_us` with TMEM_HOST_NEEDS_DOORBELL cleared, so
-// a busy guest posts puts without a doorbell (a VM exit) each; when idle it
-// sets the flag, fences, re-checks the rings (see the Dekker note in
-// proto/tmem_abi.h) and sleeps. A short timer re-checks every ring anyway,
-// so a guest that forgets a doorbell is slow, never stuck.
+// ring order; which VM next is the TurnScheduler's: a VM with a backlog
+// cannot keep a light VM's entries waiting), raises the guest's completion
+// interrupt only when a completed entry asked for one, and polls adaptively:
+// after finding work it keeps polling the rings for `poll_us` with
+// TMEM_HOST_NEEDS_DOORBELL cleared, so a busy guest posts puts without a
+// doorbell (a VM exit) each; when idle it sets the flag, fences, re-checks the
+// rings (see the Dekker note in proto/tmem_abi.h) and sleeps. A short timer
+// re-checks every ring anyway, so a guest that forgets a doorbell is slow,
+// never stuck.
 //
 // Thread-safety: AddChannel/RemoveChannel/Stop may be called from any
 // thread; everything else runs on the worker thread.
@@ -25,13 +27,18 @@
 
 #include "absl/status/status.h"
 #include "host-agent/channel/channel.h"
+#include "host-agent/turn_scheduler.h"
 
 namespace tmem {
 
 struct WorkerOptions {
   int poll_us = 50;        // keep polling this long after the last work
-  uint32_t batch = 64;     // SQEs per channel per round (fairness)
+  uint32_t batch = 64;     // SQEs per backlogged channel per round
   int idle_check_ms = 10;  // timer re-check while asleep
+  // See TurnScheduler: a backlogged channel's entries between looks at
+  // the light ones, and a light channel's entries per look.
+  uint32_t chunk = 1;
+  uint32_t light_quantum = 8;
 };
 
 class Worker {
@@ -73,9 +80,10 @@ class Worker {
   void Unregister(int fd);
   void Attach(Channel* channel);
   void Detach(Channel* channel);
-  // Drains every connected channel once; true if any SQE was consumed.
-  // `rung`: channels whose doorbell fired this round.
-  bool DrainAll(const std::vector<Channel*>& rung, bool* more);
+  class ActiveRings;
+  // One TurnScheduler round over the connected channels; true if any SQE
+  // was consumed. `rung`: channels whose doorbell fired this round.
+  bool DrainAll(const std::vector<Channel*>& rung);
   // Sets or clears TMEM_HOST_NEEDS_DOORBELL on every connected channel;
   // when setting, returns true if a ring turned out to have work after all.
   bool SetNeedsDoorbell(bool needs);
@@ -105,6 +113,10 @@ class Worker {
     uint64_t suppressed = 0;
   };
   std::unordered_map<Channel*, ResetLogState> reset_log_;
+  TurnScheduler turns_;
+  std::vector<Channel*> active_;       // this round's connected channels
+  std::vector<Channel*> last_active_;  // the previous round's
+  std::vector<uint8_t> served_;        // per active_ index, this round
 };
 
 }  // namespace tmem

@@ -2,6 +2,8 @@
 
 #include <grpcpp/grpcpp.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -271,6 +273,7 @@ bool VerifiedGuest::Verify(const char* what, uint64_t key, const uint8_t* got,
 }
 
 void VerifiedGuest::Loop() {
+  tid_.store(gettid(), std::memory_order_release);
   std::mt19937_64 rng(0x5eed);
   alignas(64) uint8_t got[TMEM_PAGE_SIZE];
   alignas(64) uint8_t want[TMEM_PAGE_SIZE];
@@ -512,9 +515,20 @@ tmem_sqe RawAttacker::NextEntry() {
   return sqe;
 }
 
-void RawAttacker::Start() {
+void RawAttacker::Start(bool sched_idle) {
   stop_.store(false);
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this, sched_idle] {
+    if (sched_idle) {
+      // Allowed unprivileged (lowering one's own priority); a failure only
+      // leaves the attacker unbounded, which the bench reports per row.
+      sched_param param{};
+      if (pthread_setschedparam(pthread_self(), SCHED_IDLE, &param) != 0) {
+        idle_failed_.store(true, std::memory_order_relaxed);
+      }
+    }
+    tid_.store(gettid(), std::memory_order_release);
+    Loop();
+  });
 }
 
 void RawAttacker::Stop() {

@@ -17,6 +17,8 @@
 #ifndef TMEMD_TESTS_HOSTILE_HOSTILE_HARNESS_H_
 #define TMEMD_TESTS_HOSTILE_HOSTILE_HARNESS_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <memory>
@@ -66,6 +68,7 @@ class Tmemd {
   absl::StatusOr<v1::VmDetail> GetVm(const std::string& vm) const;
   bool Alive() const;
   std::string Log() const { return process_->Log(); }
+  pid_t pid() const { return process_->pid(); }
   // SIGTERM and wait; the exit code (-1 if it did not exit in time).
   int Stop();
 
@@ -126,6 +129,9 @@ class VerifiedGuest {
   uint64_t mismatches() const {
     return mismatches_.load(std::memory_order_relaxed);
   }
+  // The kernel thread id of the guest's loop once started (0 before), for
+  // reading its scheduler statistics in /proc.
+  pid_t tid() const { return tid_.load(std::memory_order_acquire); }
   // After Stop: the first mismatches, described, and the guest counters.
   std::vector<std::string> mismatch_log() const;
   GuestCounters counters() const;
@@ -148,6 +154,7 @@ class VerifiedGuest {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> ops_{0}, gets_{0}, hits_{0}, bulk_hits_{0},
       mismatches_{0};
+  std::atomic<pid_t> tid_{0};
   mutable std::mutex log_mu_;
   std::vector<std::string> mismatch_log_;  // guarded by log_mu_
   GuestCounters final_counters_;           // guarded by log_mu_
@@ -172,8 +179,20 @@ class RawAttacker {
   RawAttacker(const RawAttacker&) = delete;
   RawAttacker& operator=(const RawAttacker&) = delete;
 
-  void Start();
+  // `sched_idle`: the attacker's thread runs at SCHED_IDLE, so it gets a
+  // CPU only when the neighbour and tmemd leave one free. The isolation
+  // benchmark's stand-in for a hypervisor bounding each VM's vCPUs (a
+  // cgroup's cpu.max / cpu.weight): on a 2-CPU test host the simulated
+  // guests otherwise compete with the neighbour and tmemd for the CPUs,
+  // which real VMs with their own vCPUs would not.
+  void Start(bool sched_idle = false);
   void Stop();
+  // The kernel thread id of the attacker's loop once started (0 before).
+  pid_t tid() const { return tid_.load(std::memory_order_acquire); }
+  // Start(true) could not lower the thread to SCHED_IDLE.
+  bool idle_failed() const {
+    return idle_failed_.load(std::memory_order_relaxed);
+  }
   // Entries the host completed: OK, any error status, of which
   // TMEM_ERR_DROPPED (puts not stored).
   uint64_t completed() const {
@@ -204,6 +223,8 @@ class RawAttacker {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> completed_{0}, errors_{0}, dropped_{0};
+  std::atomic<pid_t> tid_{0};
+  std::atomic<bool> idle_failed_{false};
 };
 
 // Samples tmemd every `interval_ms` while running: host memory against the
