@@ -72,7 +72,7 @@
 // the floor rows.
 //
 // Exit status 0 whether or not targets are met (misses are listed under the
-// table); 2 for bad arguments or a setup failure.
+// table); 2 for a bad flag (refused with its name) or a setup failure.
 #include <dirent.h>
 #include <lz4.h>
 #include <poll.h>
@@ -83,6 +83,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -95,7 +96,6 @@
 #include <functional>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -1577,101 +1577,63 @@ struct Flags {
   RingBenchOptions options;
 };
 
-void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: tmem_ring_bench [--markdown FILE] [--csv FILE] [--rounds N]\n"
-      "         [--corpus_pages N] [--latency_batches N] [--gap_us N]\n"
-      "         [--extra_seconds S] [--sections put1,put4,get_poll,get_irq]\n"
-      "         [--debug_rounds]\n");
-}
-
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('=');
-        eq != std::string::npos && arg.rfind("--", 0) == 0) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    auto to_number = [&](unsigned long long* dst, unsigned long long min,
-                         unsigned long long max) {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-      if (end == value.c_str() || *end != '\0' || errno != 0 || v < min ||
-          v > max) {
-        return false;
-      }
-      *dst = v;
-      return true;
-    };
-    unsigned long long n = 0;
-    if (arg == "--markdown") {
-      if (!take_value()) return false;
-      flags->markdown = value;
-    } else if (arg == "--csv") {
-      if (!take_value()) return false;
-      flags->csv = value;
-    } else if (arg == "--rounds") {
-      if (!take_value() || !to_number(&n, 1, 10000)) return false;
-      flags->options.rounds = static_cast<int>(n);
-    } else if (arg == "--corpus_pages") {
-      if (!take_value() || !to_number(&n, 64, 1 << 20)) return false;
-      flags->corpus_pages = n;
-    } else if (arg == "--latency_batches") {
-      if (!take_value() || !to_number(&n, 1, 1000)) return false;
-      flags->options.latency_batches = static_cast<int>(n);
-    } else if (arg == "--gap_us") {
-      if (!take_value() || !to_number(&n, 0, 1000000)) return false;
-      flags->options.gap = std::chrono::microseconds(n);
-    } else if (arg == "--extra_seconds") {
-      if (!take_value() || !to_number(&n, 0, 3600)) return false;
-      flags->options.extra_seconds = static_cast<double>(n);
-    } else if (arg == "--debug_rounds") {
-      flags->options.debug_rounds = true;
-      g_debug_passes = true;
-    } else if (arg == "--sections") {
-      if (!take_value()) return false;
-      std::set<std::string> sections;
-      std::stringstream in(value);
-      for (std::string s; std::getline(in, s, ',');) {
-        if (s != "put1" && s != "put4" && s != "get_poll" && s != "get_irq") {
-          std::fprintf(stderr, "unknown section %s\n", s.c_str());
-          return false;
-        }
-        sections.insert(s);
-      }
-      if (sections.empty()) return false;
-      flags->options.sections = sections;
-    } else {
-      if (arg != "--help" && arg != "-h") {
-        std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      }
-      return false;
-    }
+// False (CLI11 has printed why, naming the flag, or the help) unless the
+// flags are good; *exit_code is then what main returns.
+bool ParseFlags(int argc, char** argv, Flags* flags, int* exit_code) {
+  RingBenchOptions& o = flags->options;
+  CLI::App app{
+      "tmem_ring_bench: tmemd's data plane (rings, worker, guest library) "
+      "against the same puts and gets on the store in-process, in "
+      "interleaved rounds"};
+  app.add_option("--markdown", flags->markdown, "write the table here (.md)");
+  app.add_option("--csv", flags->csv, "write the table here (.csv)");
+  app.add_option("--rounds", o.rounds, "undisturbed rounds wanted per section")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--corpus_pages", flags->corpus_pages,
+                 "corpus pages per file category")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 20));
+  app.add_option("--latency_batches", o.latency_batches,
+                 "get batches per side per latency round")
+      ->check(CLI::Range(1, 1000));
+  int64_t gap_us = o.gap.count();
+  app.add_option("--gap_us", gap_us,
+                 "asleep-worker gets: untimed pause before each get (us)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  app.add_option("--extra_seconds", o.extra_seconds,
+                 "per section, how long rounds may continue past --rounds "
+                 "waiting for undisturbed ones")
+      ->check(CLI::Range(0.0, 3600.0));
+  std::vector<std::string> sections(o.sections.begin(), o.sections.end());
+  app.add_option("--sections", sections, "put1,put4,get_poll,get_irq")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"put1", "put4", "get_poll", "get_irq"}));
+  app.add_flag("--debug_rounds", o.debug_rounds, "one stderr line per round");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    *exit_code = rc == 0 ? 0 : 2;
+    return false;
   }
+  if (sections.empty()) {
+    std::fprintf(stderr, "--sections: no section named\n");
+    *exit_code = 2;
+    return false;
+  }
+  o.gap = std::chrono::microseconds(gap_us);
+  o.sections = std::set<std::string>(sections.begin(), sections.end());
+  g_debug_passes = o.debug_rounds;
   return true;
 }
 
 }  // namespace
 }  // namespace tmem::bench
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace tmem::bench;
   Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) {
-    Usage();
-    return 2;
+  if (int exit_code = 0; !ParseFlags(argc, argv, &flags, &exit_code)) {
+    return exit_code;
   }
   // As tmemd: a guest that vanishes mid-handshake must not kill the host.
   signal(SIGPIPE, SIG_IGN);
@@ -1686,4 +1648,8 @@ int main(int argc, char** argv) {
   const PageCorpus corpus = PageCorpus::Build(corpus_options);
   EmitTable(RunRingBench(corpus, flags.options), flags.markdown, flags.csv);
   return 0;
+} catch (const std::exception& e) {
+  // Nothing here throws on purpose; a library might (std::bad_alloc).
+  std::fprintf(stderr, "tmem_ring_bench: %s\n", e.what());
+  return 2;
 }
