@@ -4,9 +4,13 @@
 // TSan cannot see absl::Mutex's lock/unlock and would report every guarded
 // field as a race. The std locks are pthread locks, which TSan intercepts;
 // the annotations keep clang's -Wthread-safety checks (ABSL_GUARDED_BY etc.).
+// CondVar waits on a Mutex (a std::condition_variable underneath), so the
+// fields a waiter checks stay annotated too.
 #ifndef TMEMD_BACKEND_MUTEX_H_
 #define TMEMD_BACKEND_MUTEX_H_
 
+#include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <shared_mutex>
 
@@ -18,8 +22,12 @@ class ABSL_LOCKABLE Mutex {
  public:
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION() { mu_.lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION() { mu_.unlock(); }
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    return mu_.try_lock();
+  }
 
  private:
+  friend class CondVar;
   std::mutex mu_;
 };
 
@@ -63,6 +71,35 @@ class ABSL_SCOPED_LOCKABLE ReaderMutexLock {
 
  private:
   SharedMutex* const mu_;
+};
+
+// A condition variable for Mutex. Write waits as loops over the guarded
+// condition, `while (!ready_) cv_.Wait(&mu_);`: clang's analysis does not
+// know that a predicate lambda runs with the lock held, a loop it checks.
+class CondVar {
+ public:
+  // Releases `mu` while asleep; holds it again on return (maybe spuriously).
+  void Wait(Mutex* mu) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    cv_.wait(lock);
+    lock.release();  // still held: the caller's scope unlocks it
+  }
+  // As Wait; false once `deadline` has passed.
+  template <typename Clock, typename Duration>
+  bool WaitUntil(Mutex* mu,
+                 const std::chrono::time_point<Clock, Duration>& deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    std::unique_lock<std::mutex> lock(mu->mu_, std::adopt_lock);
+    const bool woken =
+        cv_.wait_until(lock, deadline) == std::cv_status::no_timeout;
+    lock.release();
+    return woken;
+  }
+  void NotifyOne() { cv_.notify_one(); }
+  void NotifyAll() { cv_.notify_all(); }
+
+ private:
+  std::condition_variable cv_;
 };
 
 }  // namespace tmem

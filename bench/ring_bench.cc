@@ -7,7 +7,7 @@
 //                   [--extra_seconds S] [--sections put1,put4,get_poll,get_irq]
 //                   [--debug_rounds]
 //
-// What is compared (targets: ../shared/design/facts.md):
+// What is compared (targets: SPECIFICATION.md, "Data plane"):
 //  1. Put throughput. The ring side is tmemd's real components in this
 //     process: one TmemStore, one Channel per guest (Channel::Create: sealed
 //     memfd region, ivshmem server on a UNIX socket in a temp dir), one
@@ -58,8 +58,21 @@
 // guest's) with none of tmemd's code, so the table shows how much of a ring
 // get is this machine rather than tmemd.
 //
+// Targets, each judged against a baseline measured in the same rounds:
+//  * put, 1 guest: ring throughput >= 0.8x in-process, and tmemd's CPU per
+//    ring put (the worker thread's) <= 1.25x an in-process put's;
+//  * get p99, worker polling: < 3x the in-process get's p99;
+//  * get p99, worker asleep (doorbell + interrupt): <= 1.5x the p99 of the
+//    bare eventfd round trip (the machine floor row whose threads the
+//    scheduler places, as it places the ring's).
+// The rest is informational (printed, no verdict): the 4-guest put rows
+// (on two CPUs the guests' page copies share the CPUs with the workers,
+// which no host-side change removes), the p50 rows, the asleep get against
+// the in-process get (the bare eventfd round trip alone is ~9x that), and
+// the floor rows.
+//
 // Exit status 0 whether or not targets are met (misses are listed under the
-// table); 2 for bad arguments or a setup failure.
+// table); 2 for a bad flag (refused with its name) or a setup failure.
 #include <dirent.h>
 #include <lz4.h>
 #include <poll.h>
@@ -70,6 +83,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -82,7 +96,6 @@
 #include <functional>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -108,9 +121,11 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Targets (design figures).
+// Targets (SPECIFICATION.md, "Data plane").
 inline constexpr double kTargetRingPutOverInProcess = 0.8;
-inline constexpr double kTargetRingGetP99OverInProcess = 3.0;
+inline constexpr double kTargetWorkerCpuPerPutOverInProcess = 1.25;
+inline constexpr double kTargetPollingGetP99OverInProcess = 3.0;
+inline constexpr double kTargetAsleepGetP99OverFloor = 1.5;
 
 // The polling variant: the worker keeps polling this long after the last
 // work, i.e. throughout the run.
@@ -955,20 +970,22 @@ void RunPutOneGuest(const PageSet& mix, const RingBenchOptions& o,
            Fmt("; ring full before %.0f%% of puts (host-bound)", 100 * full) +
            warnings},
       r));
-  table.rows.push_back(
+  table.rows.push_back(Judged(
       {"put CPU per page: tmemd worker thread / in-process put",
        SetLabel("mix", mix),
        Percentile(r.Pick(ring.store_cpu_ns_per_page), 0.5),
        Percentile(r.Pick(local.store_cpu_ns_per_page), 0.5), "ns/page",
-       store_cpu.used.median, "x", Goal::kInfo, 0,
-       Fmt("median of %zu paired rounds, IQR %.3f-%.3f; the worker's CPU "
-           "(schedstat) per page: the host's whole cost of a ring put (slot "
-           "copy, ring, compression, store); all threads incl. the guest, "
-           "which spins while it waits for room: ring %.0f, in-process %.0f "
-           "ns/page",
-           r.used.size(), store_cpu.used.p25, store_cpu.used.p75,
-           Percentile(r.Pick(ring.cpu_ns_per_page), 0.5),
-           Percentile(r.Pick(local.cpu_ns_per_page), 0.5))});
+       store_cpu.used.median, "x", Goal::kAtMost,
+       kTargetWorkerCpuPerPutOverInProcess,
+       Fmt("median of %zu paired rounds, IQR %.3f-%.3f, all %d rounds %.3f; "
+           "the worker's CPU (schedstat) per page: the host's whole cost of "
+           "a ring put (slot copy, ring, compression, store); all threads "
+           "incl. the guest, which spins while it waits for room: ring %.0f, "
+           "in-process %.0f ns/page",
+           r.used.size(), store_cpu.used.p25, store_cpu.used.p75, r.count(),
+           store_cpu.all, Percentile(r.Pick(ring.cpu_ns_per_page), 0.5),
+           Percentile(r.Pick(local.cpu_ns_per_page), 0.5))},
+      r));
 }
 
 void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
@@ -1042,11 +1059,13 @@ void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
   const std::string warnings = RingPutWarnings(h, sent0 + total) +
                                LocalPutWarnings(local4_cur) +
                                LocalPutWarnings(local1_cur);
-  table.rows.push_back(Judged(
+  // Informational: on two CPUs the guests' page copies share the CPUs
+  // with the workers, so this measures the machine as much as tmemd.
+  table.rows.push_back(
       {"put throughput: ring, 4 guests / in-process, 4 threads",
        SetLabel("mix", mix), Percentile(r.Pick(ring.rate), 0.5) / 1e3,
        Percentile(r.Pick(local4.rate), 0.5) / 1e3, "kpages/s", vs4.used.median,
-       "x", Goal::kAtLeast, kTargetRingPutOverInProcess,
+       "x", Goal::kInfo, 0,
        Fmt("median of %zu paired rounds, IQR %.3f-%.3f, all %d rounds %.3f; ",
            r.used.size(), vs4.used.p25, vs4.used.p75, r.count(), vs4.all) +
            r.Describe() +
@@ -1064,8 +1083,7 @@ void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
                Percentile(r.Pick(ring.store_cpu_ns_per_page), 0.5),
                Percentile(r.Pick(ring.cpu_ns_per_page), 0.5),
                Percentile(r.Pick(local4.cpu_ns_per_page), 0.5)) +
-           warnings},
-      r));
+           warnings});
   table.rows.push_back(
       {"put throughput: ring, 4 guests / in-process, 1 thread",
        SetLabel("mix", mix), Percentile(r.Pick(ring.rate), 0.5) / 1e3,
@@ -1421,16 +1439,45 @@ void RunGetLatency(const PageSet& mix, bool asleep, const RingBenchOptions& o,
                 U(g1.gets_timeout - g0.gets_timeout));
   }
 
+  // Asleep, the in-process get is no yardstick: the bare eventfd round
+  // trip alone is several times it. That row is informational and the
+  // target is the floor row whose threads the scheduler places (as it
+  // places the ring's), from the same rounds.
   table.rows.push_back(Judged(
       {"get round trip p99: ring, " + mode + " / in-process Get",
        SetLabel("mix", mix), ring_p99, local_p99, "us p99",
-       local_p99 > 0 ? ring_p99 / local_p99 : 0, "x", Goal::kBelow,
-       kTargetRingGetP99OverInProcess,
+       local_p99 > 0 ? ring_p99 / local_p99 : 0, "x",
+       asleep ? Goal::kInfo : Goal::kBelow,
+       asleep ? 0 : kTargetPollingGetP99OverInProcess,
        Fmt("all rounds %.2fx; per-round p99 ratio median %.2f, IQR "
            "%.2f-%.2f; ",
            all_p99_ratio, p99_ratio.median, p99_ratio.p25, p99_ratio.p75) +
            method + warn},
       r));
+  if (asleep) {
+    const double floor_p99 = Percentile(floor_sleep_any.Pooled(r), 0.99) / 1e3;
+    const double floor_all_p99 =
+        Percentile(floor_sleep_any.PooledAll(), 0.99) / 1e3;
+    const Spread floor_ratio(
+        r.Pick(Ratios(ring.PerRound(0.99), floor_sleep_any.PerRound(0.99))));
+    table.rows.push_back(Judged(
+        {"get round trip p99: ring, " + mode +
+             " / machine floor (bare eventfd round trip, CPUs as the "
+             "scheduler places them)",
+         SetLabel("mix", mix), ring_p99, floor_p99, "us p99",
+         floor_p99 > 0 ? ring_p99 / floor_p99 : 0, "x", Goal::kAtMost,
+         kTargetAsleepGetP99OverFloor,
+         Fmt("all rounds %.2fx; per-round p99 ratio median %.2f, IQR "
+             "%.2f-%.2f; the floor: the machine-floor row below (no tmemd "
+             "code), its round trips interleaved with the ring's gets in "
+             "the same rounds; tmemd's share is what the ring adds to it",
+             floor_all_p99 > 0
+                 ? Percentile(ring_all, 0.99) / 1e3 / floor_all_p99
+                 : 0,
+             floor_ratio.median, floor_ratio.p25, floor_ratio.p75) +
+             warn},
+        r));
+  }
   table.rows.push_back(
       {"get round trip p50: ring, " + mode + " / in-process Get",
        SetLabel("mix", mix), ring_p50, local_p50, "us p50",
@@ -1530,101 +1577,63 @@ struct Flags {
   RingBenchOptions options;
 };
 
-void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: tmem_ring_bench [--markdown FILE] [--csv FILE] [--rounds N]\n"
-      "         [--corpus_pages N] [--latency_batches N] [--gap_us N]\n"
-      "         [--extra_seconds S] [--sections put1,put4,get_poll,get_irq]\n"
-      "         [--debug_rounds]\n");
-}
-
-bool ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('=');
-        eq != std::string::npos && arg.rfind("--", 0) == 0) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    auto to_number = [&](unsigned long long* dst, unsigned long long min,
-                         unsigned long long max) {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-      if (end == value.c_str() || *end != '\0' || errno != 0 || v < min ||
-          v > max) {
-        return false;
-      }
-      *dst = v;
-      return true;
-    };
-    unsigned long long n = 0;
-    if (arg == "--markdown") {
-      if (!take_value()) return false;
-      flags->markdown = value;
-    } else if (arg == "--csv") {
-      if (!take_value()) return false;
-      flags->csv = value;
-    } else if (arg == "--rounds") {
-      if (!take_value() || !to_number(&n, 1, 10000)) return false;
-      flags->options.rounds = static_cast<int>(n);
-    } else if (arg == "--corpus_pages") {
-      if (!take_value() || !to_number(&n, 64, 1 << 20)) return false;
-      flags->corpus_pages = n;
-    } else if (arg == "--latency_batches") {
-      if (!take_value() || !to_number(&n, 1, 1000)) return false;
-      flags->options.latency_batches = static_cast<int>(n);
-    } else if (arg == "--gap_us") {
-      if (!take_value() || !to_number(&n, 0, 1000000)) return false;
-      flags->options.gap = std::chrono::microseconds(n);
-    } else if (arg == "--extra_seconds") {
-      if (!take_value() || !to_number(&n, 0, 3600)) return false;
-      flags->options.extra_seconds = static_cast<double>(n);
-    } else if (arg == "--debug_rounds") {
-      flags->options.debug_rounds = true;
-      g_debug_passes = true;
-    } else if (arg == "--sections") {
-      if (!take_value()) return false;
-      std::set<std::string> sections;
-      std::stringstream in(value);
-      for (std::string s; std::getline(in, s, ',');) {
-        if (s != "put1" && s != "put4" && s != "get_poll" && s != "get_irq") {
-          std::fprintf(stderr, "unknown section %s\n", s.c_str());
-          return false;
-        }
-        sections.insert(s);
-      }
-      if (sections.empty()) return false;
-      flags->options.sections = sections;
-    } else {
-      if (arg != "--help" && arg != "-h") {
-        std::fprintf(stderr, "unknown flag %s\n", argv[i]);
-      }
-      return false;
-    }
+// False (CLI11 has printed why, naming the flag, or the help) unless the
+// flags are good; *exit_code is then what main returns.
+bool ParseFlags(int argc, char** argv, Flags* flags, int* exit_code) {
+  RingBenchOptions& o = flags->options;
+  CLI::App app{
+      "tmem_ring_bench: tmemd's data plane (rings, worker, guest library) "
+      "against the same puts and gets on the store in-process, in "
+      "interleaved rounds"};
+  app.add_option("--markdown", flags->markdown, "write the table here (.md)");
+  app.add_option("--csv", flags->csv, "write the table here (.csv)");
+  app.add_option("--rounds", o.rounds, "undisturbed rounds wanted per section")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--corpus_pages", flags->corpus_pages,
+                 "corpus pages per file category")
+      ->check(CLI::Range(size_t{64}, size_t{1} << 20));
+  app.add_option("--latency_batches", o.latency_batches,
+                 "get batches per side per latency round")
+      ->check(CLI::Range(1, 1000));
+  int64_t gap_us = o.gap.count();
+  app.add_option("--gap_us", gap_us,
+                 "asleep-worker gets: untimed pause before each get (us)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1000000}));
+  app.add_option("--extra_seconds", o.extra_seconds,
+                 "per section, how long rounds may continue past --rounds "
+                 "waiting for undisturbed ones")
+      ->check(CLI::Range(0.0, 3600.0));
+  std::vector<std::string> sections(o.sections.begin(), o.sections.end());
+  app.add_option("--sections", sections, "put1,put4,get_poll,get_irq")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"put1", "put4", "get_poll", "get_irq"}));
+  app.add_flag("--debug_rounds", o.debug_rounds, "one stderr line per round");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    *exit_code = rc == 0 ? 0 : 2;
+    return false;
   }
+  if (sections.empty()) {
+    std::fprintf(stderr, "--sections: no section named\n");
+    *exit_code = 2;
+    return false;
+  }
+  o.gap = std::chrono::microseconds(gap_us);
+  o.sections = std::set<std::string>(sections.begin(), sections.end());
+  g_debug_passes = o.debug_rounds;
   return true;
 }
 
 }  // namespace
 }  // namespace tmem::bench
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace tmem::bench;
   Flags flags;
-  if (!ParseFlags(argc, argv, &flags)) {
-    Usage();
-    return 2;
+  if (int exit_code = 0; !ParseFlags(argc, argv, &flags, &exit_code)) {
+    return exit_code;
   }
   // As tmemd: a guest that vanishes mid-handshake must not kill the host.
   signal(SIGPIPE, SIG_IGN);
@@ -1639,4 +1648,8 @@ int main(int argc, char** argv) {
   const PageCorpus corpus = PageCorpus::Build(corpus_options);
   EmitTable(RunRingBench(corpus, flags.options), flags.markdown, flags.csv);
   return 0;
+} catch (const std::exception& e) {
+  // Nothing here throws on purpose; a library might (std::bad_alloc).
+  std::fprintf(stderr, "tmem_ring_bench: %s\n", e.what());
+  return 2;
 }

@@ -113,10 +113,10 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
 
 void Agent::StopServing() {
   {
-    std::lock_guard<std::mutex> lock(ticker_mu_);
+    MutexLock lock(&ticker_mu_);
     ticker_stop_ = true;
   }
-  ticker_cv_.notify_all();
+  ticker_cv_.NotifyAll();
   if (ticker_.joinable()) ticker_.join();
   for (auto& w : workers_) w->Stop();
   if (compactor_ != nullptr) compactor_->Stop();
@@ -417,19 +417,21 @@ absl::Status Agent::TickValve() {
 
 void Agent::TickerLoop() {
   bool warned = false;
-  std::unique_lock<std::mutex> lock(ticker_mu_);
-  while (!ticker_stop_) {
+  for (;;) {
     const int period_ms = valve_->options().sample_period_ms;
-    ticker_cv_.wait_for(lock, std::chrono::milliseconds(period_ms),
-                        [this] { return ticker_stop_; });
-    if (ticker_stop_) break;
-    lock.unlock();
+    const auto tick_at =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(period_ms);
+    {
+      MutexLock lock(&ticker_mu_);
+      while (!ticker_stop_ && ticker_cv_.WaitUntil(&ticker_mu_, tick_at)) {
+      }
+      if (ticker_stop_) return;
+    }
     if (absl::Status s = TickValve(); !s.ok() && !warned) {
       // Without samples the budget stays where it was; say so once.
       Log(LogLevel::kWarn, "cpu_sample_failed", {{"error", s.message()}});
       warned = true;
     }
-    lock.lock();
   }
 }
 

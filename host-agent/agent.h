@@ -20,12 +20,10 @@
 #include <sys/types.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -183,7 +181,7 @@ class Agent {
   VmInfo InstallLocked(const std::string& name, const VmPolicy& policy,
                        std::unique_ptr<Channel> channel, std::string_view event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void TickerLoop();
+  void TickerLoop() ABSL_LOCKS_EXCLUDED(ticker_mu_);
 
   AgentOptions options_;
   uint64_t host_generation_ = 0;
@@ -213,10 +211,10 @@ class Agent {
   std::map<Worker*, int> load_ ABSL_GUARDED_BY(mu_);
   VmPolicyResolver resolver_ ABSL_GUARDED_BY(mu_);
 
-  // A std::mutex: std::condition_variable waits on it (a leaf lock).
-  std::mutex ticker_mu_;
-  std::condition_variable ticker_cv_;
-  bool ticker_stop_ = false;  // guarded by ticker_mu_
+  // A leaf: the ticker drops it before it ticks the valve.
+  Mutex ticker_mu_;
+  CondVar ticker_cv_;  // ticker_stop_ set
+  bool ticker_stop_ ABSL_GUARDED_BY(ticker_mu_) = false;
   std::thread ticker_;
 };
 

@@ -59,7 +59,7 @@ absl::Status Worker::Start() {
   }
   Register(wake_fd_, nullptr, FdKind::kWake);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     started_ = true;
   }
   thread_ = std::thread([this] { Loop(); });
@@ -68,7 +68,7 @@ absl::Status Worker::Start() {
 
 void Worker::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (!started_ || stop_) return;
     stop_ = true;
   }
@@ -78,25 +78,21 @@ void Worker::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Worker::AddChannel(Channel* channel) {
-  std::unique_lock<std::mutex> lock(mu_);
-  commands_.push_back({channel, true});
-  const uint64_t ticket = ++commands_queued_;
-  uint64_t one = 1;
-  ssize_t unused = write(wake_fd_, &one, sizeof(one));
-  (void)unused;
-  cv_.wait(lock, [&] { return commands_done_ >= ticket || stop_; });
-}
+void Worker::AddChannel(Channel* channel) { RunCommand(channel, true); }
 
-void Worker::RemoveChannel(Channel* channel) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (stop_) return;  // the loop is gone; nothing touches the channel
-  commands_.push_back({channel, false});
+void Worker::RemoveChannel(Channel* channel) { RunCommand(channel, false); }
+
+void Worker::RunCommand(Channel* channel, bool add) {
+  MutexLock lock(&mu_);
+  // Once stopped, the loop is gone: nothing touches the channel any more and
+  // nothing would apply the command.
+  if (stop_) return;
+  commands_.push_back({channel, add});
   const uint64_t ticket = ++commands_queued_;
   uint64_t one = 1;
   ssize_t unused = write(wake_fd_, &one, sizeof(one));
   (void)unused;
-  cv_.wait(lock, [&] { return commands_done_ >= ticket || stop_; });
+  while (commands_done_ < ticket && !stop_) cv_.Wait(&mu_);
 }
 
 void Worker::Register(int fd, Channel* channel, FdKind kind) {
@@ -147,7 +143,7 @@ void Worker::Detach(Channel* ch) {
 void Worker::ApplyCommands() {
   std::vector<Command> commands;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     commands.swap(commands_);
     running_ = !stop_;
   }
@@ -159,10 +155,10 @@ void Worker::ApplyCommands() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     commands_done_ += commands.size();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 // The worker's connected rings as the TurnScheduler sees them. Serving a
@@ -393,10 +389,10 @@ void Worker::Loop() {
   // for these regions; ask for doorbells so no guest spins on us.
   SetNeedsDoorbell(true);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 }  // namespace tmem

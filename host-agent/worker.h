@@ -18,14 +18,14 @@
 #define TMEMD_HOST_AGENT_WORKER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "backend/mutex.h"
 #include "host-agent/channel/channel.h"
 #include "host-agent/turn_scheduler.h"
 
@@ -49,12 +49,12 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   absl::Status Start();
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The channel must outlive its registration (until RemoveChannel returns).
-  void AddChannel(Channel* channel);
+  void AddChannel(Channel* channel) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns once the worker no longer touches the channel.
-  void RemoveChannel(Channel* channel);
+  void RemoveChannel(Channel* channel) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The polling window in force (options.poll_us at start). Polling spins a
   // CPU that no VM is charged for, so the agent shrinks the window when the
@@ -75,7 +75,10 @@ class Worker {
   };
 
   void Loop();
-  void ApplyCommands();
+  void ApplyCommands() ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues a command, wakes the loop and waits until it has been applied
+  // (or the worker stopped).
+  void RunCommand(Channel* channel, bool add) ABSL_LOCKS_EXCLUDED(mu_);
   void Register(int fd, Channel* channel, FdKind kind);
   void Unregister(int fd);
   void Attach(Channel* channel);
@@ -95,13 +98,15 @@ class Worker {
   std::thread thread_;
   bool running_ = false;  // worker thread only
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<Command> commands_;  // guarded by mu_
-  uint64_t commands_done_ = 0;     // guarded by mu_
-  uint64_t commands_queued_ = 0;   // guarded by mu_
-  bool stop_ = false;              // guarded by mu_
-  bool started_ = false;           // guarded by mu_
+  // Taken by the agent under Agent::mu_; the worker thread takes nothing
+  // else while holding it. Lock order: host-agent/lock_order.h.
+  Mutex mu_;
+  CondVar cv_;  // commands_done_ advanced or stop_ set
+  std::vector<Command> commands_ ABSL_GUARDED_BY(mu_);
+  uint64_t commands_done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t commands_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
 
   // Worker thread only.
   std::vector<Channel*> channels_;

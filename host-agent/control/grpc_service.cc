@@ -46,21 +46,24 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 void StopSignal::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stopped_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 bool StopSignal::stopped() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return stopped_;
 }
 
 bool StopSignal::WaitFor(int ms) {
-  std::unique_lock<std::mutex> lock(mu_);
-  return cv_.wait_for(lock, std::chrono::milliseconds(ms),
-                      [this] { return stopped_; });
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  MutexLock lock(&mu_);
+  while (!stopped_ && cv_.WaitUntil(&mu_, deadline)) {
+  }
+  return stopped_;
 }
 
 TmemControlService::TmemControlService(

@@ -26,15 +26,15 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/mutex.h"
 #include "host-agent/control/control_plane.h"
 #include "proto/tmem/v1/control.grpc.pb.h"
 
@@ -51,15 +51,16 @@ enum class ControlAccess {
 // Wakes WatchStats loops when the server shuts down.
 class StopSignal {
  public:
-  void Stop();
-  bool stopped() const;
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  bool stopped() const ABSL_LOCKS_EXCLUDED(mu_);
   // Waits up to `ms`; true if stopped.
-  bool WaitFor(int ms);
+  bool WaitFor(int ms) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopped_ = false;  // guarded by mu_
+  // A leaf: nothing else is taken under it (host-agent/lock_order.h).
+  mutable Mutex mu_;
+  CondVar cv_;  // stopped_ set
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 class TmemControlService final : public v1::TmemControl::Service {

@@ -101,23 +101,23 @@ FleetWatcher::~FleetWatcher() { Stop(); }
 
 void FleetWatcher::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stop_ = true;
     if (watch_context_ != nullptr) watch_context_->TryCancel();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (watch_thread_.joinable()) watch_thread_.join();
   if (status_thread_.joinable()) status_thread_.join();
   control_->SetExtraCounters(nullptr);
 }
 
 FleetProgress FleetWatcher::Progress() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return progress_;
 }
 
 FleetCounters FleetWatcher::Counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(&mu_);
   return counters_;
 }
 
@@ -125,7 +125,7 @@ void FleetWatcher::RecordEtcdError(const absl::Status& s,
                                    const EtcdClient& etcd, const char* step) {
   const bool tls = s.GetPayload(kEtcdTlsErrorPayload).has_value();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++counters_.etcd_errors;
     if (tls) ++counters_.etcd_tls_errors;
   }
@@ -134,9 +134,16 @@ void FleetWatcher::RecordEtcdError(const absl::Status& s,
 }
 
 bool FleetWatcher::Pause(std::chrono::milliseconds d) {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, d, [this] { return stop_; });
+  const auto until = std::chrono::steady_clock::now() + d;
+  MutexLock lock(&mu_);
+  while (!stop_ && cv_.WaitUntil(&mu_, until)) {
+  }
   return !stop_;
+}
+
+bool FleetWatcher::Stopping() const {
+  MutexLock lock(&mu_);
+  return stop_;
 }
 
 void FleetWatcher::LoadState() {
@@ -179,7 +186,7 @@ void FleetWatcher::LoadState() {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     progress_ = p;
   }
   Log(LogLevel::kInfo, "fleet_state_loaded",
@@ -214,7 +221,7 @@ void FleetWatcher::Process(int64_t revision) {
     }
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     progress_.seen_revision = revision;
     if (changed) ++counters_.revisions_applied;
     if (!outcome.ok()) ++counters_.revisions_rejected;
@@ -228,7 +235,7 @@ void FleetWatcher::Process(int64_t revision) {
     }
     status_dirty_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (absl::Status s = SaveState(); !s.ok()) {
     Log(LogLevel::kError, "fleet_state_error", {{"error", s.message()}});
   }
@@ -263,7 +270,7 @@ absl::Status FleetWatcher::RunWatch(bool* compacted) {
   grpc::ClientContext context;
   watch_client_->Prepare(&context, /*stream=*/true);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     if (stop_) return absl::OkStatus();
     watch_context_ = &context;
   }
@@ -308,7 +315,7 @@ absl::Status FleetWatcher::RunWatch(bool* compacted) {
   context.TryCancel();
   grpc::Status finished = stream->Finish();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     watch_context_ = nullptr;
   }
   if (result.ok() && !*compacted) result = watch_client_->FromGrpc(finished);
@@ -322,10 +329,7 @@ void FleetWatcher::WatchLoop() {
   bool need_full_read = Progress().seen_revision == 0;
   std::chrono::milliseconds backoff(100);
   for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-    }
+    if (Stopping()) return;
     absl::Status s = absl::OkStatus();
     if (need_full_read) {
       s = FullRead();
@@ -342,10 +346,7 @@ void FleetWatcher::WatchLoop() {
         continue;
       }
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) return;
-    }
+    if (Stopping()) return;
     RecordEtcdError(s, *watch_client_, "watch");
     watch_client_->Rotate();
     if (!Pause(backoff)) return;
@@ -384,10 +385,7 @@ void FleetWatcher::StatusLoop() {
     return Pause(std::chrono::milliseconds(500));
   };
   for (;;) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stop_) break;
-    }
+    if (Stopping()) break;
     if (!registered) {
       etcdserverpb::PutRequest r;
       r.set_key(absl::StrCat(kFleetMembersPrefix, config_.host));
@@ -415,12 +413,12 @@ void FleetWatcher::StatusLoop() {
       }
       lease = resp.id();
       next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       status_dirty_ = true;
     }
     bool dirty = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      MutexLock lock(&mu_);
       dirty = status_dirty_;
       status_dirty_ = false;
     }
@@ -431,7 +429,7 @@ void FleetWatcher::StatusLoop() {
       r.set_lease(lease);
       if (absl::StatusOr<etcdserverpb::PutResponse> p = etcd.Put(r); !p.ok()) {
         {
-          std::lock_guard<std::mutex> lock(mu_);
+          MutexLock lock(&mu_);
           status_dirty_ = true;
         }
         // "requested lease not found": it expired while we were away.
@@ -464,9 +462,9 @@ void FleetWatcher::StatusLoop() {
       }
       next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
     }
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_until(lock, next_keepalive,
-                   [this] { return stop_ || status_dirty_; });
+    MutexLock lock(&mu_);
+    while (!stop_ && !status_dirty_ && cv_.WaitUntil(&mu_, next_keepalive)) {
+    }
   }
   if (lease != 0) {
     // Gone at once rather than after the TTL.

@@ -26,16 +26,16 @@
 #ifndef TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
 #define TMEMD_HOST_AGENT_FLEET_FLEET_WATCHER_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "backend/mutex.h"
 #include "host-agent/agent.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
@@ -75,9 +75,9 @@ class FleetWatcher {
   FleetWatcher& operator=(const FleetWatcher&) = delete;
 
   // Stops both threads; revokes the lease so the status key goes at once.
-  void Stop();
-  FleetProgress Progress() const;
-  FleetCounters Counters() const;
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  FleetProgress Progress() const ABSL_LOCKS_EXCLUDED(mu_);
+  FleetCounters Counters() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   FleetWatcher(FleetConfig config, ControlPlane* control, Agent* agent,
@@ -94,11 +94,12 @@ class FleetWatcher {
   // Resolves keys_ as of `revision` and applies it (or records why not).
   void Process(int64_t revision);
   // Sleeps up to `d` unless stopping; false when stopping.
-  bool Pause(std::chrono::milliseconds d);
+  bool Pause(std::chrono::milliseconds d) ABSL_LOCKS_EXCLUDED(mu_);
+  bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
   std::string StatusJson() const;
   // Counts and logs one failed etcd call.
   void RecordEtcdError(const absl::Status& s, const EtcdClient& etcd,
-                       const char* step);
+                       const char* step) ABSL_LOCKS_EXCLUDED(mu_);
 
   const FleetConfig config_;
   const std::string state_path_;
@@ -111,13 +112,15 @@ class FleetWatcher {
   // Only the status thread.
   std::unique_ptr<EtcdClient> status_client_;
 
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stop_ = false;                             // guarded by mu_
-  bool status_dirty_ = true;                      // guarded by mu_
-  FleetProgress progress_;                        // guarded by mu_
-  FleetCounters counters_;                        // guarded by mu_
-  grpc::ClientContext* watch_context_ = nullptr;  // guarded by mu_
+  // A leaf: etcd calls, ApplyPolicySet and the Agent are called without
+  // it (host-agent/lock_order.h).
+  mutable Mutex mu_;
+  CondVar cv_;  // stop_ or status_dirty_ set
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool status_dirty_ ABSL_GUARDED_BY(mu_) = true;
+  FleetProgress progress_ ABSL_GUARDED_BY(mu_);
+  FleetCounters counters_ ABSL_GUARDED_BY(mu_);
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread watch_thread_;
   std::thread status_thread_;
 };

@@ -20,7 +20,7 @@ DomainManager::~DomainManager() { Stop(); }
 absl::Status DomainManager::Start() {
   hv_->SetEventHandler([this](const DomainEvent& e) { OnEvent(e); });
   {
-    std::lock_guard<std::mutex> op(op_mu_);
+    MutexLock op(&op_mu_);
     absl::StatusOr<std::vector<DomainSummary>> all = hv_->ListDomains();
     if (!all.ok()) return all.status();
     SyncAllLocked(/*autoattach=*/true);
@@ -39,7 +39,7 @@ absl::Status DomainManager::Start() {
           {{"domain", name}, {"vm", st.vm}});
     }
   }
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   stop_ = false;
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
@@ -49,40 +49,42 @@ absl::Status DomainManager::Start() {
 void DomainManager::Stop() {
   hv_->SetEventHandler(nullptr);
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     if (!started_) return;
     stop_ = true;
     started_ = false;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void DomainManager::OnEvent(const DomainEvent& event) {
   {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     queue_.push_back(event);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
 }
 
 void DomainManager::Flush() {
-  std::unique_lock<std::mutex> l(mu_);
-  cv_.wait(l, [this] { return (queue_.empty() && !busy_) || !started_; });
+  MutexLock l(&mu_);
+  while ((!queue_.empty() || busy_) && started_) cv_.Wait(&mu_);
 }
 
 uint64_t DomainManager::events_handled() const {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   return handled_;
 }
 
 void DomainManager::Loop() {
-  std::unique_lock<std::mutex> l(mu_);
+  mu_.Lock();
   while (!stop_) {
     if (queue_.empty()) {
       // Wake at least every 100 ms to check detach deadlines.
-      cv_.wait_for(l, std::chrono::milliseconds(100),
-                   [this] { return stop_ || !queue_.empty(); });
+      const auto check_at =
+          steady_clock::now() + std::chrono::milliseconds(100);
+      while (!stop_ && queue_.empty() && cv_.WaitUntil(&mu_, check_at)) {
+      }
     }
     std::optional<DomainEvent> event;
     if (!queue_.empty()) {
@@ -90,17 +92,18 @@ void DomainManager::Loop() {
       queue_.pop_front();
     }
     busy_ = true;
-    l.unlock();
+    mu_.Unlock();
     {
-      std::lock_guard<std::mutex> op(op_mu_);
+      MutexLock op(&op_mu_);
       if (event) HandleLocked(*event);
       CheckDeadlinesLocked();
     }
-    l.lock();
+    mu_.Lock();
     busy_ = false;
     if (event) ++handled_;
-    cv_.notify_all();
+    cv_.NotifyAll();
   }
+  mu_.Unlock();
 }
 
 void DomainManager::HandleLocked(const DomainEvent& e) {
@@ -288,8 +291,12 @@ absl::StatusOr<DomainAttachState> DomainManager::ReleaseFromHook(
     // A domain the manager follows is released by its STOPPED event (and
     // its channel made again if its config keeps the device). try_lock: the
     // manager may be inside a libvirt call that waits for this hook.
-    std::unique_lock<std::mutex> lock(op_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || domains_.count(out.domain) > 0) {
+    bool followed = true;
+    if (op_mu_.TryLock()) {
+      followed = domains_.count(out.domain) > 0;
+      op_mu_.Unlock();
+    }
+    if (followed) {
       out.detail = "left to the domain's STOPPED event";
       return out;
     }
@@ -505,7 +512,7 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
 
 absl::StatusOr<DomainAttachState> DomainManager::Attach(
     const std::string& domain, bool persistent) {
-  std::lock_guard<std::mutex> op(op_mu_);
+  MutexLock op(&op_mu_);
   return AttachLocked(domain, persistent);
 }
 
@@ -599,7 +606,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
 
 absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
                                                         bool persistent) {
-  std::lock_guard<std::mutex> op(op_mu_);
+  MutexLock op(&op_mu_);
   absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
   if (!d.ok()) return d.status();
   std::optional<TmemDevice> live;
@@ -667,7 +674,7 @@ absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
 }
 
 std::vector<DomainAttachState> DomainManager::List() {
-  std::lock_guard<std::mutex> op(op_mu_);
+  MutexLock op(&op_mu_);
   CheckDeadlinesLocked();
   std::vector<DomainAttachState> out;
   for (const auto& [name, st] : domains_) out.push_back(ToState(st));
@@ -696,7 +703,7 @@ absl::Status DomainManager::WritePolicyLocked(const std::string& name,
 
 absl::Status DomainManager::PolicyChanged(const std::string& vm,
                                           const VmPolicy& policy) {
-  std::lock_guard<std::mutex> op(op_mu_);
+  MutexLock op(&op_mu_);
   DomainState* st = nullptr;
   for (auto& [name, s] : domains_) {
     if (s.channel && s.vm == vm) st = &s;

@@ -40,18 +40,18 @@
 #define TMEMD_HOST_AGENT_LIBVIRT_DOMAIN_MANAGER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "backend/mutex.h"
 #include "host-agent/agent.h"
 #include "host-agent/domain_control.h"
 #include "host-agent/libvirt/domain_xml.h"
@@ -79,30 +79,33 @@ class DomainManager final : public DomainControl {
   // Subscribes to events, reconciles every domain (creating channels for
   // those whose config has the device, autoattaching), starts the event
   // thread. An error only if the domains cannot be listed.
-  absl::Status Start();
+  absl::Status Start() ABSL_LOCKS_EXCLUDED(op_mu_, mu_);
   // Stops the event thread. Channels stay with the Agent (its destructor
   // drops them).
-  void Stop();
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
   absl::StatusOr<DomainAttachState> Attach(const std::string& domain,
-                                           bool persistent) override;
+                                           bool persistent) override
+      ABSL_LOCKS_EXCLUDED(op_mu_);
   absl::StatusOr<DomainAttachState> Detach(const std::string& domain,
-                                           bool persistent) override;
-  std::vector<DomainAttachState> List() override;
+                                           bool persistent) override
+      ABSL_LOCKS_EXCLUDED(op_mu_);
+  std::vector<DomainAttachState> List() override ABSL_LOCKS_EXCLUDED(op_mu_);
   // Without the manager's mutex and without libvirt calls (the hook runs
   // while libvirtd holds the domain); the STARTED event's reconcile later
   // adopts the channel (same VM name and socket).
   absl::StatusOr<DomainAttachState> PrepareFromHook(
       const std::string& domain_xml) override;
   absl::StatusOr<DomainAttachState> ReleaseFromHook(
-      const std::string& domain_xml) override;
+      const std::string& domain_xml) override ABSL_LOCKS_EXCLUDED(op_mu_);
   absl::Status PolicyChanged(const std::string& vm,
-                             const VmPolicy& policy) override;
+                             const VmPolicy& policy) override
+      ABSL_LOCKS_EXCLUDED(op_mu_);
 
   // Waits until every event queued so far has been handled (tests).
-  void Flush();
+  void Flush() ABSL_LOCKS_EXCLUDED(mu_);
   // Events handled since Start (tests, logs).
-  uint64_t events_handled() const;
+  uint64_t events_handled() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct DomainState {
@@ -122,23 +125,30 @@ class DomainManager final : public DomainControl {
     std::string detail;
   };
 
-  void OnEvent(const DomainEvent& event);  // Hypervisor thread: queue it
-  void Loop();
-  void HandleLocked(const DomainEvent& event);
-  void CheckDeadlinesLocked();
-  void SyncAllLocked(bool autoattach);
+  // Hypervisor thread: queue it.
+  void OnEvent(const DomainEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
+  void Loop() ABSL_LOCKS_EXCLUDED(op_mu_, mu_);
+  void HandleLocked(const DomainEvent& event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  void SyncAllLocked(bool autoattach) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Reads the domain from the hypervisor and makes channel, policy and
   // device agree with it.
-  void ReconcileLocked(const std::string& name, bool autoattach);
+  void ReconcileLocked(const std::string& name, bool autoattach)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   absl::StatusOr<DomainAttachState> AttachLocked(const std::string& name,
-                                                 bool persistent);
+                                                 bool persistent)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Touches only `st` and the agent (no libvirt, no domains_): the hook
   // calls it without op_mu_.
   absl::Status EnsureChannel(DomainState& st, const std::string& path);
-  void ReleaseChannelLocked(DomainState& st, const std::string& why);
-  void ApplyPolicyLocked(DomainState& st, bool force);
+  void ReleaseChannelLocked(DomainState& st, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  void ApplyPolicyLocked(DomainState& st, bool force)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   absl::StatusOr<TmemMetadata> ReadMetadataLocked(const std::string& name,
-                                                  bool active);
+                                                  bool active)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   std::string VmNameFor(const std::string& name, const std::string& uuid) const;
   std::string DefaultSocketPath(const std::string& uuid) const;
   // Devices are role='master' (migratable) exactly when tmemd is ivshmem
@@ -148,23 +158,29 @@ class DomainManager final : public DomainControl {
   // Writes `policy` into the element of one side (live or config),
   // keeping that side's autoattach.
   absl::Status WritePolicyLocked(const std::string& name, bool live,
-                                 const VmPolicy& policy);
+                                 const VmPolicy& policy)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   static DomainAttachState ToState(const DomainState& st);
 
   Agent* const agent_;
   Hypervisor* const hv_;
   const DomainManagerOptions options_;
 
-  std::mutex op_mu_;  // serializes operations; guards domains_
-  std::map<std::string, DomainState> domains_;  // by domain name
+  // Serializes operations, libvirt calls included; taken after
+  // ControlPlane::write_mu_ (PolicyChanged) and before the Agent's and the
+  // hypervisor's locks. Lock order: host-agent/lock_order.h.
+  Mutex op_mu_;
+  std::map<std::string, DomainState> domains_
+      ABSL_GUARDED_BY(op_mu_);  // by domain name
 
-  mutable std::mutex mu_;  // guards the queue; never held across op_mu_
-  std::condition_variable cv_;
-  std::deque<DomainEvent> queue_;
-  bool busy_ = false;
-  bool stop_ = false;
-  bool started_ = false;
-  uint64_t handled_ = 0;
+  // The event queue. A leaf: never held across op_mu_ or anything else.
+  mutable Mutex mu_;
+  CondVar cv_;  // queue_, busy_ or started_/stop_ changed
+  std::deque<DomainEvent> queue_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t handled_ ABSL_GUARDED_BY(mu_) = 0;
   std::thread thread_;
 };
 

@@ -47,8 +47,8 @@ absl::Status EnsureEventLoop() {
 // event thread while an instance is destroyed (deregistering does not wait
 // for a callback in flight), so callbacks reach an instance only through
 // this set, under its mutex; the destructor leaves the set first.
-std::mutex& LiveMutex() {
-  static std::mutex mu;
+Mutex& LiveMutex() {
+  static Mutex mu;
   return mu;
 }
 std::set<LibvirtHypervisor*>& LiveSet() {
@@ -56,7 +56,7 @@ std::set<LibvirtHypervisor*>& LiveSet() {
   return live;
 }
 void Dispatch(void* opaque, const DomainEvent& event) {
-  std::lock_guard<std::mutex> l(LiveMutex());
+  MutexLock l(&LiveMutex());
   auto* self = static_cast<LibvirtHypervisor*>(opaque);
   if (LiveSet().count(self) != 0) self->Emit(event);
 }
@@ -190,7 +190,7 @@ void OnMetadataChange(virConnectPtr /*conn*/, virDomainPtr dom, int type,
 }
 
 void OnClose(virConnectPtr conn, int reason, void* opaque) {
-  std::lock_guard<std::mutex> l(LiveMutex());
+  MutexLock l(&LiveMutex());
   auto* self = static_cast<LibvirtHypervisor*>(opaque);
   if (LiveSet().count(self) != 0) self->OnClosed(conn, reason);
 }
@@ -202,11 +202,11 @@ absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> LibvirtHypervisor::Connect(
   if (absl::Status s = EnsureEventLoop(); !s.ok()) return s;
   std::unique_ptr<LibvirtHypervisor> hv(new LibvirtHypervisor(options));
   {
-    std::lock_guard<std::mutex> l(LiveMutex());
+    MutexLock l(&LiveMutex());
     LiveSet().insert(hv.get());
   }
   {
-    std::lock_guard<std::mutex> l(hv->mu_);
+    MutexLock l(&hv->mu_);
     if (absl::Status s = hv->OpenLocked(); !s.ok()) return s;
   }
   hv->reconnect_thread_ = std::thread([p = hv.get()] { p->ReconnectLoop(); });
@@ -218,27 +218,27 @@ LibvirtHypervisor::LibvirtHypervisor(LibvirtOptions options)
 
 LibvirtHypervisor::~LibvirtHypervisor() {
   {
-    std::lock_guard<std::mutex> l(LiveMutex());
+    MutexLock l(&LiveMutex());
     LiveSet().erase(this);
   }
   SetEventHandler(nullptr);
   {
-    std::lock_guard<std::mutex> l(reconnect_mu_);
+    MutexLock l(&reconnect_mu_);
     stop_ = true;
   }
-  reconnect_cv_.notify_all();
+  reconnect_cv_.NotifyAll();
   if (reconnect_thread_.joinable()) reconnect_thread_.join();
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   CloseLocked();
 }
 
 void LibvirtHypervisor::SetEventHandler(EventHandler handler) {
-  std::lock_guard<std::mutex> l(handler_mu_);
+  MutexLock l(&handler_mu_);
   handler_ = std::move(handler);
 }
 
 void LibvirtHypervisor::Emit(const DomainEvent& event) {
-  std::lock_guard<std::mutex> l(handler_mu_);
+  MutexLock l(&handler_mu_);
   if (handler_) handler_(event);
 }
 
@@ -247,10 +247,10 @@ void LibvirtHypervisor::OnClosed(virConnectPtr /*conn*/, int reason) {
   Log(LogLevel::kWarn, "libvirt_closed",
       {{"uri", options_.uri}, {"reason", reason}});
   {
-    std::lock_guard<std::mutex> l(reconnect_mu_);
+    MutexLock l(&reconnect_mu_);
     lost_ = true;
   }
-  reconnect_cv_.notify_all();
+  reconnect_cv_.NotifyAll();
 }
 
 absl::Status LibvirtHypervisor::OpenLocked() {
@@ -305,8 +305,8 @@ void LibvirtHypervisor::CloseLocked() {
 void LibvirtHypervisor::ReconnectLoop() {
   for (;;) {
     {
-      std::unique_lock<std::mutex> l(reconnect_mu_);
-      reconnect_cv_.wait(l, [this] { return stop_ || lost_; });
+      MutexLock l(&reconnect_mu_);
+      while (!stop_ && !lost_) reconnect_cv_.Wait(&reconnect_mu_);
       if (stop_) return;
       lost_ = false;
     }
@@ -314,14 +314,14 @@ void LibvirtHypervisor::ReconnectLoop() {
     lost.kind = DomainEvent::Kind::kConnectionLost;
     Emit(lost);
     {
-      std::lock_guard<std::mutex> l(mu_);
+      MutexLock l(&mu_);
       CloseLocked();
     }
     auto backoff = options_.min_backoff;
     for (int attempt = 1;; ++attempt) {
       absl::Status s;
       {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         s = OpenLocked();
       }
       if (s.ok()) {
@@ -338,8 +338,11 @@ void LibvirtHypervisor::ReconnectLoop() {
            {"attempt", attempt},
            {"retry_ms", static_cast<int64_t>(backoff.count())},
            {"error", s.message()}});
-      std::unique_lock<std::mutex> l(reconnect_mu_);
-      if (reconnect_cv_.wait_for(l, backoff, [this] { return stop_; })) return;
+      const auto retry_at = std::chrono::steady_clock::now() + backoff;
+      MutexLock l(&reconnect_mu_);
+      while (!stop_ && reconnect_cv_.WaitUntil(&reconnect_mu_, retry_at)) {
+      }
+      if (stop_) return;
       backoff = std::min(backoff * 2, options_.max_backoff);
     }
   }
@@ -366,7 +369,7 @@ absl::Status LookUp(virConnectPtr conn, const std::string& uri,
 }  // namespace
 
 absl::StatusOr<std::vector<DomainSummary>> LibvirtHypervisor::ListDomains() {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   if (absl::Status s = NeedConnection(conn_, options_.uri); !s.ok()) return s;
   virDomainPtr* doms = nullptr;
   const int n = virConnectListAllDomains(conn_, &doms, 0);
@@ -389,7 +392,7 @@ absl::StatusOr<std::vector<DomainSummary>> LibvirtHypervisor::ListDomains() {
 
 absl::StatusOr<DomainSummary> LibvirtHypervisor::GetDomain(
     const std::string& name) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;
@@ -405,7 +408,7 @@ absl::StatusOr<DomainSummary> LibvirtHypervisor::GetDomain(
 
 absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
                                                       bool inactive) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;
@@ -420,7 +423,7 @@ absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
 
 absl::StatusOr<std::optional<std::string>> LibvirtHypervisor::GetMetadata(
     const std::string& name, bool inactive) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;
@@ -444,7 +447,7 @@ absl::StatusOr<std::optional<std::string>> LibvirtHypervisor::GetMetadata(
 absl::Status LibvirtHypervisor::SetMetadata(const std::string& name,
                                             const std::string& xml, bool live,
                                             bool config) {
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;
@@ -471,7 +474,7 @@ absl::Status LibvirtHypervisor::ChangeDevice(const std::string& name,
                                              bool config, bool attach) {
   const DeviceCall call =
       attach ? virDomainAttachDeviceFlags : virDomainDetachDeviceFlags;
-  std::lock_guard<std::mutex> l(mu_);
+  MutexLock l(&mu_);
   DomainHandle h;
   if (absl::Status s = LookUp(conn_, options_.uri, name, &h); !s.ok()) {
     return s;

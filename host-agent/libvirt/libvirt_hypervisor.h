@@ -23,13 +23,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "backend/mutex.h"
 #include "host-agent/libvirt/hypervisor.h"
 
 namespace tmem {
@@ -52,7 +52,8 @@ class LibvirtHypervisor final : public Hypervisor {
   LibvirtHypervisor(const LibvirtHypervisor&) = delete;
   LibvirtHypervisor& operator=(const LibvirtHypervisor&) = delete;
 
-  void SetEventHandler(EventHandler handler) override;
+  void SetEventHandler(EventHandler handler) override
+      ABSL_LOCKS_EXCLUDED(handler_mu_);
   bool Connected() const override { return connected_.load(); }
   std::string Uri() const override { return options_.uri; }
   // Successful reconnects since Connect (tests).
@@ -72,32 +73,39 @@ class LibvirtHypervisor final : public Hypervisor {
                             bool live, bool config) override;
 
   // Called from libvirt's callbacks (public for the C trampolines).
-  void Emit(const DomainEvent& event);
-  void OnClosed(virConnectPtr conn, int reason);
+  void Emit(const DomainEvent& event) ABSL_LOCKS_EXCLUDED(handler_mu_);
+  void OnClosed(virConnectPtr conn, int reason)
+      ABSL_LOCKS_EXCLUDED(reconnect_mu_);
 
  private:
   explicit LibvirtHypervisor(LibvirtOptions options);
   // AttachDevice (attach) or DetachDevice.
   absl::Status ChangeDevice(const std::string& name, const std::string& xml,
-                            bool live, bool config, bool attach);
-  absl::Status OpenLocked();
-  void CloseLocked();
-  void ReconnectLoop();
+                            bool live, bool config, bool attach)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status OpenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CloseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReconnectLoop() ABSL_LOCKS_EXCLUDED(mu_, reconnect_mu_);
 
   const LibvirtOptions options_;
-  std::mutex mu_;
-  virConnectPtr conn_ = nullptr;   // guarded by mu_
-  std::vector<int> callback_ids_;  // guarded by mu_
+  // Three leaves, never held together (host-agent/lock_order.h). mu_ is
+  // held across libvirt calls, which the domain manager makes under its
+  // op_mu_; handler_mu_ is held while the handler runs (it takes the
+  // domain manager's queue lock); libvirt's callbacks reach handler_mu_
+  // and reconnect_mu_ under the live-instance lock.
+  Mutex mu_;
+  virConnectPtr conn_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::vector<int> callback_ids_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> connected_{false};
   std::atomic<int> reconnects_{0};
 
-  std::mutex handler_mu_;
-  EventHandler handler_;  // guarded by handler_mu_
+  Mutex handler_mu_;
+  EventHandler handler_ ABSL_GUARDED_BY(handler_mu_);
 
-  std::mutex reconnect_mu_;
-  std::condition_variable reconnect_cv_;
-  bool lost_ = false;  // guarded by reconnect_mu_
-  bool stop_ = false;  // guarded by reconnect_mu_
+  Mutex reconnect_mu_;
+  CondVar reconnect_cv_;  // lost_ or stop_ set
+  bool lost_ ABSL_GUARDED_BY(reconnect_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(reconnect_mu_) = false;
   std::thread reconnect_thread_;
 };
 
