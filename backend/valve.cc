@@ -362,9 +362,8 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
   // Stored raw now for want of CPU; with deferred compression it is also
   // queued, so the compactor (SCHED_IDLE) compresses it once the host has
   // idle cycles instead of leaving it raw for good.
-  return deferred_compression_.load(std::memory_order_relaxed)
-             ? PutMode::kDefer
-             : PutMode::kRaw;
+  return deferred_compression_.load(std::memory_order_relaxed) ? PutMode::kDefer
+                                                               : PutMode::kRaw;
 }
 
 void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {
