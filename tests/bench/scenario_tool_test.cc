@@ -58,8 +58,7 @@ double D(const std::map<std::string, std::string>& row, const char* key) {
 // Runs tmem-scenario with `flags` into a fresh directory named after `tag`
 // and asserts it exited 0; returns the directory.
 fs::path RunScenario(const std::string& tag, const std::string& flags) {
-  const fs::path out =
-      fs::temp_directory_path() / absl::StrCat(tag, "-", getpid());
+  fs::path out = fs::temp_directory_path() / absl::StrCat(tag, "-", getpid());
   fs::remove_all(out);
   const std::string cmd =
       absl::StrCat(SCENARIO_BIN, " ", flags, " --out ", out.string(), " > ",

@@ -120,10 +120,10 @@ class EtcdCluster {
   EtcdCluster(int members, std::string log_dir, const EtcdCerts* tls)
       : log_dir_(std::move(log_dir)), tls_(tls) {
     const std::vector<int> ports = FreePorts(3 * members);
-    for (int i = 0; i < members; ++i) {
-      client_ports_.push_back(ports[3 * i]);
-      peer_ports_.push_back(ports[3 * i + 1]);
-      metrics_ports_.push_back(ports[3 * i + 2]);
+    for (size_t i = 0; i < ports.size(); i += 3) {
+      client_ports_.push_back(ports[i]);
+      peer_ports_.push_back(ports[i + 1]);
+      metrics_ports_.push_back(ports[i + 2]);
     }
     members_.resize(members);
   }
