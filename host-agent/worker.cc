@@ -26,11 +26,12 @@ int64_t NowMicros() {
 }
 
 // What a VM is charged for the worker's time on its ring. Wall time, not
-// CLOCK_THREAD_CPUTIME_ID: that clock is a system call, and two per round
-// added ~2.5 us to every polled get round trip (bench/run_ring.sh get_poll,
-// 2.0 -> 4.4 us over an in-process get); a charge window spans one round's
-// serving, so wall time differs from CPU time only when the worker is
-// preempted mid-round, and then the VM whose entries it was serving pays.
+// CLOCK_THREAD_CPUTIME_ID: that clock is a system call, read at every
+// switch between VMs (two per round with one VM busy), which added ~2.5 us
+// to a polled get round trip (bench/run_ring.sh get_poll, 2.0 -> 4.4 us
+// over an in-process get). A charge window spans one round's serving, so
+// wall time differs from CPU time only when the worker is preempted
+// mid-round, and then the VM whose entries it was serving pays.
 int64_t ChargeClockNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
