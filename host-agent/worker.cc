@@ -170,7 +170,7 @@ void Worker::ApplyCommands() {
 
 // The worker's connected rings as the TurnScheduler sees them. Serving a
 // ring drains it, sends the guest's interrupt, and charges the VM the
-// worker CPU it used: the clock is read only when the worker moves from
+// worker time it used: the clock is read only when the worker moves from
 // one VM's ring to another's, so a backlogged VM served in chunks pays
 // no clock reads while nobody else has work.
 class Worker::ActiveRings : public TurnScheduler::Rings {
