@@ -261,6 +261,7 @@ VmInfo Agent::InstallLocked(const std::string& name, const VmPolicy& policy,
 absl::Status Agent::RemoveVm(const std::string& name) {
   MutexLock lifecycle(&lifecycle_mu_);
   std::unique_ptr<Channel> doomed;
+  VmInfo last;
   {
     MutexLock lock(&mu_);
     auto it = vms_.find(name);
@@ -269,12 +270,21 @@ absl::Status Agent::RemoveVm(const std::string& name) {
     }
     it->second.worker->RemoveChannel(it->second.channel.get());
     --load_[it->second.worker];
+    // The channel's last counters, read once no worker serves it: a guest
+    // that worked and left between two stats lines shows up here.
+    last = InfoLocked(name, it->second);
     valve_->RemoveVm(it->second.channel->vm());
     doomed = std::move(it->second.channel);
     vms_.erase(it);
   }
   doomed.reset();  // unlinks the socket, drops the VM's pages
-  Log(LogLevel::kInfo, "channel_removed", {{"vm", name}});
+  Log(LogLevel::kInfo, "channel_removed",
+      {{"vm", name},
+       {"gets_hit", last.stats.counters[static_cast<int>(Counter::kGetsHit)]},
+       {"gets_miss", last.stats.counters[static_cast<int>(Counter::kGetsMiss)]},
+       {"valve_compressed",
+        last.valve.counters[static_cast<int>(ValveCounter::kCompressed)]},
+       {"valve_raw", last.valve.counters[static_cast<int>(ValveCounter::kRaw)]}});
   return absl::OkStatus();
 }
 

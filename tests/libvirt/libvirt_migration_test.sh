@@ -129,7 +129,9 @@ cleanup() {
     stop_pid "${ns_pid[${h}]:-}"
   done
   rmdir "${sockdir}" 2>/dev/null
-  if ((rc != 0)) && [[ -n "${KEEP_WORK:-}" ]]; then
+  # KEEP_WORK=1 keeps the work directory of a failed run, KEEP_WORK=always
+  # of every run.
+  if [[ "${KEEP_WORK:-}" == always ]] || { ((rc != 0)) && [[ -n "${KEEP_WORK:-}" ]]; }; then
     log "kept ${work}"
   else
     rm -rf "${work}"
@@ -382,23 +384,28 @@ logged_since() {
   [[ "$(tail -n +"$(($2 + 1))" "${work}/$1/tmemd.log")" == *"$3"* ]]
 }
 
-# stats_rose HOST VM FROM_LINE COUNTER ABOVE: a vm_stats line of the
-# connected VM in HOST's tmemd log, after line FROM_LINE, has COUNTER above
-# ABOVE (puts: valve_raw + valve_compressed, what the VM stored). Sets
-# stat_seen to the counters of the last such line.
+# stats_rose HOST VM FROM_LINE COUNTER ABOVE: after line FROM_LINE of
+# HOST's tmemd log, a vm_stats line of the connected VM, or the
+# channel_removed line that ends its channel (a guest that does its reads
+# and powers off between two stats lines shows only there), has COUNTER
+# above ABOVE (puts: valve_raw + valve_compressed, what the VM stored). Sets
+# stat_seen to the counters of the line with the most.
 stats_rose() {
-  local line value
-  line="$(tail -n +"$(($3 + 1))" "${work}/$1/tmemd.log" |
-    grep "event=vm_stats vm=$2 connected=true " | tail -1)"
-  [[ -n "${line}" ]] || return 1
-  if [[ "$4" == puts ]]; then
-    value=$(($(sed -n 's/.* valve_raw=\([0-9]*\).*/\1/p' <<<"${line}") +
-      $(sed -n 's/.* valve_compressed=\([0-9]*\).*/\1/p' <<<"${line}")))
-  else
-    value="$(sed -n "s/.* $4=\([0-9]*\).*/\1/p" <<<"${line}")"
-  fi
-  stat_seen="$(grep -o 'gets_hit=[0-9]*' <<<"${line}") stored=$(($(sed -n 's/.* valve_raw=\([0-9]*\).*/\1/p' <<<"${line}") + $(sed -n 's/.* valve_compressed=\([0-9]*\).*/\1/p' <<<"${line}")))"
-  ((${value:-0} > $5))
+  local line value best=-1 raw compressed
+  while IFS= read -r line; do
+    raw="$(sed -n 's/.* valve_raw=\([0-9]*\).*/\1/p' <<<"${line}")"
+    compressed="$(sed -n 's/.* valve_compressed=\([0-9]*\).*/\1/p' <<<"${line}")"
+    if [[ "$4" == puts ]]; then
+      value=$((${raw:-0} + ${compressed:-0}))
+    else
+      value="$(sed -n "s/.* $4=\([0-9]*\).*/\1/p" <<<"${line}")"
+    fi
+    ((${value:-0} > best)) || continue
+    best="${value:-0}"
+    stat_seen="$(grep -o 'event=[a-z_]*' <<<"${line}") $(grep -o 'gets_hit=[0-9]*' <<<"${line}") stored=$((${raw:-0} + ${compressed:-0}))"
+  done < <(tail -n +"$(($3 + 1))" "${work}/$1/tmemd.log" |
+    grep -E "event=(vm_stats vm=$2 connected=true|channel_removed vm=$2) ")
+  ((best > $5))
 }
 
 real_guest_test() {
