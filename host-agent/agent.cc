@@ -284,7 +284,8 @@ absl::Status Agent::RemoveVm(const std::string& name) {
        {"gets_miss", last.stats.counters[static_cast<int>(Counter::kGetsMiss)]},
        {"valve_compressed",
         last.valve.counters[static_cast<int>(ValveCounter::kCompressed)]},
-       {"valve_raw", last.valve.counters[static_cast<int>(ValveCounter::kRaw)]}});
+       {"valve_raw",
+        last.valve.counters[static_cast<int>(ValveCounter::kRaw)]}});
   return absl::OkStatus();
 }
 

@@ -537,6 +537,11 @@ int Run(int argc, char** argv) {
   if (config.libvirt.enabled) {
     LibvirtOptions lo;
     lo.uri = config.libvirt.uri;
+    // Never wait for libvirtd before READY=1: the unit is ordered before
+    // libvirtd.service (its qemu hook calls tmemd), so a socket-activated
+    // libvirtd would wait for tmemd while tmemd waited for it; and a host
+    // whose libvirtd is down must still serve --vm channels and gRPC.
+    lo.connect_in_background = true;
     absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> hv =
         LibvirtHypervisor::Connect(lo);
     if (!hv.ok()) {

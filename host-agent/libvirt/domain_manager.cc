@@ -1,5 +1,6 @@
 #include "host-agent/libvirt/domain_manager.h"
 
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,31 +20,42 @@ DomainManager::~DomainManager() { Stop(); }
 
 absl::Status DomainManager::Start() {
   hv_->SetEventHandler([this](const DomainEvent& e) { OnEvent(e); });
-  {
+  if (hv_->Connected()) {
     MutexLock op(&op_mu_);
     absl::StatusOr<std::vector<DomainSummary>> all = hv_->ListDomains();
     if (!all.ok()) return all.status();
-    SyncAllLocked(/*autoattach=*/true);
-    // A domain already running with the device was attached to an earlier
-    // tmemd: QEMU never reconnects to a new socket (facts.md), so say how
-    // to get tmem back rather than serve a channel nobody will use.
-    for (auto& [name, st] : domains_) {
-      if (!st.live_device || !st.channel) continue;
-      absl::StatusOr<VmInfo> vm = agent_->GetVm(st.vm);
-      if (vm.ok() && vm->connected) continue;
-      st.detail =
-          "running since before this tmemd started: QEMU does not reconnect "
-          "to the new socket; restart the domain (or detach and attach "
-          "again once the guest acks) to get tmem back";
-      Log(LogLevel::kWarn, "libvirt_stale_device",
-          {{"domain", name}, {"vm", st.vm}});
-    }
+    FirstSyncLocked();
+  } else {
+    // Connecting in the background: its kReconnected makes the first sync.
+    Log(LogLevel::kInfo, "libvirt_waiting", {{"uri", hv_->Uri()}});
   }
   MutexLock l(&mu_);
   stop_ = false;
   started_ = true;
   thread_ = std::thread([this] { Loop(); });
   return absl::OkStatus();
+}
+
+void DomainManager::FirstSyncLocked() {
+  synced_ = true;
+  SyncAllLocked(/*autoattach=*/true);
+  // A domain already running with the device was attached to an earlier
+  // tmemd: QEMU never reconnects to a new socket (facts.md), so say how
+  // to get tmem back rather than serve a channel nobody will use.
+  for (auto& [name, st] : domains_) {
+    if (!st.live_device || !st.channel) continue;
+    absl::StatusOr<VmInfo> vm = agent_->GetVm(st.vm);
+    if (vm.ok() && vm->connected) continue;
+    st.detail =
+        "running since before this tmemd started: QEMU does not reconnect "
+        "to the new socket; restart the domain (or detach and attach "
+        "again once the guest acks) to get tmem back";
+    Log(LogLevel::kWarn, "libvirt_stale_device",
+        {{"domain", name}, {"vm", st.vm}});
+  }
+  Log(LogLevel::kInfo, "libvirt_synced",
+      {{"uri", hv_->Uri()},
+       {"domains", static_cast<uint64_t>(domains_.size())}});
 }
 
 void DomainManager::Stop() {
@@ -185,6 +197,10 @@ void DomainManager::HandleLocked(const DomainEvent& e) {
       }
       break;
     case Kind::kReconnected:
+      if (!synced_) {
+        FirstSyncLocked();
+        break;
+      }
       Log(LogLevel::kInfo, "libvirt_resync", {{"uri", hv_->Uri()}});
       SyncAllLocked(/*autoattach=*/true);
       break;
@@ -510,8 +526,18 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
   }
 }
 
+void DomainManager::WaitForConnection() const {
+  // Polled: a command waits here rarely (right after a start or while
+  // libvirtd restarts), and the hypervisor has no connected event for it.
+  const auto deadline = steady_clock::now() + options_.connect_wait;
+  while (!hv_->Connected() && steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
 absl::StatusOr<DomainAttachState> DomainManager::Attach(
     const std::string& domain, bool persistent) {
+  WaitForConnection();
   MutexLock op(&op_mu_);
   return AttachLocked(domain, persistent);
 }
@@ -606,6 +632,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
 
 absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
                                                         bool persistent) {
+  WaitForConnection();
   MutexLock op(&op_mu_);
   absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
   if (!d.ok()) return d.status();

@@ -21,6 +21,8 @@
 //    state says so (List()), the channel stays (QEMU still holds it) and a
 //    later DEVICE_REMOVED or STOPPED still completes it.
 //  - Reconnect after libvirtd restarts: every domain is reconciled again.
+//  - libvirtd not there yet at Start (the hypervisor connects in the
+//    background): the first connection makes the first sync.
 //
 // Policy: the tmem metadata element (domain_xml.h) is the source of truth
 // for libvirt-managed VMs, because it travels with the domain (migration)
@@ -65,6 +67,9 @@ struct DomainManagerOptions {
   // How long a live detach may wait for the guest's ack before List()
   // reports it as timed out.
   std::chrono::milliseconds detach_timeout{30000};
+  // How long Attach and Detach wait for a libvirt connection being made
+  // (tmemd just started, libvirtd restarting) before failing UNAVAILABLE.
+  std::chrono::milliseconds connect_wait{10000};
 };
 
 class DomainManager final : public DomainControl {
@@ -132,6 +137,11 @@ class DomainManager final : public DomainControl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void SyncAllLocked(bool autoattach) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Up to options_.connect_wait for the hypervisor to be connected.
+  void WaitForConnection() const ABSL_LOCKS_EXCLUDED(op_mu_);
+  // The first sync with libvirt (at Start, or at the first connection made
+  // in the background): also flags devices an earlier tmemd attached.
+  void FirstSyncLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Reads the domain from the hypervisor and makes channel, policy and
   // device agree with it.
   void ReconcileLocked(const std::string& name, bool autoattach)
@@ -171,7 +181,8 @@ class DomainManager final : public DomainControl {
   // hypervisor's locks. Lock order: host-agent/lock_order.h.
   Mutex op_mu_;
   std::map<std::string, DomainState> domains_
-      ABSL_GUARDED_BY(op_mu_);  // by domain name
+      ABSL_GUARDED_BY(op_mu_);                   // by domain name
+  bool synced_ ABSL_GUARDED_BY(op_mu_) = false;  // FirstSyncLocked ran
 
   // The event queue. A leaf: never held across op_mu_ or anything else.
   mutable Mutex mu_;

@@ -205,7 +205,13 @@ absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> LibvirtHypervisor::Connect(
     MutexLock l(&LiveMutex());
     LiveSet().insert(hv.get());
   }
-  {
+  if (options.connect_in_background) {
+    MutexLock l(&hv->reconnect_mu_);
+    hv->lost_ = true;
+    hv->never_connected_ = true;
+    Log(LogLevel::kInfo, "libvirt_connecting",
+        {{"uri", options.uri}, {"in_background", true}});
+  } else {
     MutexLock l(&hv->mu_);
     if (absl::Status s = hv->OpenLocked(); !s.ok()) return s;
   }
@@ -304,16 +310,18 @@ void LibvirtHypervisor::CloseLocked() {
 
 void LibvirtHypervisor::ReconnectLoop() {
   for (;;) {
+    bool first = false;
     {
       MutexLock l(&reconnect_mu_);
       while (!stop_ && !lost_) reconnect_cv_.Wait(&reconnect_mu_);
       if (stop_) return;
       lost_ = false;
+      first = never_connected_;
     }
-    DomainEvent lost;
-    lost.kind = DomainEvent::Kind::kConnectionLost;
-    Emit(lost);
-    {
+    if (!first) {
+      DomainEvent lost;
+      lost.kind = DomainEvent::Kind::kConnectionLost;
+      Emit(lost);
       MutexLock l(&mu_);
       CloseLocked();
     }
@@ -325,15 +333,21 @@ void LibvirtHypervisor::ReconnectLoop() {
         s = OpenLocked();
       }
       if (s.ok()) {
-        ++reconnects_;
-        Log(LogLevel::kInfo, "libvirt_reconnected",
-            {{"uri", options_.uri}, {"attempts", attempt}});
+        if (first) {
+          MutexLock l(&reconnect_mu_);
+          never_connected_ = false;
+        } else {
+          ++reconnects_;
+          Log(LogLevel::kInfo, "libvirt_reconnected",
+              {{"uri", options_.uri}, {"attempts", attempt}});
+        }
         DomainEvent back;
         back.kind = DomainEvent::Kind::kReconnected;
         Emit(back);
         break;
       }
-      Log(LogLevel::kWarn, "libvirt_reconnect_failed",
+      Log(LogLevel::kWarn,
+          first ? "libvirt_connect_failed" : "libvirt_reconnect_failed",
           {{"uri", options_.uri},
            {"attempt", attempt},
            {"retry_ms", static_cast<int64_t>(backoff.count())},

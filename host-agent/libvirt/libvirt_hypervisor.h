@@ -11,7 +11,11 @@
 // kConnectionLost, closes the dead connection and reopens it with
 // exponential backoff (100 ms doubling to 5 s, logging each failure), then
 // re-registers the events and reports kReconnected. Calls made meanwhile
-// fail with UNAVAILABLE.
+// fail with UNAVAILABLE. With `connect_in_background` the first connection
+// is made the same way, by that thread (kReconnected when it is up): a
+// daemon that starts before libvirtd (ordered Before=libvirtd.service, or
+// libvirtd down) must not wait for it, or for a socket-activated libvirtd
+// that in turn waits for the daemon.
 //
 // Thread-safe: one mutex guards the connection; libvirt calls are made
 // under it (libvirt's own client is thread-safe, this keeps reconnect
@@ -41,11 +45,16 @@ struct LibvirtOptions {
   // virConnectSetKeepAlive: notices a hung libvirtd in ~interval*(count+1).
   int keepalive_interval_s = 5;
   unsigned keepalive_count = 3;
+  // Connect() returns at once, not connected; the reconnect thread makes
+  // the first connection (retrying with the backoff above).
+  bool connect_in_background = false;
 };
 
 class LibvirtHypervisor final : public Hypervisor {
  public:
   // Connects once; UNAVAILABLE with libvirt's message when that fails.
+  // With options.connect_in_background, never fails for an unreachable
+  // libvirtd: connects in the background (see above).
   static absl::StatusOr<std::unique_ptr<LibvirtHypervisor>> Connect(
       const LibvirtOptions& options);
   ~LibvirtHypervisor() override;
@@ -105,6 +114,8 @@ class LibvirtHypervisor final : public Hypervisor {
   Mutex reconnect_mu_;
   CondVar reconnect_cv_;  // lost_ or stop_ set
   bool lost_ ABSL_GUARDED_BY(reconnect_mu_) = false;
+  // Not connected yet at all: the first connection is still to be made.
+  bool never_connected_ ABSL_GUARDED_BY(reconnect_mu_) = false;
   bool stop_ ABSL_GUARDED_BY(reconnect_mu_) = false;
   std::thread reconnect_thread_;
 };

@@ -561,5 +561,47 @@ TEST_F(DomainManagerTest, ResynchronizesAfterReconnect) {
   EXPECT_TRUE(agent_->HasVm("new"));
 }
 
+// tmemd started before libvirtd (ordered before it at boot, or libvirtd
+// down): Start succeeds at once; the first connection makes the first sync;
+// an attach made while the connection is coming waits for it, and one made
+// when it does not come fails UNAVAILABLE.
+TEST_F(DomainManagerTest, StartsBeforeLibvirtAndSyncsOnTheFirstConnection) {
+  hv_.Define("web1", WithDevice("web1.sock"));
+  hv_.Define("web2", FakeHypervisor::Domain{});
+  hv_.Start("web2");
+  hv_.LoseConnection();  // nobody listens yet: as if never connected
+  ASSERT_TRUE(manager_->Start().ok());
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("web1"));
+  EXPECT_TRUE(manager_->List().empty());
+  std::thread later([this] {
+    std::this_thread::sleep_for(milliseconds(300));
+    hv_.Reconnect();
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::StatusOr<DomainAttachState> s = manager_->Attach("web2", false);
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  later.join();
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->attached);
+  EXPECT_GE(waited, milliseconds(250));
+  manager_->Flush();
+  EXPECT_TRUE(agent_->HasVm("web1"));
+  EXPECT_TRUE(agent_->HasVm("web2"));
+}
+
+TEST_F(DomainManagerTest, AttachWithoutAConnectionFailsAfterTheWait) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  DomainManagerOptions mo;
+  mo.connect_wait = milliseconds(200);
+  manager_ = std::make_unique<DomainManager>(agent_.get(), &hv_, mo);
+  hv_.LoseConnection();
+  ASSERT_TRUE(manager_->Start().ok());
+  absl::StatusOr<DomainAttachState> s = manager_->Attach("web1", false);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kUnavailable) << s.status();
+  EXPECT_FALSE(agent_->HasVm("web1"));
+}
+
 }  // namespace
 }  // namespace tmem

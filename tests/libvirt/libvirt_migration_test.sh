@@ -215,8 +215,9 @@ host_ready() {
   # quitting early would fail the pipe.)
   [[ "$(vsh "${h}" capabilities)" == *"<uuid>${uuid}</uuid>"* ]] ||
     fail "host ${h} does not report host_uuid ${uuid}"
-  # tmemd once its libvirtd answers (it connects before serving its control
-  # socket); no tmem domain starts before, so the hook has nobody to ask.
+  # tmemd once its libvirtd answers; no tmem domain starts before, so the
+  # hook has nobody to ask. tmemd connects to libvirt in the background:
+  # ready means its first sync with libvirtd is logged.
   # The real guest's checks want hits after every hop: store every put
   # (--mode always, as vm-images/migrate-test.py), not the adaptive valve's
   # choice, which may keep few pages of a workload this short.
@@ -229,6 +230,10 @@ host_ready() {
   wait_until 30 ctl "${h}" status >/dev/null 2>&1 || {
     cat "${root}/tmemd.log"
     fail "host ${h}: tmemd does not answer"
+  }
+  wait_until 30 grep -q "event=libvirt_synced" "${root}/tmemd.log" || {
+    cat "${root}/tmemd.log"
+    fail "host ${h}: tmemd did not sync with its libvirtd"
   }
   log "host ${h}: libvirtd pid ${libvirtd_pid[${h}]} (host_uuid ${uuid}), tmemd pid ${tmemd_pid[${h}]}"
 }
