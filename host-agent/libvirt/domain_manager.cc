@@ -526,6 +526,18 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
   }
 }
 
+absl::Status DomainManager::SetMasterOverrideLocked(const std::string& name,
+                                                    bool on) {
+  absl::StatusOr<std::string> xml = hv_->GetXml(name, /*inactive=*/true);
+  if (!xml.ok()) return xml.status();
+  absl::StatusOr<std::string> next =
+      on ? WithTmemMasterOverride(*xml)
+         : absl::StatusOr<std::string>(WithoutTmemMasterOverride(*xml));
+  if (!next.ok()) return next.status();
+  if (*next == *xml) return absl::OkStatus();
+  return hv_->DefineXml(*next);
+}
+
 void DomainManager::WaitForConnection() const {
   // Polled: a command waits here rarely (right after a start or while
   // libvirtd restarts), and the hypervisor has no connected event for it.
@@ -620,13 +632,38 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
   st.detach_pending = false;
   st.detach_timed_out = false;
   st.detail = do_live ? "attached" : "added to the persistent config";
+  // Migratable: only a device QEMU starts with master=on (domain_xml.h).
+  std::string migration;
+  if (Master() && st.config_device) {
+    if (absl::Status o = SetMasterOverrideLocked(name, true); !o.ok()) {
+      migration = absl::StrCat(
+          "; not migratable: the persistent definition did not take the "
+          "master=on override (",
+          o.message(), ")");
+      Log(LogLevel::kWarn, "libvirt_override_failed",
+          {{"domain", name}, {"error", o.message()}});
+    } else if (do_live) {
+      migration =
+          "; migratable from the next start (the hot-plugged device runs in "
+          "QEMU's peer mode until then)";
+    }
+  } else if (Master() && do_live) {
+    migration =
+        "; not migratable: QEMU runs a hot-plugged device in peer mode "
+        "(libvirt 9.0 drops role='master'); attach --persistent and restart "
+        "the domain to migrate it";
+  }
+  st.detail += migration;
   Log(LogLevel::kInfo, "libvirt_attached",
       {{"domain", name},
        {"vm", st.vm},
        {"socket", st.socket_path},
        {"live", do_live},
        {"config", do_config},
-       {"alias", st.alias}});
+       {"alias", st.alias},
+       {"migratable_config",
+        Master() && st.config_device &&
+            migration.find("not migratable") == std::string::npos}});
   return ToState(st);
 }
 
@@ -667,6 +704,11 @@ absl::StatusOr<DomainAttachState> DomainManager::Detach(const std::string& name,
                                        "': ", s.message()));
     }
     st.config_device = false;
+    // The override names a device that is gone; libvirt would keep it.
+    if (absl::Status o = SetMasterOverrideLocked(name, false); !o.ok()) {
+      Log(LogLevel::kWarn, "libvirt_override_failed",
+          {{"domain", name}, {"error", o.message()}});
+    }
   }
   if (live) {
     if (absl::Status s = hv_->DetachDevice(name, xml, true, false); !s.ok()) {

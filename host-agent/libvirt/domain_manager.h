@@ -137,6 +137,11 @@ class DomainManager final : public DomainControl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void SyncAllLocked(bool autoattach) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Adds (on) or removes tmemd's <qemu:override> making the device
+  // master=on in the persistent definition (domain_xml.h: libvirt 9.0
+  // drops role='master').
+  absl::Status SetMasterOverrideLocked(const std::string& name, bool on)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   // Up to options_.connect_wait for the hypervisor to be connected.
   void WaitForConnection() const ABSL_LOCKS_EXCLUDED(op_mu_);
   // The first sync with libvirt (at Start, or at the first connection made

@@ -174,11 +174,120 @@ absl::Status ParseBool(std::string_view element, std::string_view text,
 
 std::string TmemShmemXml(std::string_view socket_path, int vectors,
                          bool master) {
-  return absl::StrCat("<shmem name='", std::string(kTmemShmemName), "'",
-                      master ? " role='master'" : "",
-                      "><model type='ivshmem-doorbell'/><server path='",
-                      XmlEscape(socket_path), "'/><msi vectors='", vectors,
-                      "' ioeventfd='on'/></shmem>");
+  return absl::StrCat(
+      "<shmem name='", std::string(kTmemShmemName), "'",
+      master ? " role='master'" : "",
+      "><model type='ivshmem-doorbell'/><server path='", XmlEscape(socket_path),
+      "'/><msi vectors='", vectors, "' ioeventfd='on'/>",
+      master
+          ? absl::StrCat("<alias name='", std::string(kTmemDeviceAlias), "'/>")
+          : "",
+      "</shmem>");
+}
+
+namespace {
+
+// The <qemu:device alias='ua-tmem0'> element inside <qemu:override>.
+std::optional<Element> FindTmemOverrideDevice(std::string_view xml) {
+  const std::optional<Element> over = FindElement(xml, "override");
+  if (!over || over->self_closing || over->prefix != "qemu") {
+    return std::nullopt;
+  }
+  for (auto d = FindElement(xml, "device", over->open_end);
+       d && d->end <= over->end; d = FindElement(xml, "device", d->end)) {
+    if (d->prefix == "qemu" &&
+        Attr(StartTag(xml, *d), "alias") == std::string(kTmemDeviceAlias)) {
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
+// Removes [begin, end) and the blank space before it up to the line start.
+void EraseWithIndent(std::string& xml, size_t begin, size_t end) {
+  size_t b = begin;
+  while (b > 0 && (xml[b - 1] == ' ' || xml[b - 1] == '\t')) --b;
+  if (b > 0 && xml[b - 1] == '\n') --b;
+  xml.erase(b, end - b);
+}
+
+}  // namespace
+
+bool HasTmemMasterOverride(std::string_view xml) {
+  const std::optional<Element> dev = FindTmemOverrideDevice(xml);
+  if (!dev) return false;
+  const std::string_view body = xml.substr(dev->begin, dev->end - dev->begin);
+  for (auto p = FindElement(body, "property"); p;
+       p = FindElement(body, "property", p->end)) {
+    const std::string_view tag = StartTag(body, *p);
+    if (Attr(tag, "name") == "master") return Attr(tag, "value") == "on";
+  }
+  return false;
+}
+
+absl::StatusOr<std::string> WithTmemMasterOverride(std::string_view xml) {
+  if (HasTmemMasterOverride(xml)) return std::string(xml);
+  if (FindTmemOverrideDevice(xml)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the domain's <qemu:override> has a device '",
+        std::string(kTmemDeviceAlias),
+        "' without master=on: add <qemu:property name='master' "
+        "type='string' value='on'/> to its <qemu:frontend> by hand"));
+  }
+  const std::optional<Element> root = FindElement(xml, "domain");
+  if (!root) {
+    return absl::InvalidArgumentError("no <domain> element in the domain XML");
+  }
+  std::string out(xml);
+  const std::string block = absl::StrCat(
+      "<qemu:device alias='", std::string(kTmemDeviceAlias),
+      "'><qemu:frontend><qemu:property name='master' type='string' "
+      "value='on'/></qemu:frontend></qemu:device>");
+  const std::optional<Element> over = FindElement(xml, "override");
+  if (over && over->prefix == "qemu" && !over->self_closing) {
+    out.insert(over->open_end, block);
+  } else {
+    const size_t close = out.rfind("</domain>");
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError("the domain XML has no </domain>");
+    }
+    out.insert(close,
+               absl::StrCat("  <qemu:override>", block, "</qemu:override>\n"));
+  }
+  const std::string_view tag = StartTag(xml, *root);
+  const std::optional<std::string> ns = Attr(tag, "xmlns:qemu");
+  if (!ns) {
+    out.insert(root->open_end - 1,
+               absl::StrCat(" xmlns:qemu='", std::string(kQemuXmlnsUri), "'"));
+  } else if (*ns != kQemuXmlnsUri) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the domain XML binds prefix 'qemu' to '", *ns,
+                     "', not libvirt's QEMU namespace"));
+  }
+  return out;
+}
+
+std::string WithoutTmemMasterOverride(std::string_view xml) {
+  const std::optional<Element> dev = FindTmemOverrideDevice(xml);
+  if (!dev) return std::string(xml);
+  std::string out(xml);
+  EraseWithIndent(out, dev->begin, dev->end);
+  // An override left with nothing in it goes too.
+  const std::optional<Element> over = FindElement(out, "override");
+  if (over && over->prefix == "qemu" && !over->self_closing) {
+    const std::string_view inner = std::string_view(out).substr(
+        over->open_end, over->end - over->open_end);
+    const size_t close = inner.rfind("</");
+    const std::string_view content = inner.substr(0, close);
+    bool empty = true;
+    for (char c : content) {
+      empty = empty && absl::ascii_isspace(static_cast<unsigned char>(c));
+    }
+    if (empty) {
+      EraseWithIndent(out, over->begin, over->end);
+    }
+  }
+  return out;
 }
 
 std::optional<TmemDevice> FindTmemDevice(std::string_view xml) {

@@ -32,8 +32,35 @@ inline constexpr std::string_view kTmemMetadataPrefix = "tmem";
 // device; it needs tmemd to be ivshmem peer 1 (the VM peer 0, tmemd's
 // default), see IvshmemServer. false: role omitted, QEMU's peer mode, which
 // blocks migration.
+// With `master` the device also carries the user alias kTmemDeviceAlias,
+// which the <qemu:override> below names.
 std::string TmemShmemXml(std::string_view socket_path, int vectors,
                          bool master = true);
+
+// libvirt's namespace for QEMU-specific domain XML and the tmem device's
+// user alias (libvirt requires the "ua-" prefix).
+inline constexpr std::string_view kQemuXmlnsUri =
+    "http://libvirt.org/schemas/domain/qemu/1.0";
+inline constexpr std::string_view kTmemDeviceAlias = "ua-tmem0";
+
+// libvirt 9.0 does not pass role='master' of an ivshmem-doorbell device on
+// to QEMU (docs/libvirt.md), so QEMU runs it in peer mode, which blocks
+// migration. A persistent definition gets master=on through
+//   <qemu:override><qemu:device alias='ua-tmem0'><qemu:frontend>
+//     <qemu:property name='master' type='string' value='on'/>
+//   </qemu:frontend></qemu:device></qemu:override>
+// (applied when QEMU starts; a hot-plugged device cannot have it).
+// True when `domain_xml` has that override.
+bool HasTmemMasterOverride(std::string_view domain_xml);
+// The domain XML with the override added (the qemu namespace declared on
+// <domain>, an existing <qemu:override> kept and extended); unchanged when
+// it is there. FAILED_PRECONDITION when the XML binds prefix "qemu" to
+// another namespace or already overrides ua-tmem0 without master=on (an
+// operator's own override is never rewritten).
+absl::StatusOr<std::string> WithTmemMasterOverride(std::string_view domain_xml);
+// The domain XML without tmemd's override (an emptied <qemu:override> goes
+// too); unchanged when there is none.
+std::string WithoutTmemMasterOverride(std::string_view domain_xml);
 
 struct TmemDevice {
   std::string server_path;  // <server path=...>

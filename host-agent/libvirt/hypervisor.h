@@ -61,7 +61,8 @@ class Hypervisor {
   // Active and inactive domains.
   virtual absl::StatusOr<std::vector<DomainSummary>> ListDomains() = 0;
   virtual absl::StatusOr<DomainSummary> GetDomain(const std::string& name) = 0;
-  // `inactive`: the persistent config instead of the live one.
+  // `inactive`: the persistent config instead of the live one, with
+  // secrets (as DefineXml needs it back).
   virtual absl::StatusOr<std::string> GetXml(const std::string& name,
                                              bool inactive) = 0;
   // tmemd's metadata element (root element of namespace kTmemMetadataUri);
@@ -80,6 +81,10 @@ class Hypervisor {
   virtual absl::Status DetachDevice(const std::string& name,
                                     const std::string& xml, bool live,
                                     bool config) = 0;
+  // Replaces a persistent domain's definition with `xml` (its name and
+  // uuid say which; a running domain keeps running, the new definition
+  // applies from its next start).
+  virtual absl::Status DefineXml(const std::string& xml) = 0;
 };
 
 }  // namespace tmem

@@ -428,7 +428,12 @@ absl::StatusOr<std::string> LibvirtHypervisor::GetXml(const std::string& name,
     return s;
   }
   char* xml =
-      virDomainGetXMLDesc(h.dom, inactive ? VIR_DOMAIN_XML_INACTIVE : 0);
+      // SECURE: the persistent XML is what DefineXml writes back (with a
+      // tmem change), and without it libvirt leaves out passwords such as
+      // a VNC one, which a redefinition would then drop.
+      virDomainGetXMLDesc(
+          h.dom,
+          inactive ? VIR_DOMAIN_XML_INACTIVE | VIR_DOMAIN_XML_SECURE : 0);
   if (xml == nullptr) return LastError(absl::StrCat("XML of '", name, "'"));
   std::string out(xml);
   free(xml);  // NOLINT(cppcoreguidelines-no-malloc)
@@ -473,6 +478,18 @@ absl::Status LibvirtHypervisor::SetMetadata(const std::string& name,
                            AffectFlags(live, config)) < 0) {
     return LastError(absl::StrCat("set metadata of '", name, "'"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LibvirtHypervisor::DefineXml(const std::string& xml) {
+  MutexLock l(&mu_);
+  if (absl::Status s = NeedConnection(conn_, options_.uri); !s.ok()) return s;
+  // VALIDATE: libvirt checks the XML against its schema, so a mistake in
+  // what tmemd wrote is refused instead of half-understood.
+  virDomainPtr dom =
+      virDomainDefineXMLFlags(conn_, xml.c_str(), VIR_DOMAIN_DEFINE_VALIDATE);
+  if (dom == nullptr) return LastError("define the domain");
+  virDomainFree(dom);
   return absl::OkStatus();
 }
 

@@ -80,6 +80,7 @@ class LibvirtHypervisor final : public Hypervisor {
                             bool live, bool config) override;
   absl::Status DetachDevice(const std::string& name, const std::string& xml,
                             bool live, bool config) override;
+  absl::Status DefineXml(const std::string& xml) override;
 
   // Called from libvirt's callbacks (public for the C trampolines).
   void Emit(const DomainEvent& event) ABSL_LOCKS_EXCLUDED(handler_mu_);

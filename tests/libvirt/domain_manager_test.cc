@@ -603,5 +603,52 @@ TEST_F(DomainManagerTest, AttachWithoutAConnectionFailsAfterTheWait) {
   EXPECT_FALSE(agent_->HasVm("web1"));
 }
 
+// libvirt 9.0 drops role='master' of an ivshmem-doorbell: a persistent
+// attach writes master=on as a <qemu:override> into the definition (and a
+// persistent detach takes it out); a live-only attach says that the domain
+// cannot migrate until then.
+TEST_F(DomainManagerTest, PersistentAttachMakesTheDefinitionMigratable) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  hv_.Define("live", FakeHypervisor::Domain{});
+  hv_.Start("live");
+  ASSERT_TRUE(manager_->Start().ok());
+
+  absl::StatusOr<DomainAttachState> s = manager_->Attach("live", false);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(s->detail.find("not migratable"), std::string::npos) << s->detail;
+  EXPECT_EQ(hv_.define_calls(), 0);
+
+  s = manager_->Attach("web1", true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(s->detail.find("migratable from the next start"), std::string::npos)
+      << s->detail;
+  const std::string config = hv_.GetXml("web1", true).value();
+  EXPECT_TRUE(HasTmemMasterOverride(config)) << config;
+  EXPECT_EQ(FindTmemDevice(config)->alias, "ua-tmem0");
+  // The live device has the same user alias (what DEVICE_REMOVED names).
+  EXPECT_EQ(FindTmemDevice(hv_.GetXml("web1", false).value())->alias,
+            "ua-tmem0");
+
+  s = manager_->Detach("web1", true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(HasTmemMasterOverride(hv_.GetXml("web1", true).value()));
+  manager_->Flush();
+  // The guest acked at once (the fake's default): channel released.
+  EXPECT_FALSE(agent_->HasVm("web1"));
+}
+
+TEST_F(DomainManagerTest, AFailedOverrideIsReportedAndTheAttachStands) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  hv_.SetDefineError("fake: schema says no");
+  absl::StatusOr<DomainAttachState> s = manager_->Attach("web1", true);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE(s->persistent);
+  EXPECT_NE(s->detail.find("not migratable"), std::string::npos) << s->detail;
+  EXPECT_NE(s->detail.find("schema says no"), std::string::npos) << s->detail;
+  EXPECT_FALSE(HasTmemMasterOverride(hv_.GetXml("web1", true).value()));
+}
+
 }  // namespace
 }  // namespace tmem

@@ -17,8 +17,10 @@ TEST(DomainXmlTest, ShmemXmlRoundTrips) {
   EXPECT_EQ(dev->server_path, "/run/tmemd/a'b.sock");
 }
 
-// Migratable: libvirt turns role='master' into QEMU's master=on, without
-// which QEMU 7.2 blocks migration ("peer mode").
+// Migratable: role='master' says so in libvirt's terms, but libvirt 9.0
+// does not pass it to QEMU for ivshmem-doorbell; the user alias lets a
+// <qemu:override> set master=on (below), without which QEMU 7.2 blocks
+// migration ("peer mode").
 TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
   const std::string master = TmemShmemXml("/run/tmemd/a.sock", 1);  // default
   EXPECT_NE(master.find("<shmem name='tmem0' role='master'>"),
@@ -28,8 +30,93 @@ TEST(DomainXmlTest, MasterRoleForMigratableDevices) {
       FindTmemDevice("<domain><devices>" + master + "</devices></domain>");
   ASSERT_TRUE(dev.has_value());
   EXPECT_EQ(dev->server_path, "/run/tmemd/a.sock");
+  EXPECT_EQ(dev->alias, "ua-tmem0");
   EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1, false).find("role="),
             std::string::npos);
+  EXPECT_EQ(TmemShmemXml("/run/tmemd/a.sock", 1, false).find("<alias"),
+            std::string::npos);
+}
+
+// The persistent definition as libvirt writes it, with and without other
+// QEMU-namespace content.
+constexpr char kPlainDomain[] = R"(<domain type='kvm'>
+  <name>web1</name>
+  <devices>
+    <shmem name='tmem0' role='master'><model type='ivshmem-doorbell'/><alias name='ua-tmem0'/></shmem>
+  </devices>
+</domain>
+)";
+
+TEST(DomainXmlTest, MasterOverrideIsAddedOnceAndRemovedAgain) {
+  EXPECT_FALSE(HasTmemMasterOverride(kPlainDomain));
+  absl::StatusOr<std::string> with = WithTmemMasterOverride(kPlainDomain);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_TRUE(HasTmemMasterOverride(*with)) << *with;
+  EXPECT_NE(with->find("<domain type='kvm' xmlns:qemu='"
+                       "http://libvirt.org/schemas/domain/qemu/1.0'>"),
+            std::string::npos)
+      << *with;
+  // The override after the devices, inside <domain>.
+  EXPECT_LT(with->find("</devices>"), with->find("<qemu:override>"));
+  EXPECT_LT(with->find("</qemu:override>"), with->find("</domain>"));
+  absl::StatusOr<std::string> again = WithTmemMasterOverride(*with);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *with);
+  const std::string without = WithoutTmemMasterOverride(*with);
+  EXPECT_FALSE(HasTmemMasterOverride(without));
+  EXPECT_EQ(without.find("qemu:override"), std::string::npos) << without;
+  EXPECT_EQ(WithoutTmemMasterOverride(kPlainDomain), kPlainDomain);
+}
+
+TEST(DomainXmlTest, MasterOverrideKeepsTheOperatorsQemuXml) {
+  const std::string xml =
+      R"(<domain type='kvm' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>web1</name>
+  <qemu:commandline>
+    <qemu:arg value='-trace'/>
+  </qemu:commandline>
+  <qemu:override>
+    <qemu:device alias='ua-net0'>
+      <qemu:frontend>
+        <qemu:property name='x-txburst' type='unsigned' value='64'/>
+      </qemu:frontend>
+    </qemu:device>
+  </qemu:override>
+</domain>
+)";
+  absl::StatusOr<std::string> with = WithTmemMasterOverride(xml);
+  ASSERT_TRUE(with.ok()) << with.status();
+  EXPECT_TRUE(HasTmemMasterOverride(*with));
+  // One override element, one namespace declaration, theirs kept.
+  EXPECT_EQ(with->find("<qemu:override>"), with->rfind("<qemu:override>"));
+  EXPECT_EQ(with->find("xmlns:qemu"), with->rfind("xmlns:qemu"));
+  EXPECT_NE(with->find("x-txburst"), std::string::npos);
+  EXPECT_NE(with->find("<qemu:arg value='-trace'/>"), std::string::npos);
+  const std::string without = WithoutTmemMasterOverride(*with);
+  EXPECT_EQ(without, xml);
+}
+
+TEST(DomainXmlTest, MasterOverrideRefusesWhatItWouldHaveToRewrite) {
+  // Prefix qemu bound to something else.
+  EXPECT_EQ(WithTmemMasterOverride(
+                "<domain type='kvm' xmlns:qemu='urn:other'><name>a</name>"
+                "</domain>")
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  // The operator overrides ua-tmem0 already, without master=on.
+  const std::string theirs =
+      "<domain type='kvm' "
+      "xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'><name>a</name>"
+      "<qemu:override><qemu:device alias='ua-tmem0'><qemu:frontend>"
+      "<qemu:property name='master' type='string' value='off'/>"
+      "</qemu:frontend></qemu:device></qemu:override></domain>";
+  EXPECT_FALSE(HasTmemMasterOverride(theirs));
+  absl::StatusOr<std::string> r = WithTmemMasterOverride(theirs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("by hand"), std::string::npos);
+  EXPECT_EQ(WithTmemMasterOverride("<nothing/>").status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(DomainXmlTest, FindsOnlyTheTmemShmemWithItsAlias) {

@@ -40,6 +40,8 @@ class FakeHypervisor final : public Hypervisor {
     std::optional<std::string> live_metadata;
     std::optional<std::string> config_metadata;
     bool detach_pending = false;
+    // The <qemu:override> of the persistent definition (DefineXml).
+    std::string config_qemu_override;
   };
 
   void SetEventHandler(EventHandler handler) override {
@@ -97,14 +99,16 @@ class FakeHypervisor final : public Hypervisor {
     Emit(DomainEvent::Kind::kUndefined, name);
   }
   void GuestAcks(const std::string& name) {
+    std::string alias = "shmem0";
     {
       std::lock_guard<std::mutex> l(mu_);
       Domain& d = domains_.at(name);
       if (!d.detach_pending) return;
       d.detach_pending = false;
+      if (!d.live_devices.empty()) alias = AliasOf(d.live_devices[0], 0);
       d.live_devices.clear();
     }
-    Emit(DomainEvent::Kind::kDeviceRemoved, name, "shmem0");
+    Emit(DomainEvent::Kind::kDeviceRemoved, name, alias);
   }
   void LoseConnection() {
     connected_ = false;
@@ -175,13 +179,20 @@ class FakeHypervisor final : public Hypervisor {
     }
     int n = 0;
     for (std::string dev : live ? d.live_devices : d.config_devices) {
-      if (live) {
+      if (live && dev.find("<alias ") == std::string::npos) {
         const size_t at = dev.rfind("</shmem>");
-        dev.insert(at, absl::StrCat("<alias name='shmem", n++, "'/>"));
+        dev.insert(at, absl::StrCat("<alias name='", AliasOf(dev, n), "'/>"));
       }
+      ++n;
       absl::StrAppend(&xml, "    ", dev, "\n");
     }
-    xml += "  </devices>\n</domain>\n";
+    xml += "  </devices>\n";
+    if (!live && !d.config_qemu_override.empty()) {
+      xml.insert(xml.find('>'),
+                 " xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'");
+      absl::StrAppend(&xml, "  ", d.config_qemu_override, "\n");
+    }
+    xml += "</domain>\n";
     return xml;
   }
   absl::StatusOr<std::optional<std::string>> GetMetadata(
@@ -224,9 +235,43 @@ class FakeHypervisor final : public Hypervisor {
     if (config) Emit(DomainEvent::Kind::kDefined, name);
     return absl::OkStatus();
   }
+  // Models what tmemd changes with a definition: the <qemu:override>.
+  absl::Status DefineXml(const std::string& xml) override {
+    ++define_calls_;
+    if (!connected_) return absl::UnavailableError("fake: disconnected");
+    const size_t n0 = xml.find("<name>");
+    const size_t n1 = xml.find("</name>");
+    if (n0 == std::string::npos || n1 == std::string::npos) {
+      return absl::InvalidArgumentError("fake: no <name>");
+    }
+    const std::string name = xml.substr(n0 + 6, n1 - n0 - 6);
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      auto it = domains_.find(name);
+      if (it == domains_.end()) return NoDomain(name);
+      if (!define_error_.empty()) {
+        return absl::InvalidArgumentError(define_error_);
+      }
+      const size_t o0 = xml.find("<qemu:override>");
+      const size_t o1 = xml.find("</qemu:override>");
+      it->second.config_qemu_override =
+          o0 == std::string::npos || o1 == std::string::npos
+              ? ""
+              : xml.substr(o0, o1 + 16 - o0);
+    }
+    Emit(DomainEvent::Kind::kDefined, name);
+    return absl::OkStatus();
+  }
+  int define_calls() const { return define_calls_; }
+  // DefineXml fails with this message (empty: succeeds).
+  void SetDefineError(const std::string& error) {
+    std::lock_guard<std::mutex> l(mu_);
+    define_error_ = error;
+  }
   absl::Status DetachDevice(const std::string& name, const std::string& /*xml*/,
                             bool live, bool config) override {
     bool removed = false;
+    std::string alias = "shmem0";
     {
       std::lock_guard<std::mutex> l(mu_);
       auto it = domains_.find(name);
@@ -235,6 +280,7 @@ class FakeHypervisor final : public Hypervisor {
       if (config) d.config_devices.clear();
       if (live) {
         if (d.guest_acks) {
+          if (!d.live_devices.empty()) alias = AliasOf(d.live_devices[0], 0);
           d.live_devices.clear();
           removed = true;
         } else {
@@ -243,11 +289,18 @@ class FakeHypervisor final : public Hypervisor {
       }
     }
     if (config) Emit(DomainEvent::Kind::kDefined, name);
-    if (removed) Emit(DomainEvent::Kind::kDeviceRemoved, name, "shmem0");
+    if (removed) Emit(DomainEvent::Kind::kDeviceRemoved, name, alias);
     return absl::OkStatus();
   }
 
  private:
+  // libvirt's alias of a device: its user alias ("ua-..."), else shmem<N>.
+  static std::string AliasOf(const std::string& dev, int n) {
+    const size_t at = dev.find("<alias name='");
+    if (at == std::string::npos) return absl::StrCat("shmem", n);
+    const size_t b = at + 13;
+    return dev.substr(b, dev.find('\'', b) - b);
+  }
   static absl::Status NoDomain(const std::string& name) {
     return absl::NotFoundError(absl::StrCat("fake: no domain '", name, "'"));
   }
@@ -269,6 +322,8 @@ class FakeHypervisor final : public Hypervisor {
   mutable std::mutex mu_;
   std::map<std::string, Domain> domains_;
   int attach_calls_ = 0;
+  std::atomic<int> define_calls_{0};
+  std::string define_error_;
   std::function<void(const std::string&)> attach_hook_;
   int next_ = 0;
   std::atomic<bool> connected_{true};

@@ -86,6 +86,7 @@ declare -A ns_pid libvirtd_pid tmemd_pid
 persistent="tmemd-mig-p-${tag}"
 transient="tmemd-mig-t-${tag}"
 plain="tmemd-mig-n-${tag}"
+glued="tmemd-mig-u-${tag}"
 
 uri() { echo "qemu:///system?socket=${work}/$1/run/libvirt-sock"; }
 vsh() {
@@ -546,7 +547,41 @@ for hop in A:B B:A; do
 done
 vsh A destroy "${plain}" >/dev/null
 
-log "4. virsh migrate --live (printed, not asserted: live precopy under TCG is unreliable here)"
+log "4. tmemctl attach --persistent (the glue writes master=on as a <qemu:override>): migrates after a restart"
+domain_xml "${glued}" "$(cat /proc/sys/kernel/random/uuid)" 0 >"${work}/u.xml"
+vsh A define "${work}/u.xml" >/dev/null || fail "virsh define ${glued} on A failed"
+vsh A start "${glued}" >/dev/null || fail "virsh start ${glued} on A failed"
+out="$(ctl A attach --persistent "${glued}" 2>&1)" || fail "tmemctl attach --persistent ${glued}: ${out}"
+log "   tmemctl attach: ${out}"
+[[ "${out}" == *"migratable from the next start"* ]] || fail "tmemctl attach does not say when ${glued} becomes migratable"
+inactive="$(vsh A dumpxml --inactive "${glued}")"
+[[ "${inactive}" == *"<qemu:property name='master' type='string' value='on'/>"* && "${inactive}" == *"<alias name='ua-tmem0'/>"* ]] ||
+  fail "the persistent definition of ${glued} lacks the device's alias or the master=on override: ${inactive}"
+if migrate A B "${glued}" glue_hotplugged; then
+  log "   the hot-plugged device migrated (this libvirt passes role='master' on hot-plug)"
+  migrate B A "${glued}" glue_hotplugged_back || fail "virsh migrate ${glued} B -> A: $(cat "${work}/migrate.out")"
+else
+  log "   hot-plugged device (before a restart), as expected refused: $(tr '\n' ' ' <"${work}/migrate.out")"
+fi
+vsh A destroy "${glued}" >/dev/null || fail "virsh destroy ${glued} failed"
+vsh A start "${glued}" >/dev/null || fail "virsh start ${glued} (restart) failed"
+wait_until 30 is_field A "${glued}" connected true || fail "QEMU did not connect to A's tmemd after the restart"
+before="$(vm_field B "${glued}" foreign_regions)"
+[[ "${before}" == absent ]] && before=0
+migrate A B "${glued}" glue_attached ||
+  fail "virsh migrate ${glued} A -> B after attach --persistent and a restart: $(cat "${work}/migrate.out")"
+wait_until 30 is_field B "${glued}" connected true || fail "QEMU on B did not connect to B's tmemd"
+wait_until 30 more_than B "${glued}" foreign_regions "${before}" || fail "B's tmemd counted no foreign region for ${glued}"
+migrate B A "${glued}" glue_attached || fail "virsh migrate ${glued} B -> A: $(cat "${work}/migrate.out")"
+wait_until 30 is_field A "${glued}" connected true || fail "QEMU did not connect to A's tmemd after coming back"
+out="$(ctl A detach --persistent "${glued}" 2>&1)" || fail "tmemctl detach --persistent ${glued}: ${out}"
+[[ "$(vsh A dumpxml --inactive "${glued}")" != *"ua-tmem0"* ]] ||
+  fail "the persistent definition of ${glued} keeps tmem's device or override after detach --persistent"
+vsh A destroy "${glued}" >/dev/null
+vsh A undefine "${glued}" >/dev/null
+log "   migrated A -> B -> A with the device the glue wrote; detach --persistent took device and override out"
+
+log "5. virsh migrate --live (printed, not asserted: live precopy under TCG is unreliable here)"
 before="$(vm_field B "${persistent}" foreign_regions)"
 if migrate A B "${persistent}" live_with_tmem --live; then
   if wait_until 30 more_than B "${persistent}" foreign_regions "${before}" &&
