@@ -139,6 +139,11 @@ for preset in "${presets[@]}"; do
     printf 'FAILED TEST: %s: %s\n' "${preset}" "$(tr -s ' ' <<<"${line}" | sed 's/^ //')"
   done < <(sed -n '/The following tests FAILED:/,/^Errors while running/p' "${log}" \
              | grep -E '^[[:space:]]+[0-9]+ - ')
+  # What failed inside them (ctest prints a failed test's output): the
+  # gtest failure lines and the scripts' FAIL lines, so that a CI log cut
+  # to its end still says why.
+  grep -E ': Failure$|^\[  FAILED  \] [A-Za-z]|FAIL: |^(Expected|Value of|  Actual|Which is|  Expected)' "${log}" \
+    | grep -v 'listed below' | head -40 | sed "s/^/  ${preset} detail: /"
 done
 if ((failed > 0)); then
   printf 'RESULT: FAIL (%d step(s) failed)\n' "${failed}"
