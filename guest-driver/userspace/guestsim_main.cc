@@ -5,6 +5,8 @@
 //
 // Exit status: 0 success; 1 the coherency check saw a wrong page; 2 a
 // usage, connect or attach error.
+#include <signal.h>
+
 #include <atomic>
 #include <chrono>
 #include <cinttypes>
@@ -39,7 +41,18 @@ struct Options {
   int connect_timeout_ms = 5000;
   int get_timeout_us = 50'000;
   int progress_ms = 1000;
+  // After the workload, stay attached (pools and stored pages kept) until
+  // SIGTERM or SIGINT: a guest whose pages outlive its workload.
+  bool hold = false;
 };
+
+// Set by SIGTERM/SIGINT while holding (a lock-free atomic: signal-safe).
+std::atomic<bool> g_release{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void OnReleaseSignal(int /*sig*/) {
+  g_release.store(true, std::memory_order_relaxed);
+}
 
 struct GuestRun {
   std::string socket;
@@ -112,6 +125,15 @@ void RunGuest(const Options& opt, const WorkloadConfig& config, GuestRun* run,
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   run->counters = (*guest)->counters();
+  if (opt.hold && run->status.ok()) {
+    // The line the caller waits for: the workload is done, the pages stay.
+    std::fprintf(stderr, "tmem-guestsim: %s: holding until SIGTERM\n",
+                 run->socket.c_str());
+    while (!g_release.load(std::memory_order_relaxed)) {
+      (*guest)->Poll();
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
 }
 
 double Rate(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
@@ -278,11 +300,21 @@ int Main(int argc, char** argv) {
   app.add_option("--progress-ms", opt.progress_ms,
                  "progress line on stderr every this many ms (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--hold", opt.hold,
+               "after the workload stay attached, pages kept, until SIGTERM "
+               "(or SIGINT); then report and exit");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
+  }
+  if (opt.hold) {
+    struct sigaction sa {};
+    sa.sa_handler = OnReleaseSignal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, nullptr);
+    sigaction(SIGINT, &sa, nullptr);
   }
 
   if (opt.guests != 0 && opt.guests != static_cast<int>(opt.sockets.size())) {

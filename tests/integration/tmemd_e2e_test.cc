@@ -539,10 +539,19 @@ TEST_F(DeferredCompressionE2eTest, CompactorStaysOffABusyCpuAndLosesNothing) {
   const int64_t compactor0 = SumRunNanos(compactors);
   const int64_t hog0 = hog_ns();
 
-  auto kept = Guestsim("kept", {"--workload", "seq", "--pages", "4000"});
+  // `kept` stays attached after its puts (--hold): a guest that leaves
+  // takes its pages with it, and a starved compactor would then rightly
+  // find nothing left to compress once the hogs stop.
+  auto kept =
+      Guestsim("kept", {"--workload", "seq", "--pages", "4000", "--hold"});
   auto reread = Guestsim("reread", {"--workload", "reread", "--pages", "2000",
                                     "--ops", "20000", "--seed", "4"});
-  EXPECT_EQ(kept->Wait(), 0) << kept->Log();
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        return kept->Log().find("holding until SIGTERM") != std::string::npos;
+      },
+      180000))
+      << kept->Log();
   EXPECT_EQ(reread->Wait(), 0) << reread->Log();
   // A stats line written after the guests finished, hogs still running.
   std::this_thread::sleep_for(milliseconds(2500));
@@ -560,11 +569,13 @@ TEST_F(DeferredCompressionE2eTest, CompactorStaysOffABusyCpuAndLosesNothing) {
       << " ns\n"
       << tmemd->Log();
 
-  // Hogs gone: the queue drains; every ticket ends one way or another.
+  // Hogs gone: the queue drains; every ticket ends one way or another, and
+  // the held guest's pages end up compressed.
   const CompactorLog idle = WaitForCompactorDrained(*tmemd, 180000);
   EXPECT_EQ(idle.pending(), 0) << tmemd->Log();
   EXPECT_GT(idle.compressed, 0) << tmemd->Log();
   EXPECT_GE(idle.compressed, busy.compressed) << tmemd->Log();
+  EXPECT_EQ(kept->Stop(), 0) << kept->Log();
   ASSERT_TRUE(tmemd->Running()) << tmemd->Log();
   EXPECT_EQ(StopTmemd(*tmemd), 0) << tmemd->Log();
   const std::string log = tmemd->Log();
