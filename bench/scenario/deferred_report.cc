@@ -40,14 +40,16 @@ std::map<std::string, double> DeferredMetrics(const TmemdLog& log,
   m["compression_ratio"] = log.compression_ratio;
   const double compressed = Num(k, "compressed");
   const double within = Num(k, "within_2s");
-  // Pages the valve stored raw (out of CPU) are stored pages never
-  // compressed: they count against the share like late ones.
-  double valve_raw = 0;
-  for (const auto& [vm, fields] : log.vm_stats) {
-    valve_raw += Num(fields, "valve_raw");
-  }
+  // What the compactor owed: every page it compressed (late ones count
+  // against the share), and the queued pages it could not (no room, queue
+  // full). Pages read back or invalidated before their turn are not owed
+  // (the issue wants them skipped), nor poorly compressible ones (kept
+  // raw). Puts the valve decided raw for want of CPU are queued too with
+  // deferred compression (Valve::DecidePut returns kDefer for them), so
+  // they are in these counts already: adding valve_raw again counted each
+  // such page twice (the 47.2% of 2026-12-02 04:30).
   const double owed =
-      compressed + Num(k, "no_room") + Num(k, "queue_overflows") + valve_raw;
+      compressed + Num(k, "no_room") + Num(k, "queue_overflows");
   m["compact_owed"] = owed;
   m["compact_compressed"] = compressed;
   m["compact_within_2s"] = within;
@@ -103,8 +105,8 @@ std::vector<Target> DeferredTargets(const std::vector<std::string>& scenarios,
         Fmt(m("idle", "deferred", "compact_within_2s"), "%.0f") + " of " +
         Fmt(m("idle", "deferred", "compact_owed"), "%.0f") + ": compressed " +
         Fmt(m("idle", "deferred", "compact_compressed"), "%.0f") +
-        ", stored raw by the valve " +
-        Fmt(m("idle", "deferred", "valve_raw"), "%.0f") + ", overflows " +
+        " (of them queued raw for want of CPU " +
+        Fmt(m("idle", "deferred", "valve_raw"), "%.0f") + "), overflows " +
         Fmt(m("idle", "deferred", "compact_overflows"), "%.0f") + ", no room " +
         Fmt(m("idle", "deferred", "compact_no_room"), "%.0f") + ")";
     x.goal = ">= 95%";
