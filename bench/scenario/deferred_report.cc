@@ -105,7 +105,7 @@ std::vector<Target> DeferredTargets(const std::vector<std::string>& scenarios,
         Fmt(m("idle", "deferred", "compact_within_2s"), "%.0f") + " of " +
         Fmt(m("idle", "deferred", "compact_owed"), "%.0f") + ": compressed " +
         Fmt(m("idle", "deferred", "compact_compressed"), "%.0f") +
-        " (of them queued raw for want of CPU " +
+        " (the valve's puts queued raw for want of CPU: " +
         Fmt(m("idle", "deferred", "valve_raw"), "%.0f") + "), overflows " +
         Fmt(m("idle", "deferred", "compact_overflows"), "%.0f") + ", no room " +
         Fmt(m("idle", "deferred", "compact_no_room"), "%.0f") + ")";
