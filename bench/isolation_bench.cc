@@ -89,6 +89,7 @@ struct Snapshot {
   Sched tmemd;      // every tmemd thread, summed
   int64_t neighbour_charged_ns = 0;  // worker CPU the valve charged the VM
   int64_t attackers_charged_ns = 0;  // ... and the attackers' VMs, summed
+  OpTimes kinds;                     // the neighbour's ops by kind, timed
 };
 
 struct Usage {
@@ -98,6 +99,7 @@ struct Usage {
   Sched neighbour, attackers, workers, tmemd;
   int64_t neighbour_charged_ns = 0, attackers_charged_ns = 0;
   uint64_t ops = 0;
+  OpTimes kinds;
 };
 
 int64_t ChargedNs(const Tmemd& tmemd, const std::string& vm) {
@@ -126,6 +128,7 @@ Snapshot Take(const Tmemd& tmemd, const VerifiedGuest& guest,
   }
   s.ops = guest.ops();
   s.hits = guest.hits() + guest.bulk_hits();
+  s.kinds = guest.op_times();
   s.at = std::chrono::steady_clock::now();
   return s;
 }
@@ -143,6 +146,7 @@ Usage Between(const Snapshot& a, const Snapshot& b) {
   u.tmemd = b.tmemd - a.tmemd;
   u.neighbour_charged_ns = b.neighbour_charged_ns - a.neighbour_charged_ns;
   u.attackers_charged_ns = b.attackers_charged_ns - a.attackers_charged_ns;
+  u.kinds = b.kinds - a.kinds;
   return u;
 }
 
@@ -151,6 +155,7 @@ struct Row {
   std::string attackers_cpu;  // "unbounded" or "SCHED_IDLE"
   Usage alone;                // the alone window before the attack
   Usage attacked;
+  OpTimes alone_kinds;  // both alone windows around the attack
   double alone_ops = 0;
   double attacked_ops = 0;
   double attacked_hits = 0;
@@ -260,6 +265,8 @@ std::vector<Row> RunScenario(
       const Usage alone_after =
           Window(host, **guest, none, {}, settings.window_ms);
       row.alone = alone_before;
+      row.alone_kinds = alone_before.kinds;
+      row.alone_kinds += alone_after.kinds;
       row.alone_ops = (alone_before.ops_per_s + alone_after.ops_per_s) / 2;
       row.attacked_ops = row.attacked.ops_per_s;
       row.attacked_hits = row.attacked.hits_per_s;
@@ -283,6 +290,24 @@ std::vector<Row> RunScenario(
     rows.push_back(Failed("tmemd exit: " + (*tmemd)->Log()));
   }
   return rows;
+}
+
+// The attacked window's ops timed at the alone windows' mean per kind, over
+// their time attacked: 1.0 means tmemd served the neighbour's gets, puts and
+// invalidates as fast as when it was alone, whatever the mix (ops/s moves
+// with the hit ratio: a hit costs the neighbour a verify, a miss does not).
+// Kinds the alone windows never saw are left out.
+double ServiceRatio(const OpTimes& alone, const OpTimes& attacked) {
+  double expected = 0;
+  double actual = 0;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (attacked.count[k] == 0 || alone.count[k] == 0) continue;
+    expected += static_cast<double>(attacked.count[k]) *
+                static_cast<double>(alone.ns[k]) /
+                static_cast<double>(alone.count[k]);
+    actual += static_cast<double>(attacked.ns[k]);
+  }
+  return actual > 0 ? expected / actual : 0;
 }
 
 double LoadAverage() {
@@ -452,6 +477,31 @@ int Main(int argc, char** argv) {
     if (r.attacked.seconds > 0) {
       PrintTimeRow(r.attack + ": attacked, " + r.attackers_cpu, r.attacked);
     }
+  }
+  // The neighbour's time inside each kind of call, alone (both windows
+  // around the attack) and attacked: the service tmemd gave it, apart from
+  // the mix.
+  std::printf(
+      "\n| attack | attackers' CPU | get hit us alone / attacked | get miss "
+      "us | put us | invalidate us | ops alone / attacked (hit, miss, put, "
+      "inval) | service-time ratio (target >= 0.8) |\n| --- | --- | --- | --- "
+      "| --- | --- | --- | --- |\n");
+  for (const Row& r : rows) {
+    if (r.attacked.seconds <= 0) continue;
+    const OpTimes& a = r.alone_kinds;
+    const OpTimes& b = r.attacked.kinds;
+    auto pair = [&](OpKind k) {
+      return absl::StrFormat("%.2f / %.2f", a.MeanUs(k), b.MeanUs(k));
+    };
+    auto counts = [](const OpTimes& t) {
+      return absl::StrFormat("%d, %d, %d, %d", t.count[0], t.count[1],
+                             t.count[2], t.count[3]);
+    };
+    std::printf("| %s | %s | %s | %s | %s | %s | %s / %s | %.2f |\n",
+                r.attack.c_str(), r.attackers_cpu.c_str(),
+                pair(OpKind::kGetHit).c_str(), pair(OpKind::kGetMiss).c_str(),
+                pair(OpKind::kPut).c_str(), pair(OpKind::kInvalidate).c_str(),
+                counts(a).c_str(), counts(b).c_str(), ServiceRatio(a, b));
   }
   return ok ? 0 : 1;
 }

@@ -272,7 +272,65 @@ bool VerifiedGuest::Verify(const char* what, uint64_t key, const uint8_t* got,
   return false;
 }
 
+const char* OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kGetHit:
+      return "get hit";
+    case OpKind::kGetMiss:
+      return "get miss";
+    case OpKind::kPut:
+      return "put";
+    case OpKind::kInvalidate:
+      return "invalidate";
+  }
+  return "?";
+}
+
+OpTimes OpTimes::operator-(const OpTimes& o) const {
+  OpTimes d;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    d.count[k] = count[k] - o.count[k];
+    d.ns[k] = ns[k] - o.ns[k];
+  }
+  return d;
+}
+
+OpTimes& OpTimes::operator+=(const OpTimes& o) {
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    count[k] += o.count[k];
+    ns[k] += o.ns[k];
+  }
+  return *this;
+}
+
+double OpTimes::MeanUs(OpKind kind) const {
+  const auto k = static_cast<size_t>(kind);
+  return count[k] == 0
+             ? 0
+             : static_cast<double>(ns[k]) / 1e3 / static_cast<double>(count[k]);
+}
+
+OpTimes VerifiedGuest::op_times() const {
+  OpTimes t;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    t.count[k] = op_count_[k].load(std::memory_order_relaxed);
+    t.ns[k] = op_ns_[k].load(std::memory_order_relaxed);
+  }
+  return t;
+}
+
+void VerifiedGuest::Count(OpKind kind,
+                          std::chrono::steady_clock::time_point since) {
+  const auto k = static_cast<size_t>(kind);
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - since)
+                      .count();
+  op_ns_[k].fetch_add(static_cast<uint64_t>(ns), std::memory_order_relaxed);
+  op_count_[k].fetch_add(1, std::memory_order_relaxed);
+}
+
 void VerifiedGuest::Loop() {
+  using Clock = std::chrono::steady_clock;
   tid_.store(gettid(), std::memory_order_release);
   std::mt19937_64 rng(0x5eed);
   alignas(64) uint8_t got[TMEM_PAGE_SIZE];
@@ -286,25 +344,35 @@ void VerifiedGuest::Loop() {
       const uint64_t i = (r >> 8) % bulk_objects_;
       gets_.fetch_add(1, std::memory_order_relaxed);
       std::memset(want, BulkByte(i), sizeof(want));
-      if (guest_->Get(bulk_pool_, BulkObject(i), 0,
-                      TmemGuest::MutablePage(got))) {
+      Clock::time_point t0 = Clock::now();
+      const bool hit = guest_->Get(bulk_pool_, BulkObject(i), 0,
+                                   TmemGuest::MutablePage(got));
+      Count(hit ? OpKind::kGetHit : OpKind::kGetMiss, t0);
+      if (hit) {
         bulk_hits_.fetch_add(1, std::memory_order_relaxed);
         Verify("bulk", i, got, want);
       }
+      t0 = Clock::now();
       guest_->Put(bulk_pool_, BulkObject(i), 0, TmemGuest::Page(want));
+      Count(OpKind::kPut, t0);
       ops_.fetch_add(2, std::memory_order_relaxed);
       continue;
     }
     const uint64_t key = (r >> 8) % n;
     if ((r & 0xf) == 1) {
+      const Clock::time_point t0 = Clock::now();
       guest_->InvalidatePage(working_pool_, WorkingObject(key), key % 16);
+      Count(OpKind::kInvalidate, t0);
       versions_[key] = 0;
       ops_.fetch_add(1, std::memory_order_relaxed);
       continue;
     }
     gets_.fetch_add(1, std::memory_order_relaxed);
-    if (guest_->Get(working_pool_, WorkingObject(key), key % 16,
-                    TmemGuest::MutablePage(got))) {
+    Clock::time_point t0 = Clock::now();
+    const bool hit = guest_->Get(working_pool_, WorkingObject(key), key % 16,
+                                 TmemGuest::MutablePage(got));
+    Count(hit ? OpKind::kGetHit : OpKind::kGetMiss, t0);
+    if (hit) {
       hits_.fetch_add(1, std::memory_order_relaxed);
       if (versions_[key] == 0) {
         Verify("working", key, got, nullptr);
@@ -317,8 +385,10 @@ void VerifiedGuest::Loop() {
     // a miss it holds nothing either. Either way the next put is the truth.
     const uint64_t version = next_version_++;
     FillWorkingPage(key, version, want);
+    t0 = Clock::now();
     guest_->Put(working_pool_, WorkingObject(key), key % 16,
                 TmemGuest::Page(want));
+    Count(OpKind::kPut, t0);
     versions_[key] = version;
     ops_.fetch_add(2, std::memory_order_relaxed);
   }

@@ -19,7 +19,9 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -91,6 +93,23 @@ void FillWorkingPage(uint64_t key, uint64_t version, uint8_t* page);
 // The fill byte of bulk object `i` (a same-filled page, never zero).
 uint8_t BulkByte(uint64_t i);
 
+// The neighbour's operations by kind, and the time each kind spent inside
+// the guest library's call (posting, waiting for tmemd, copying): a get
+// that hits costs more than one that misses, so throughput over a mixed
+// workload moves with the hit ratio; time per kind does not.
+enum class OpKind { kGetHit, kGetMiss, kPut, kInvalidate };
+inline constexpr int kNumOpKinds = 4;
+const char* OpKindName(OpKind kind);
+
+struct OpTimes {
+  std::array<uint64_t, kNumOpKinds> count{};
+  std::array<uint64_t, kNumOpKinds> ns{};
+  OpTimes operator-(const OpTimes& o) const;
+  OpTimes& operator+=(const OpTimes& o);
+  // Mean microseconds per op of `kind` (0 when none).
+  double MeanUs(OpKind kind) const;
+};
+
 struct VerifiedGuestOptions {
   // Keys of the working set, cycled through at random: get (verify), then
   // put a new version; one op in 16 invalidates the key instead.
@@ -129,6 +148,7 @@ class VerifiedGuest {
   uint64_t mismatches() const {
     return mismatches_.load(std::memory_order_relaxed);
   }
+  OpTimes op_times() const;
   // The kernel thread id of the guest's loop once started (0 before), for
   // reading its scheduler statistics in /proc.
   pid_t tid() const { return tid_.load(std::memory_order_acquire); }
@@ -139,6 +159,7 @@ class VerifiedGuest {
  private:
   VerifiedGuest() = default;
   void Loop();
+  void Count(OpKind kind, std::chrono::steady_clock::time_point since);
   bool Verify(const char* what, uint64_t key, const uint8_t* got,
               const uint8_t* want);
 
@@ -155,6 +176,8 @@ class VerifiedGuest {
   std::atomic<uint64_t> ops_{0}, gets_{0}, hits_{0}, bulk_hits_{0},
       mismatches_{0};
   std::atomic<pid_t> tid_{0};
+  std::array<std::atomic<uint64_t>, kNumOpKinds> op_count_{};
+  std::array<std::atomic<uint64_t>, kNumOpKinds> op_ns_{};
   mutable std::mutex log_mu_;
   std::vector<std::string> mismatch_log_;  // guarded by log_mu_
   GuestCounters final_counters_;           // guarded by log_mu_
