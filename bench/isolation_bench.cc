@@ -38,6 +38,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "bench/method.h"
 #include "tests/hostile/hostile_harness.h"
 
 namespace tmem::hostile {
@@ -285,13 +286,6 @@ std::vector<Row> RunScenario(
   return rows;
 }
 
-double LoadAverage() {
-  double load = -1;
-  std::ifstream in("/proc/loadavg");
-  in >> load;
-  return load;
-}
-
 // Microseconds per neighbour op of `nanos`.
 double PerOp(int64_t nanos, const Usage& u) {
   return u.ops == 0
@@ -348,7 +342,7 @@ int Main(int argc, char** argv) {
   std::vector<Bound> bounds;
   if (attackers_cpu != "idle") bounds.push_back(Bound::kUnbounded);
   if (attackers_cpu != "unbounded") bounds.push_back(Bound::kIdle);
-  const double load_before = LoadAverage();
+  const double load_before = bench::LoadAverage();
   char tmpl[] = "/tmp/tmem-isolation-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("mkdtemp");
@@ -413,7 +407,7 @@ int Main(int argc, char** argv) {
   std::filesystem::remove_all(root, ec);
 
   std::printf("load average (1 min) %.2f before, %.2f after\n\n", load_before,
-              LoadAverage());
+              bench::LoadAverage());
   std::printf(
       "| attack | attackers' CPU | alone ops/s | attacked ops/s | ratio "
       "(target >= 0.8) | hits/s attacked | attack entries | max "

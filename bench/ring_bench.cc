@@ -106,6 +106,7 @@
 #include "backend/tmem_store.h"
 #include "backend/types.h"
 #include "bench/bench_support.h"
+#include "bench/method.h"
 #include "bench/page_corpus.h"
 #include "bench/summary.h"
 #include "guest-driver/userspace/ivshmem_client.h"
@@ -118,8 +119,6 @@
 
 namespace tmem::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // Targets (SPECIFICATION.md, "Data plane").
 inline constexpr double kTargetRingPutOverInProcess = 0.8;
@@ -135,17 +134,12 @@ inline constexpr int kPollingPollUs = 1000000;
 // both sides store the same pages.
 inline constexpr uint64_t kStoreCapBytes = uint64_t{2} << 30;
 
-// A two-thread round is disturbed when our threads together waited for a
-// CPU more than this fraction of its wall time (two threads on two CPUs
-// wait ~0 on an idle machine).
-inline constexpr double kMaxOwnWait = 0.02;
 // An oversubscribed pass is disturbed when it got less than this fraction
 // of the CPUs it could use (min(busy threads, CPUs)).
 inline constexpr double kMinCpuShare = 0.95;
-// A round judged by other processes' CPU time is disturbed above this many
-// CPUs. /proc/stat counts in 10 ms ticks, so this needs rounds of 100 ms or
-// more (the asleep-worker rounds are ~140 ms).
-inline constexpr double kMaxOthersCpu = 0.2;
+// (Rounds judged by other processes' CPU time, kMaxOthersCpu in
+// bench/method.h, need rounds of 100 ms or more: the asleep-worker rounds are
+// ~140 ms.)
 
 struct RingBenchOptions {
   int rounds = 31;
@@ -182,238 +176,13 @@ std::string Fmt(const char* fmt, Args... args) {
 
 unsigned long long U(uint64_t v) { return static_cast<unsigned long long>(v); }
 
-double NsBetween(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::nano>(b - a).count();
-}
-
-// CPU time of the whole process (every thread: guests, worker, in-process
-// putters), so the ring's total CPU per page can be set beside the store's.
-int64_t ProcessCpuNs() {
-  timespec ts{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
-
-struct Spread {
-  double median = 0, p25 = 0, p75 = 0;
-  explicit Spread(const std::vector<double>& v)
-      : median(Percentile(v, 0.5)),
-        p25(Percentile(v, 0.25)),
-        p75(Percentile(v, 0.75)) {}
-};
-
-std::vector<double> Ratios(const std::vector<double>& a,
-                           const std::vector<double>& b) {
-  std::vector<double> r;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
-    r.push_back(b[i] > 0 ? a[i] / b[i] : 0);
-  }
-  return r;
-}
-
 std::string SetLabel(const char* name, const PageSet& set) {
   return std::string(name) + " (" + std::to_string(set.size()) + ")";
-}
-
-std::string LoadAverage() {
-  std::string load = "?";
-  std::ifstream loadavg("/proc/loadavg");
-  loadavg >> load;
-  return load;
 }
 
 // The guest library's object id for key `k`: the same (object, index) the
 // in-process side uses (bench_support.h's key space).
 TmemGuest::ObjectId GuestOid(uint64_t k) { return KeyObject(k).words; }
-
-// --- Did the machine give us its CPUs? --------------------------------------
-
-// schedstat's second field: ns this thread spent runnable, waiting for a
-// CPU. 0 if the kernel does not provide it.
-int64_t RunDelayNs(const std::string& schedstat_path) {
-  std::ifstream f(schedstat_path);
-  long long run = 0, wait = 0;
-  f >> run >> wait;
-  return f ? wait : 0;
-}
-
-// This process's threads, by id.
-std::set<std::string> TaskIds() {
-  std::set<std::string> ids;
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return ids;
-  // readdir is safe on a stream no other thread uses.
-  while (const dirent* e = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe)
-    if (e->d_name[0] != '.') ids.insert(e->d_name);
-  }
-  closedir(dir);
-  return ids;
-}
-
-// schedstat's first field: ns thread `tid` has run; 0 if unknown.
-int64_t TaskCpuNs(const std::string& tid) {
-  if (tid.empty()) return 0;
-  std::ifstream f("/proc/self/task/" + tid + "/schedstat");
-  long long run = 0;
-  f >> run;
-  return f ? run : 0;
-}
-
-// Waits of our threads that have exited (RunThreads' threads add their own
-// before they end), which /proc/self/task no longer lists.
-std::atomic<int64_t> g_exited_wait_ns{0};
-
-// Run-queue wait of every thread this process has had.
-int64_t OwnWaitNs() {
-  int64_t sum = g_exited_wait_ns.load();
-  DIR* dir = opendir("/proc/self/task");
-  if (dir == nullptr) return sum;
-  // readdir is safe on a stream no other thread uses.
-  while (const dirent* e = readdir(dir)) {  // NOLINT(concurrency-mt-unsafe)
-    if (e->d_name[0] == '.') continue;
-    sum +=
-        RunDelayNs(std::string("/proc/self/task/") + e->d_name + "/schedstat");
-  }
-  closedir(dir);
-  return sum;
-}
-
-// All CPUs' non-idle time and the hypervisor's steal, in ns (/proc/stat).
-struct CpuTimes {
-  int64_t busy_ns = 0;
-  int64_t steal_ns = 0;
-};
-
-CpuTimes ReadCpuTimes() {
-  static const int64_t tick_ns = 1000000000 / sysconf(_SC_CLK_TCK);
-  std::ifstream f("/proc/stat");
-  std::string cpu;
-  long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0,
-            softirq = 0, steal = 0;
-  f >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >>
-      steal;
-  CpuTimes t;
-  if (!f || cpu != "cpu") return t;
-  t.busy_ns = (user + nice + system + irq + softirq) * tick_ns;
-  t.steal_ns = steal * tick_ns;
-  return t;
-}
-
-struct MachineSample {
-  Clock::time_point wall;
-  int64_t own_cpu_ns = 0;
-  int64_t own_wait_ns = 0;
-  CpuTimes cpu;
-
-  static MachineSample Now() {
-    MachineSample s;
-    s.own_wait_ns = OwnWaitNs();
-    s.cpu = ReadCpuTimes();
-    s.own_cpu_ns = ProcessCpuNs();
-    s.wall = Clock::now();
-    return s;
-  }
-};
-
-struct Disturbance {
-  double own_wait = 0;    // our threads' run-queue wait / wall time
-  double others_cpu = 0;  // CPUs other processes and steal used (10 ms
-                          // ticks: only meaningful over long intervals)
-  double scaling = 0;     // MachineScaling() around the round (the lower)
-
-  static Disturbance Between(const MachineSample& a, const MachineSample& b) {
-    const double wall = std::max(1.0, NsBetween(a.wall, b.wall));
-    Disturbance d;
-    d.own_wait = static_cast<double>(b.own_wait_ns - a.own_wait_ns) / wall;
-    const double others =
-        static_cast<double>((b.cpu.busy_ns - a.cpu.busy_ns) +
-                            (b.cpu.steal_ns - a.cpu.steal_ns)) -
-        static_cast<double>(b.own_cpu_ns - a.own_cpu_ns);
-    d.others_cpu = std::max(0.0, others / wall);
-    return d;
-  }
-};
-
-// Whether round i was undisturbed, given what the machine did meanwhile.
-using Judge = std::function<bool(int round, const Disturbance& d)>;
-
-// Every rule also needs the machine to have had two real CPUs around the
-// round (the summary's kMachineScalingFloor on LZ4 alone), where that could
-// be probed (scaling < 0: not probed).
-bool TwoCpus(const Disturbance& d) {
-  return d.scaling < 0 || d.scaling >= kMachineScalingFloor;
-}
-
-// Two threads of ours on two CPUs: any wait for a CPU is a neighbour's.
-bool NoOwnWait(int /*round*/, const Disturbance& d) {
-  return TwoCpus(d) && d.own_wait <= kMaxOwnWait;
-}
-std::string NoOwnWaitRule() {
-  return Fmt("our threads waited for a CPU <= %.0f%% of the round",
-             100 * kMaxOwnWait);
-}
-
-// Where our own wake-ups make our threads wait (the asleep worker is often
-// woken on the CPU where the guest is still spinning), only other processes
-// can tell a disturbed round.
-bool NoOthers(int /*round*/, const Disturbance& d) {
-  return TwoCpus(d) && d.others_cpu <= kMaxOthersCpu;
-}
-std::string NoOthersRule() {
-  return Fmt(
-      "other processes used <= %.1f CPUs in the round (not our own wait: our "
-      "wake-ups cause some)",
-      kMaxOthersCpu);
-}
-
-struct Rounds {
-  std::vector<Disturbance> disturbance;  // per timed round
-  Disturbance section;                   // over all timed rounds
-  std::string rule;                      // how rounds were judged
-  std::vector<bool> undisturbed;
-
-  std::vector<size_t> used;  // the rounds whose results count
-  bool enough = true;        // used = undisturbed rounds
-
-  int count() const { return static_cast<int>(undisturbed.size()); }
-  int calm() const {
-    return static_cast<int>(
-        std::count(undisturbed.begin(), undisturbed.end(), true));
-  }
-  // Picks the used rounds' entries out of per-round results.
-  std::vector<double> Pick(const std::vector<double>& v) const {
-    std::vector<double> out;
-    for (size_t i : used) out.push_back(v[i]);
-    return out;
-  }
-  std::string Describe() const {
-    std::string s = enough ? Fmt("%d undisturbed of %d rounds", calm(), count())
-                           : Fmt("WARNING: machine busy, only %d of %d rounds "
-                                 "undisturbed; figures over all rounds",
-                                 calm(), count());
-    std::vector<double> scaling;
-    for (const Disturbance& d : disturbance) scaling.push_back(d.scaling);
-    const std::string probe =
-        scaling.empty() || scaling[0] < 0
-            ? ", no LZ4 probe: the polling worker holds a CPU"
-            : Fmt(", and LZ4 alone scaled >= %.2fx on 2 threads just before "
-                  "and after (median %.2fx)",
-                  kMachineScalingFloor, Percentile(scaling, 0.5));
-    return s + " (undisturbed: " + rule + probe +
-           Fmt("; over the section our threads waited for a CPU %.0f%% of "
-               "the time and other processes used %.2f CPUs)",
-               100 * section.own_wait, section.others_cpu);
-  }
-};
 
 class Progress {
  public:
@@ -421,7 +190,7 @@ class Progress {
   void Step(const std::string& what) {
     if (!verbose_) return;
     std::fprintf(stderr, "ring: [%d/%d] %5.1fs %s (load %s)\n", ++step_, steps_,
-                 Seconds(), what.c_str(), LoadAverage().c_str());
+                 Seconds(), what.c_str(), LoadAverageText().c_str());
   }
   void Note(const std::string& what) {
     if (!verbose_) return;
@@ -440,108 +209,22 @@ class Progress {
   Clock::time_point t0_ = Clock::now();
 };
 
-// Runs body(t) for t in [0, n) on n new threads released together; returns
-// the wall time from the earliest start to the last finish (a late starter
-// counts against throughput, as it would in real use). Both sides of every
-// comparison run through here, so thread start-up costs them the same.
-double RunThreads(int n, const std::function<void(int)>& body) {
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<Clock::time_point> start(n), end(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int t = 0; t < n; ++t) {
-    threads.emplace_back([&, t] {
-      const int64_t wait0 = RunDelayNs("/proc/thread-self/schedstat");
-      ready.fetch_add(1);
-      // Yield rather than spin: with two cores, spinning threads would keep
-      // the releasing thread (and the worker) off the CPU.
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      start[t] = Clock::now();
-      body(t);
-      end[t] = Clock::now();
-      g_exited_wait_ns.fetch_add(RunDelayNs("/proc/thread-self/schedstat") -
-                                 wait0);
-    });
-  }
-  while (ready.load() < n) std::this_thread::yield();
-  go.store(true, std::memory_order_release);
-  for (std::thread& th : threads) th.join();
-  return NsBetween(*std::min_element(start.begin(), start.end()),
-                   *std::max_element(end.begin(), end.end()));
+RoundPlan Plan(const RingBenchOptions& o) {
+  RoundPlan plan;
+  plan.rounds = o.rounds;
+  plan.warmup_rounds = o.warmup_rounds;
+  plan.extra_seconds = o.extra_seconds;
+  return plan;
 }
 
-// The machine's own two-core limit right now, as the summary's scaling rows
-// measure it: LZ4 alone on the same pages, 2 threads over 1. Below
-// kMachineScalingFloor a neighbour (or the hypervisor, whose steal this VM
-// does not report) held a CPU. What our own threads' waits cannot see.
-double MachineScaling(const PageSet& set) {
-  // ~4 ms per pass: long enough that thread start-up does not blur the
-  // ratio (2.00x with a 10-90% range of 1.95-2.06 on this machine when
-  // idle; a quarter of that ranged 1.73-2.03).
-  constexpr size_t kPages = 1536;
-  auto lz4 = [&](int t) {
-    char block[LZ4_COMPRESSBOUND(kPageSize)];
-    size_t i = t * set.size() / 2;
-    for (size_t op = 0; op < kPages; ++op) {
-      const int n = LZ4_compress_default(
-          reinterpret_cast<const char*>(set[i].bytes.data()), block, kPageSize,
-          sizeof(block));
-      asm volatile("" : : "r"(n) : "memory");
-      if (++i == set.size()) i = 0;
-    }
-  };
-  const double one = RunThreads(1, lz4);
-  const double two = RunThreads(2, lz4);
-  return two > 0 ? 2 * one / two : 0;
-}
-
-// Runs `warmup_rounds` untimed rounds, then at least `rounds` timed ones,
-// then more, up to `extra_seconds`, until `rounds` were undisturbed.
-// round(i) runs timed round i (i < 0: warm-up) and stores its results at
-// index i of its own vectors.
-// `probe_pages`: pages for MachineScaling() before and after each round, or
-// nullptr where the probe cannot work (a polling worker holds a CPU).
-Rounds RunRounds(const RingBenchOptions& o, const PageSet* probe_pages,
-                 const std::string& rule, const Judge& judge,
-                 Progress& progress, const std::function<void(int)>& round) {
-  for (int i = 0; i < o.warmup_rounds; ++i) round(-1 - i);
-  Rounds r;
-  r.rule = rule;
-  const MachineSample first = MachineSample::Now();
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                         std::chrono::duration<double>(o.extra_seconds));
-  while (r.count() < o.rounds ||
-         (r.calm() < o.rounds && Clock::now() < deadline)) {
-    const double scaling_before =
-        probe_pages != nullptr ? MachineScaling(*probe_pages) : -1;
-    const MachineSample a = MachineSample::Now();
-    round(r.count());
-    const MachineSample b = MachineSample::Now();
-    Disturbance d = Disturbance::Between(a, b);
-    d.scaling = probe_pages != nullptr
-                    ? std::min(scaling_before, MachineScaling(*probe_pages))
-                    : -1;
-    const bool calm = judge(r.count(), d);
-
-    if (o.debug_rounds) {
-      progress.Note(
-          Fmt("round %d: %.1f ms, own wait %.2f%%, others %.2f CPUs, LZ4 "
-              "scaling %.2fx%s",
-              r.count(), NsBetween(a.wall, b.wall) / 1e6, 100 * d.own_wait,
-              d.others_cpu, d.scaling, calm ? "" : "  (disturbed)"));
-    }
-    r.disturbance.push_back(d);
-    r.undisturbed.push_back(calm);
-  }
-  r.section = Disturbance::Between(first, MachineSample::Now());
-  r.enough = r.calm() >= kMinUndisturbedRounds;
-  for (int i = 0; i < r.count(); ++i) {
-    if (!r.enough || r.undisturbed[i]) r.used.push_back(i);
-  }
-  progress.Note(r.Describe());
-  return r;
+// The method's rounds (bench/method.h), reporting to `progress`.
+Rounds RunRingRounds(const RingBenchOptions& o, const PageSet* probe_pages,
+                     const std::string& rule, const Judge& judge,
+                     Progress& progress,
+                     const std::function<void(int)>& round) {
+  return tmem::bench::RunRounds(
+      Plan(o), probe_pages, rule, judge, o.debug_rounds,
+      [&](const std::string& line) { progress.Note(line); }, round);
 }
 
 // --- The host: tmemd's components, in this process -------------------------
@@ -837,22 +520,17 @@ void LocalPutPass(BenchStore& s, int n, size_t per_thread, const PageSet& set,
 // --debug_rounds: also one stderr line per pass, with its run-queue wait.
 bool g_debug_passes = false;
 
-// Runs the passes of one round in ABBA order (reversed on odd rounds).
-void RunPasses(int round, const std::vector<std::function<void()>>& passes) {
-  const bool reverse = (round < 0 ? -round : round) % 2 == 1;
-  for (size_t k = 0; k < passes.size(); ++k) {
-    const size_t j = reverse ? passes.size() - 1 - k : k;
-    if (!g_debug_passes) {
-      passes[j]();
-      continue;
-    }
-    const MachineSample a = MachineSample::Now();
-    passes[j]();
-    const MachineSample b = MachineSample::Now();
-    std::fprintf(stderr, "ring:   pass %zu: %.1f ms, own wait %.2f%%\n", j,
-                 NsBetween(a.wall, b.wall) / 1e6,
-                 100 * Disturbance::Between(a, b).own_wait);
+// The method's ABBA passes, each reported on stderr with --debug_rounds.
+void RunRingPasses(int round,
+                   const std::vector<std::function<void()>>& passes) {
+  if (!g_debug_passes) {
+    tmem::bench::RunPasses(round, passes);
+    return;
   }
+  tmem::bench::RunPasses(round, passes, [](size_t j, double ms, double wait) {
+    std::fprintf(stderr, "ring:   pass %zu: %.1f ms, own wait %.2f%%\n", j, ms,
+                 100 * wait);
+  });
 }
 
 // What went wrong on the ring side, if anything: the figures only mean
@@ -928,7 +606,7 @@ const char* const kPutMethod =
 ResultRow Judged(ResultRow row, const Rounds& r) {
   // As the summary's scaling row: a pass stands even on a busy machine;
   // a miss there says nothing about tmemd.
-  row.inconclusive = !r.enough && !row.Passed();
+  row.JudgeOn(!r.enough);
   return row;
 }
 
@@ -945,11 +623,11 @@ void RunPutOneGuest(const PageSet& mix, const RingBenchOptions& o,
   const uint64_t sent0 = h.GuestTotals().puts_sent;
   int passes = 0;
   const Rounds r =
-      RunRounds(o, &mix, NoOwnWaitRule(), NoOwnWait, progress, [&](int i) {
+      RunRingRounds(o, &mix, NoOwnWaitRule(), NoOwnWait, progress, [&](int i) {
         ++passes;
-        RunPasses(i,
-                  {[&] { RingPutPass(h, 1, ops, mix, ring_cur, i, ring); },
-                   [&] { LocalPutPass(s, 1, ops, mix, local_cur, i, local); }});
+        RunRingPasses(
+            i, {[&] { RingPutPass(h, 1, ops, mix, ring_cur, i, ring); },
+                [&] { LocalPutPass(s, 1, ops, mix, local_cur, i, local); }});
       });
   const RatioFigures ratio(r, ring.rate, local.rate);
   const RatioFigures store_cpu(r, ring.store_cpu_ns_per_page,
@@ -1022,26 +700,26 @@ void RunPutFourGuests(const PageSet& mix, const RingBenchOptions& o,
            local4.cpus[i] >= kMinCpuShare * usable(kGuests) &&
            local1.cpus[i] >= kMinCpuShare * usable(1);
   };
-  const Rounds r = RunRounds(
+  const Rounds r = RunRingRounds(
       o, &mix,
       Fmt("each in-process pass got >= %.0f%% of min(busy threads, CPUs) in "
           "process CPU time, and other processes used <= %.1f CPUs",
           100 * kMinCpuShare, kMaxOthersCpu),
       got_cpus, progress, [&](int i) {
         ++passes;
-        RunPasses(i, {[&] {
-                        RingPutPass(h, kGuests, per_thread, mix, ring_cur, i,
-                                    ring);
-                      },
-                      [&] {
-                        LocalPutPass(s4, kGuests, per_thread, mix, local4_cur,
-                                     i, local4);
-                      },
-                      [&] {
-                        // The same total work on one thread.
-                        LocalPutPass(s1, 1, kGuests * per_thread, mix,
-                                     local1_cur, i, local1);
-                      }});
+        RunRingPasses(i, {[&] {
+                            RingPutPass(h, kGuests, per_thread, mix, ring_cur,
+                                        i, ring);
+                          },
+                          [&] {
+                            LocalPutPass(s4, kGuests, per_thread, mix,
+                                         local4_cur, i, local4);
+                          },
+                          [&] {
+                            // The same total work on one thread.
+                            LocalPutPass(s1, 1, kGuests * per_thread, mix,
+                                         local1_cur, i, local1);
+                          }});
       });
   const uint64_t total = static_cast<uint64_t>(passes) * kGuests * per_thread;
   const double full =
@@ -1331,7 +1009,7 @@ void RunGetLatency(const PageSet& mix, bool asleep, const RingBenchOptions& o,
   size_t start = 0;
   GuestCounters g0;
   uint64_t doorbells0 = 0;
-  const Rounds r = RunRounds(
+  const Rounds r = RunRingRounds(
       o, asleep ? &mix : nullptr, asleep ? NoOthersRule() : NoOwnWaitRule(),
       asleep ? Judge(NoOthers) : Judge(NoOwnWait), progress, [&](int i) {
         if (i == 0) {
@@ -1370,7 +1048,7 @@ void RunGetLatency(const PageSet& mix, bool asleep, const RingBenchOptions& o,
             });
           }
           // ABBA within the round and across rounds.
-          RunPasses(i + b, passes);
+          RunRingPasses(i + b, passes);
           start = (start + kGetBatch) % mix.size();
         }
       });
@@ -1565,7 +1243,7 @@ ResultTable RunRingBench(const PageCorpus& corpus, const RingBenchOptions& o) {
     progress.Step("get latency, worker asleep (doorbell + interrupt)");
     RunGetLatency(mix, /*asleep=*/true, o, progress, &polling, table);
   }
-  table.context += "; 1-min load average at the end " + LoadAverage();
+  table.context += "; 1-min load average at the end " + LoadAverageText();
   progress.Done();
   return table;
 }

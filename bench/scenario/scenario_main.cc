@@ -121,17 +121,6 @@ struct Config {
   bool plot = true;
 };
 
-// NaN values (a metric a run does not have) are left out.
-double Median(std::vector<double> v) {
-  v.erase(std::remove_if(v.begin(), v.end(),
-                         [](double x) { return std::isnan(x); }),
-          v.end());
-  if (v.empty()) return std::nan("");
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
 // ---------------------------------------------------------------------------
 // Processes.
 
@@ -641,7 +630,8 @@ std::vector<Row> Aggregate(const Config& c, const std::vector<RunResult>& runs,
             }
           }
         }
-        for (const std::string& k : Metrics()) row.m[k] = Median(vals[k]);
+        for (const std::string& k : Metrics())
+          row.m[k] = bench::Median(vals[k]);
         rows.push_back(std::move(row));
       }
     }
