@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -522,7 +523,7 @@ bool ParseFlags(int argc, char** argv, Flags* flags,
 }  // namespace
 }  // namespace tmem::bench
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace tmem::bench;
   Flags flags;
   std::vector<std::string> rest;
@@ -564,4 +565,8 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   EmitTable(TableFromRuns(reporter), flags.markdown, flags.csv);
   return 0;
+} catch (const std::exception& e) {
+  // Nothing here throws on purpose; a library might (std::bad_alloc).
+  std::fprintf(stderr, "tmem_micro_bench: %s\n", e.what());
+  return 2;
 }
