@@ -22,10 +22,11 @@
 //     (poll_us 0: the guest rings the doorbell and waits for the completion
 //     interrupt), vs TmemStore::Get of the same pages.
 //
-// Method, as in the backend micro-benchmark's summary (summary.h), whose
-// results table this reuses: each comparison alternates ring and in-process
-// passes in ABBA order within every round (drift biases neither side) and
-// reports the median of per-round ratios with its interquartile range.
+// Method: the benchmarks' shared one (bench/method.h), as in the backend
+// micro-benchmark's summary (summary.h), whose results table this reuses:
+// each comparison alternates ring and in-process passes in ABBA order
+// within every round (drift biases neither side) and reports the median
+// of per-round ratios with its interquartile range.
 // Latency samples are pooled over rounds for the percentiles (a p99 needs
 // thousands of samples). Everything is wall time: a round trip is two
 // threads' work plus the wait between them.
