@@ -14,9 +14,11 @@
 #include <lz4.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -25,6 +27,7 @@
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "bench/bench_support.h"
+#include "bench/method.h"
 #include "bench/page_corpus.h"
 #include "bench/summary.h"
 
@@ -450,7 +453,7 @@ ResultTable TableFromRuns(const CapturingReporter& rep) {
     }
     ResultRow row{what,      "mix", two / 1e3, one / 1e3, "kpages/s",
                   two / one, "x",   goal,      target,    note};
-    row.inconclusive = busy && row.has_target() && !row.Passed();
+    row.JudgeOn(busy);
     t.rows.push_back(row);
   };
   scaling_row("put throughput 2 threads / 1 thread (own VM each)",
@@ -484,77 +487,48 @@ struct Flags {
   size_t metadata_pages = 200000;
 };
 
-void Usage() {
-  std::fprintf(
-      stderr,
-      "usage: tmem_micro_bench [--summary] [--markdown FILE] [--csv FILE]\n"
-      "         [--corpus_pages N] [--rounds N] [--metadata_pages N]\n"
-      "         [--benchmark_* flags (Google Benchmark mode)]\n");
-}
-
-// Takes our flags out of argv (both "--flag value" and "--flag=value"),
-// leaving Google Benchmark's for benchmark::Initialize.
-bool ParseFlags(int* argc, char** argv, Flags* flags) {
-  int out = 1;
-  for (int i = 1; i < *argc; ++i) {
-    std::string arg = argv[i];
-    std::string value;
-    bool has_value = false;
-    if (const size_t eq = arg.find('=');
-        eq != std::string::npos && arg.rfind("--", 0) == 0) {
-      value = arg.substr(eq + 1);
-      arg = arg.substr(0, eq);
-      has_value = true;
-    }
-    auto take_value = [&]() -> bool {
-      if (has_value) return true;
-      if (i + 1 >= *argc) return false;
-      value = argv[++i];
-      return true;
-    };
-    auto to_number = [&](auto* dst) -> bool {
-      char* end = nullptr;
-      const unsigned long long v = std::strtoull(value.c_str(), &end, 10);
-      if (end == value.c_str() || *end != '\0') return false;
-      *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(v);
-      return true;
-    };
-    if (arg == "--summary") {
-      flags->summary = true;
-    } else if (arg == "--markdown") {
-      if (!take_value()) return false;
-      flags->markdown = value;
-    } else if (arg == "--csv") {
-      if (!take_value()) return false;
-      flags->csv = value;
-    } else if (arg == "--corpus_pages") {
-      if (!take_value() || !to_number(&flags->corpus_pages)) return false;
-    } else if (arg == "--rounds") {
-      if (!take_value() || !to_number(&flags->rounds) || flags->rounds < 1)
-        return false;
-    } else if (arg == "--metadata_pages") {
-      if (!take_value() || !to_number(&flags->metadata_pages)) return false;
-    } else if (arg == "--help" || arg == "-h") {
-      Usage();
-      return false;
-    } else {
-      argv[out++] = argv[i];
-    }
+// Parses our flags (both "--flag value" and "--flag=value") and leaves
+// the rest, Google Benchmark's, in *rest (argv[0] first). False (CLI11 has
+// printed why, naming the flag, or the help) unless the flags are good;
+// *exit_code is then what main returns.
+bool ParseFlags(int argc, char** argv, Flags* flags,
+                std::vector<std::string>* rest, int* exit_code) {
+  CLI::App app{
+      "tmem_micro_bench: the backend's per-page costs (Google Benchmark "
+      "mode; any --benchmark_* flag passes through) or, with --summary, as "
+      "ratios to their baselines measured side by side"};
+  app.allow_extras();
+  app.add_flag("--summary", flags->summary,
+               "side-by-side summary with targets instead of Google "
+               "Benchmark mode");
+  app.add_option("--markdown", flags->markdown, "write the table here (.md)");
+  app.add_option("--csv", flags->csv, "write the table here (.csv)");
+  app.add_option("--corpus_pages", flags->corpus_pages,
+                 "corpus pages per file category");
+  app.add_option("--rounds", flags->rounds, "timed rounds per comparison")
+      ->check(CLI::Range(1, 10000));
+  app.add_option("--metadata_pages", flags->metadata_pages,
+                 "pages stored for the metadata-per-page row");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    *exit_code = app.exit(e) == 0 ? 0 : 2;
+    return false;
   }
-  *argc = out;
-  argv[out] = nullptr;
+  rest->assign(1, argv[0]);
+  for (const std::string& a : app.remaining()) rest->push_back(a);
   return true;
 }
 
 }  // namespace
 }  // namespace tmem::bench
 
-int main(int argc, char** argv) {
+int main(int argc, char** argv) try {
   using namespace tmem::bench;
   Flags flags;
-  if (!ParseFlags(&argc, argv, &flags)) {
-    Usage();
-    return 2;
+  std::vector<std::string> rest;
+  if (int exit_code = 0; !ParseFlags(argc, argv, &flags, &rest, &exit_code)) {
+    return exit_code;
   }
 
   CorpusOptions corpus_options;
@@ -562,9 +536,9 @@ int main(int argc, char** argv) {
   const PageCorpus corpus = PageCorpus::Build(corpus_options);
 
   if (flags.summary) {
-    if (argc > 1) {
+    if (rest.size() > 1) {
       std::fprintf(stderr, "--summary takes no Google Benchmark flags: %s\n",
-                   argv[1]);
+                   rest[1].c_str());
       return 2;
     }
     SummaryOptions options;
@@ -576,12 +550,23 @@ int main(int argc, char** argv) {
 
   g_corpus = &corpus;
   g_metadata_pages = flags.metadata_pages;
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 2;
+  // Google Benchmark's flags, as a C argv it may rearrange.
+  std::vector<char*> bench_argv;
+  for (std::string& a : rest) bench_argv.push_back(a.data());
+  bench_argv.push_back(nullptr);
+  int bench_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&bench_argc, bench_argv.data());
+  if (benchmark::ReportUnrecognizedArguments(bench_argc, bench_argv.data())) {
+    return 2;
+  }
   RegisterBenchmarks(corpus);
   CapturingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
   EmitTable(TableFromRuns(reporter), flags.markdown, flags.csv);
   return 0;
+} catch (const std::exception& e) {
+  // Nothing here throws on purpose; a library might (std::bad_alloc).
+  std::fprintf(stderr, "tmem_micro_bench: %s\n", e.what());
+  return 2;
 }

@@ -92,20 +92,6 @@ void AddResidentPopulation(BenchStore& s, int vm, const PageSet& set,
   }
 }
 
-bool ResultRow::Passed() const {
-  switch (goal) {
-    case Goal::kInfo:
-      return true;
-    case Goal::kAtMost:
-      return value <= target;
-    case Goal::kBelow:
-      return value < target;
-    case Goal::kAtLeast:
-      return value >= target;
-  }
-  return false;
-}
-
 std::string ResultRow::TargetText() const {
   const std::string t =
       Num(target) + (value_unit == "x" ? "x" : " " + value_unit);
@@ -122,23 +108,24 @@ std::string ResultRow::TargetText() const {
   return "?";
 }
 
-std::string ResultRow::Verdict() const {
-  if (!has_target()) return "info";
-  if (inconclusive) return "INCONCLUSIVE";
-  return Passed() ? "PASS" : "FAIL";
+namespace {
+
+int CountVerdicts(const std::vector<ResultRow>& rows, Verdict v) {
+  int n = 0;
+  for (const ResultRow& r : rows) {
+    n += VerdictOf(r.goal, r.value, r.target, r.inconclusive) == v;
+  }
+  return n;
 }
 
+}  // namespace
+
 int ResultTable::failures() const {
-  int n = 0;
-  for (const ResultRow& r : rows)
-    n += r.has_target() && !r.inconclusive && !r.Passed();
-  return n;
+  return CountVerdicts(rows, Verdict::kFail);
 }
 
 int ResultTable::inconclusive() const {
-  int n = 0;
-  for (const ResultRow& r : rows) n += r.has_target() && r.inconclusive;
-  return n;
+  return CountVerdicts(rows, Verdict::kInconclusive);
 }
 
 namespace {
@@ -151,7 +138,7 @@ std::vector<std::vector<std::string>> Cells(const ResultTable& t) {
     const std::string value =
         Num(r.value) + (r.value_unit == "x" ? "x" : " " + r.value_unit);
     cells.push_back({r.what, r.pages, Num(r.measured), Num(r.baseline), r.unit,
-                     value, r.TargetText(), r.Verdict(), r.note});
+                     value, r.TargetText(), r.VerdictText(), r.note});
   }
   return cells;
 }
@@ -189,11 +176,12 @@ std::string ResultTable::ToText() const {
   int targets = 0;
   for (const ResultRow& r : rows) targets += r.has_target();
   out << "\n"
-      << (targets - failed - unmeasured) << " of " << targets << " targets met";
+      << CountVerdicts(rows, Verdict::kPass) << " of " << targets
+      << " targets met";
   if (failed > 0) {
     out << "; MISSED:";
     for (const ResultRow& r : rows) {
-      if (r.Verdict() == "FAIL") {
+      if (r.VerdictText() == "FAIL") {
         out << "\n  - " << r.what << ": " << Num(r.value)
             << (r.value_unit == "x" ? "x" : " " + r.value_unit) << ", target "
             << r.TargetText();
@@ -204,7 +192,7 @@ std::string ResultTable::ToText() const {
     out << "\nINCONCLUSIVE (not measurable in this run; re-run on a quieter "
            "machine):";
     for (const ResultRow& r : rows) {
-      if (r.Verdict() == "INCONCLUSIVE")
+      if (r.VerdictText() == "INCONCLUSIVE")
         out << "\n  - " << r.what << ": " << r.note;
     }
   }
@@ -255,7 +243,7 @@ std::string ResultTable::ToCsv() const {
     out << CsvQuote(r.what) << "," << CsvQuote(r.pages) << "," << nums << ","
         << CsvQuote(r.unit) << "," << value << "," << CsvQuote(r.value_unit)
         << "," << goal << "," << (r.has_target() ? target : "") << ","
-        << r.Verdict() << "," << CsvQuote(r.note) << "\n";
+        << r.VerdictText() << "," << CsvQuote(r.note) << "\n";
   }
   return out.str();
 }
@@ -294,9 +282,7 @@ std::string MachineDescription() {
       break;
     }
   }
-  std::string load = "?";
-  std::ifstream loadavg("/proc/loadavg");
-  loadavg >> load;
+  const std::string load = LoadAverageText();
   return model + ", " + std::to_string(std::thread::hardware_concurrency()) +
          " CPUs, 1-min load average " + load;
 }

@@ -14,6 +14,7 @@
 
 #include "backend/tmem_store.h"
 #include "backend/types.h"
+#include "bench/method.h"
 #include "bench/page_corpus.h"
 
 namespace tmem::bench {
@@ -79,9 +80,7 @@ void AddResidentPopulation(BenchStore& s, int vm, const PageSet& set,
                            uint64_t pages);
 
 // ----------------------------------------------------------------------------
-// Results table.
-
-enum class Goal { kInfo, kAtMost, kBelow, kAtLeast };
+// Results table (verdicts: bench/method.h).
 
 struct ResultRow {
   std::string what;        // e.g. "put LZ4 path / LZ4_compress_default"
@@ -99,9 +98,18 @@ struct ResultRow {
   bool inconclusive = false;
 
   bool has_target() const { return goal != Goal::kInfo; }
-  bool Passed() const;
+  bool Passed() const { return Meets(goal, value, target); }
+  // The method's rule: measured without enough undisturbed rounds, a miss
+  // is inconclusive.
+  void JudgeOn(bool disturbed) {
+    inconclusive =
+        VerdictOf(goal, value, target, disturbed) == Verdict::kInconclusive;
+  }
   std::string TargetText() const;  // "<= 1.15x"
-  std::string Verdict() const;     // PASS / FAIL / INCONCLUSIVE / info
+  // PASS / FAIL / INCONCLUSIVE / N/A / info
+  std::string VerdictText() const {
+    return VerdictName(VerdictOf(goal, value, target, inconclusive));
+  }
 };
 
 struct ResultTable {

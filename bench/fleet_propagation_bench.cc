@@ -43,9 +43,11 @@
 #include <thread>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "bench/method.h"
 #include "host-agent/fleet/etcd_client.h"
 #include "host-agent/fleet/fleet_policy.h"
 #include "tests/fleet/etcd_cluster.h"
@@ -76,15 +78,6 @@ struct Options {
 
 double Ms(Clock::duration d) {
   return std::chrono::duration<double, std::milli>(d).count();
-}
-
-// Nearest-rank percentile of a non-empty sample.
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  auto rank =
-      static_cast<size_t>(p / 100.0 * static_cast<double>(v.size()) + 0.999999);
-  rank = std::clamp<size_t>(rank, 1, v.size());
-  return v[rank - 1];
 }
 
 // tmemd's "ts=2026-12-01T18:50:02.137Z" -> wall time.
@@ -374,14 +367,17 @@ int Run(const Options& o) {
       "state on tmpfs)\n",
       o.agents, o.members, o.changes);
   std::printf("plain watcher latency   p50 %.2f ms  p99 %.2f ms\n",
-              Percentile(watch_ms, 50), Percentile(watch_ms, 99));
+              bench::NearestRankPercentile(watch_ms, 50),
+              bench::NearestRankPercentile(watch_ms, 99));
   std::printf("all agents applied      p50 %.1f ms  p99 %.1f ms\n",
-              Percentile(all_ms, 50), Percentile(all_ms, 99));
+              bench::NearestRankPercentile(all_ms, 50),
+              bench::NearestRankPercentile(all_ms, 99));
   std::printf("one agent applied       p50 %.1f ms  p99 %.1f ms  (%zu)\n",
-              Percentile(agent_ms, 50), Percentile(agent_ms, 99),
-              agent_ms.size());
+              bench::NearestRankPercentile(agent_ms, 50),
+              bench::NearestRankPercentile(agent_ms, 99), agent_ms.size());
   std::printf("ratio all/watcher       p50 %.1f  p99 %.1f  (target <= 2)\n",
-              Percentile(ratio, 50), Percentile(ratio, 99));
+              bench::NearestRankPercentile(ratio, 50),
+              bench::NearestRankPercentile(ratio, 99));
   std::printf("steady state over %.2f min, per agent per minute:\n", minutes);
   std::printf(
       "  raft proposals committed (member 0)  %.2f\n",
@@ -416,36 +412,31 @@ int Run(const Options& o) {
 
 int main(int argc, char** argv) try {
   tmem::Options o;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    auto value = [&](int* out) {
-      if (i + 1 >= argc || !absl::SimpleAtoi(argv[i + 1], out) || *out < 1) {
-        tmem::Die(a + " needs a positive integer");
-      }
-      ++i;
-    };
-    if (a == "--agents") {
-      value(&o.agents);
-    } else if (a == "--changes") {
-      value(&o.changes);
-    } else if (a == "--members") {
-      value(&o.members);
-    } else if (a == "--steady-seconds") {
-      value(&o.steady_seconds);
-    } else if (a == "--lease-ttl") {
-      value(&o.lease_ttl_seconds);
-    } else if (a == "--timeout") {
-      value(&o.timeout_seconds);
-    } else if (a == "--tmemd" && i + 1 < argc) {
-      o.tmemd = argv[++i];
-    } else {
-      tmem::Die(
-          "usage: fleet_propagation_bench --tmemd PATH [--agents N] "
-          "[--changes N] [--members N] [--steady-seconds S] "
-          "[--lease-ttl S] [--timeout S]");
-    }
+  CLI::App app{
+      "fleet_propagation_bench: one policy change in etcd to N tmemds, as a "
+      "ratio to a plain etcd watcher's latency; steady-state etcd load"};
+  app.add_option("--tmemd", o.tmemd, "the tmemd binary")->required();
+  app.add_option("--agents", o.agents, "tmemds watching the fleet policy")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--changes", o.changes, "policy changes timed")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--members", o.members, "etcd cluster members")
+      ->check(CLI::Range(1, 99));
+  app.add_option("--steady-seconds", o.steady_seconds,
+                 "how long the steady-state etcd load is measured")
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--lease-ttl", o.lease_ttl_seconds,
+                 "the tmemds' etcd lease TTL (s)")
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--timeout", o.timeout_seconds,
+                 "give up on a change after this long (s)")
+      ->check(CLI::Range(1, 86400));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // CLI11 prints why, naming the flag (or the help).
+    return app.exit(e) == 0 ? 0 : 2;
   }
-  if (o.tmemd.empty()) tmem::Die("--tmemd PATH is required");
   return tmem::Run(o);
 } catch (const std::exception& e) {
   std::cerr << "fleet_propagation_bench: " << e.what() << "\n";

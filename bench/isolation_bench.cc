@@ -38,6 +38,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
+#include "bench/method.h"
 #include "tests/hostile/hostile_harness.h"
 
 namespace tmem::hostile {
@@ -310,13 +311,6 @@ double ServiceRatio(const OpTimes& alone, const OpTimes& attacked) {
   return actual > 0 ? expected / actual : 0;
 }
 
-double LoadAverage() {
-  double load = -1;
-  std::ifstream in("/proc/loadavg");
-  in >> load;
-  return load;
-}
-
 // Microseconds per neighbour op of `nanos`.
 double PerOp(int64_t nanos, const Usage& u) {
   return u.ops == 0
@@ -373,7 +367,7 @@ int Main(int argc, char** argv) {
   std::vector<Bound> bounds;
   if (attackers_cpu != "idle") bounds.push_back(Bound::kUnbounded);
   if (attackers_cpu != "unbounded") bounds.push_back(Bound::kIdle);
-  const double load_before = LoadAverage();
+  const double load_before = bench::LoadAverage();
   char tmpl[] = "/tmp/tmem-isolation-XXXXXX";
   if (mkdtemp(tmpl) == nullptr) {
     std::perror("mkdtemp");
@@ -438,7 +432,7 @@ int Main(int argc, char** argv) {
   std::filesystem::remove_all(root, ec);
 
   std::printf("load average (1 min) %.2f before, %.2f after\n\n", load_before,
-              LoadAverage());
+              bench::LoadAverage());
   std::printf(
       "| attack | attackers' CPU | alone ops/s | attacked ops/s | ratio "
       "(target >= 0.8) | hits/s attacked | attack entries | max "

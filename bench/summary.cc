@@ -18,11 +18,10 @@
 #include "backend/page_codec.h"
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
+#include "bench/method.h"
 
 namespace tmem::bench {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // This thread's CPU time in ns. Single-thread comparisons use it rather than
 // wall time: on a loaded two-core machine a pass is often preempted, and
@@ -37,19 +36,6 @@ int64_t ThreadCpuNs() {
 
 // a - b, or 0 if the accounting ever disagrees (never a wrapped huge value).
 uint64_t Minus(uint64_t a, uint64_t b) { return a > b ? a - b : 0; }
-
-double NsBetween(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double, std::nano>(b - a).count();
-}
-
-double Percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const double pos = q * static_cast<double>(v.size() - 1);
-  const auto lo = static_cast<size_t>(pos);
-  const size_t hi = std::min(lo + 1, v.size() - 1);
-  return v[lo] + (v[hi] - v[lo]) * (pos - static_cast<double>(lo));
-}
 
 std::string Fmt(const char* fmt, double a, double b = 0, double c = 0) {
   char buf[256];
@@ -271,34 +257,6 @@ double CopyOutPass(const PageSet& set, BlockBuffer& buf, Page& out) {
     pages += n;
   }
   return timed / static_cast<double>(pages);
-}
-
-// Runs body(t) for t in [0, n) on n new threads released together. Returns
-// the wall time from the earliest start to the last finish, so a thread that
-// starts late (descheduled) counts against the throughput, as it would in
-// real use.
-double RunOnThreads(int n, const std::function<void(int)>& body) {
-  std::atomic<int> ready{0};
-  std::atomic<bool> go{false};
-  std::vector<Clock::time_point> start(n), end(n);
-  std::vector<std::thread> threads;
-  threads.reserve(n);
-  for (int t = 0; t < n; ++t) {
-    threads.emplace_back([&, t] {
-      ready.fetch_add(1);
-      // Yield rather than spin: with two cores, spinning workers would keep
-      // the releasing thread off the CPU.
-      while (!go.load(std::memory_order_acquire)) std::this_thread::yield();
-      start[t] = Clock::now();
-      body(t);
-      end[t] = Clock::now();
-    });
-  }
-  while (ready.load() < n) std::this_thread::yield();
-  go.store(true, std::memory_order_release);
-  for (std::thread& th : threads) th.join();
-  return NsBetween(*std::min_element(start.begin(), start.end()),
-                   *std::max_element(end.begin(), end.end()));
 }
 
 class Progress {
@@ -594,7 +552,7 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
     // Aggregate throughput in pages per second.
     auto rate = [&](int threads, const std::function<void(int)>& body) {
       return static_cast<double>(threads * per_thread) * 1e9 /
-             RunOnThreads(threads, body);
+             RunThreads(threads, body);
     };
     struct Round {
       double put1, put2, lz1, lz2;
@@ -614,24 +572,27 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
       }
       return r;
     };
-    for (int i = 0; i < o.warmup_rounds; ++i) run_round(i % 2 == 1);
-    // At least o.rounds rounds; then more, up to the time budget, until
-    // o.rounds of them were undisturbed.
-    const Clock::time_point deadline =
-        Clock::now() +
-        std::chrono::duration_cast<Clock::duration>(
-            std::chrono::duration<double>(o.scaling_budget_seconds));
-    std::vector<Round> all, undisturbed;
-    while (
-        static_cast<int>(undisturbed.size()) < o.rounds &&
-        (static_cast<int>(all.size()) < o.rounds || Clock::now() < deadline)) {
-      const Round r = run_round(all.size() % 2 == 1);
+    // The method's rounds (bench/method.h): at least o.rounds, then more,
+    // up to the time budget, until o.rounds of them were undisturbed.
+    RoundPlan plan;
+    plan.rounds = o.rounds;
+    plan.warmup_rounds = o.warmup_rounds;
+    plan.extra_seconds = o.scaling_budget_seconds;
+    std::vector<Round> all;
+    const RoundSelection selection = RunRoundLoop(plan, [&](int i) {
+      // Warm-up k is round -1 - k; all rounds alternate direction.
+      const int k = i < 0 ? -1 - i : i;
+      const Round r = run_round(k % 2 == 1);
+      if (i < 0) return false;
       all.push_back(r);
-      if (r.lz2 / r.lz1 >= kMachineScalingFloor) undisturbed.push_back(r);
+      return r.lz2 / r.lz1 >= kMachineScalingFloor;
+    });
+    std::vector<Round> undisturbed, used;
+    for (int i = 0; i < selection.count(); ++i) {
+      if (selection.undisturbed[i]) undisturbed.push_back(all[i]);
     }
-    const bool enough =
-        static_cast<int>(undisturbed.size()) >= kMinUndisturbedRounds;
-    const std::vector<Round>& used = enough ? undisturbed : all;
+    for (size_t i : selection.used) used.push_back(all[i]);
+    const bool enough = selection.enough;
     auto column = [](const std::vector<Round>& rs, auto fn) {
       std::vector<double> v;
       v.reserve(rs.size());
@@ -678,7 +639,7 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
         kTargetTwoThreadScaling,
         note};
     // A pass stands even on a busy machine; a miss there says nothing.
-    row.inconclusive = !enough && !row.Passed();
+    row.JudgeOn(!enough);
     table.rows.push_back(row);
     table.rows.push_back(
         {"LZ4_compress_default throughput 2 threads / 1 thread (machine)",

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "bench/bench_support.h"
+#include "bench/method.h"
 #include "bench/page_corpus.h"
 
 namespace tmem::bench {
@@ -69,11 +70,8 @@ struct MetadataResult {
 // sizes), and reads back the accounting.
 MetadataResult MeasureMetadata(const PageSet& mix, size_t pages);
 
-// A scaling round counts only if LZ4 alone scaled at least this much in it:
-// below, a neighbour held one of the two cores for part of the round.
-inline constexpr double kMachineScalingFloor = 1.8;
-// Fewer undisturbed rounds than this: report over all rounds, with a warning.
-inline constexpr int kMinUndisturbedRounds = 5;
+// A scaling round counts only if LZ4 alone scaled at least
+// kMachineScalingFloor in it (bench/method.h's disturbance check).
 
 struct SummaryOptions {
   int rounds = 31;        // timed rounds per comparison

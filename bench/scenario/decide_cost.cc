@@ -6,16 +6,10 @@
 
 #include "backend/valve.h"
 #include "bench/bench_support.h"
+#include "bench/method.h"
 
 namespace tmem::scenario {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 uint64_t Mix(uint64_t x) {
   x ^= x >> 33;
@@ -76,9 +70,9 @@ DecideCost MeasureDecideCost(const bench::PageSet& pages, int rounds,
     ratios.push_back(d / p);
   }
   (void)sink;
-  out.put_ns = Median(put_ns);
-  out.decide_ns = Median(decide_ns);
-  out.ratio = Median(ratios);
+  out.put_ns = bench::Median(put_ns);
+  out.decide_ns = bench::Median(decide_ns);
+  out.ratio = bench::Median(ratios);
   out.rounds = rounds;
   return out;
 }

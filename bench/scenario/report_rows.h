@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "bench/method.h"
+
 namespace tmem::scenario {
 
 struct Row {
@@ -46,13 +48,19 @@ struct Target {
   bool at_least = true;
   bool info = false;
   bool Known() const { return !std::isnan(value); }
-  bool Pass() const {
-    return Known() && (at_least ? value >= bound : value <= bound);
+  bench::Goal GoalKind() const {
+    if (info) return bench::Goal::kInfo;
+    return at_least ? bench::Goal::kAtLeast : bench::Goal::kAtMost;
   }
+  bool Pass() const {
+    return Known() &&
+           bench::Meets(at_least ? bench::Goal::kAtLeast : bench::Goal::kAtMost,
+                        value, bound);
+  }
+  // bench/method.h's verdict: info, N/A (not measured), PASS or FAIL.
   std::string Verdict() const {
-    if (info) return "info";
-    if (!Known()) return "N/A";
-    return Pass() ? "PASS" : "FAIL";
+    return bench::VerdictName(
+        bench::VerdictOf(GoalKind(), value, bound, /*disturbed=*/false));
   }
 };
 
