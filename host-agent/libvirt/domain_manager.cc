@@ -634,8 +634,11 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
   st.detail = do_live ? "attached" : "added to the persistent config";
   // Migratable: only a device QEMU starts with master=on (domain_xml.h).
   std::string migration;
+  bool migratable_config = false;
   if (Master() && st.config_device) {
-    if (absl::Status o = SetMasterOverrideLocked(name, true); !o.ok()) {
+    absl::Status o = SetMasterOverrideLocked(name, true);
+    migratable_config = o.ok();
+    if (!o.ok()) {
       migration = absl::StrCat(
           "; not migratable: the persistent definition did not take the "
           "master=on override (",
@@ -661,9 +664,7 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachLocked(
        {"live", do_live},
        {"config", do_config},
        {"alias", st.alias},
-       {"migratable_config",
-        Master() && st.config_device &&
-            migration.find("not migratable") == std::string::npos}});
+       {"migratable_config", migratable_config}});
   return ToState(st);
 }
 
