@@ -3,8 +3,11 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <system_error>
@@ -208,6 +211,13 @@ absl::Status FleetWatcher::SaveState() const {
   return WriteFileAtomically(state_path_, j.dump(2) + "\n");
 }
 
+// After an apply each host writes its status key at its own offset in this
+// spread (from a hash of its name): a fleet that applied one change together
+// would otherwise send etcd one write per host at once, while etcd is still
+// delivering that change to the hosts that have not seen it yet. fleet
+// status shows a host converged up to this much later.
+constexpr std::chrono::milliseconds kStatusSpread{500};
+
 void FleetWatcher::Process(int64_t revision) {
   absl::StatusOr<ResolvedFleetPolicy> resolved =
       ResolveFleetPolicy(keys_, config_.host, config_.groups);
@@ -232,6 +242,12 @@ void FleetWatcher::Process(int64_t revision) {
     } else {
       progress_.rejected_revision = revision;
       progress_.rejected_reason = std::string(outcome.message());
+    }
+    if (!status_dirty_) {
+      status_due_ =
+          std::chrono::steady_clock::now() +
+          std::chrono::milliseconds(std::hash<std::string>{}(config_.host) %
+                                    static_cast<size_t>(kStatusSpread.count()));
     }
     status_dirty_ = true;
   }
@@ -415,12 +431,13 @@ void FleetWatcher::StatusLoop() {
       next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
       MutexLock lock(&mu_);
       status_dirty_ = true;
+      status_due_ = {};  // a new lease: the status at once
     }
     bool dirty = false;
     {
       MutexLock lock(&mu_);
-      dirty = status_dirty_;
-      status_dirty_ = false;
+      dirty = status_dirty_ && std::chrono::steady_clock::now() >= status_due_;
+      if (dirty) status_dirty_ = false;
     }
     if (dirty) {
       etcdserverpb::PutRequest r;
@@ -431,6 +448,7 @@ void FleetWatcher::StatusLoop() {
         {
           MutexLock lock(&mu_);
           status_dirty_ = true;
+          status_due_ = {};
         }
         // "requested lease not found": it expired while we were away.
         if (p.status().code() == absl::StatusCode::kNotFound) lease = 0;
@@ -463,7 +481,11 @@ void FleetWatcher::StatusLoop() {
       next_keepalive = std::chrono::steady_clock::now() + keepalive_every;
     }
     MutexLock lock(&mu_);
-    while (!stop_ && !status_dirty_ && cv_.WaitUntil(&mu_, next_keepalive)) {
+    while (!stop_ && !(status_dirty_ &&
+                       std::chrono::steady_clock::now() >= status_due_)) {
+      const auto until = status_dirty_ ? std::min(next_keepalive, status_due_)
+                                       : next_keepalive;
+      if (!cv_.WaitUntil(&mu_, until)) break;  // timed out: keepalive or due
     }
   }
   if (lease != 0) {

@@ -118,6 +118,10 @@ class FleetWatcher {
   CondVar cv_;  // stop_ or status_dirty_ set
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool status_dirty_ ABSL_GUARDED_BY(mu_) = true;
+  // When the status thread writes a dirty status: at once for its own
+  // reasons (a new lease, a failed put), at this host's offset in
+  // kStatusSpread after an apply (fleet_watcher.cc).
+  std::chrono::steady_clock::time_point status_due_ ABSL_GUARDED_BY(mu_);
   FleetProgress progress_ ABSL_GUARDED_BY(mu_);
   FleetCounters counters_ ABSL_GUARDED_BY(mu_);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
