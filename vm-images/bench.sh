@@ -159,6 +159,16 @@ rate() {
     awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") p += kv[2]; if (kv[1] == "ms") m += kv[2] } }
          END { if (m > 0) printf "%.1f", p * 4096 / 1e6 / (m / 1000); else print "0" }'
 }
+# file_rates NAME WORKLOAD: MB/s of each file read in the measured passes,
+# one per line (stream: files 2.. of its one pass; the first file is read
+# into free memory, with no page evicted and so nothing put).
+file_rates() {
+  local passes='pass[23]-' skip='^$'
+  [[ "$2" == stream ]] && passes='pass1-' skip='pass1-s1 '
+  grep -a "CHECK bench-$2-${passes}" "${work}/serial-$1.log" | grep ' PASS ' | grep -v "${skip}" |
+    awk '{ ok = 0; ms = 0; for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") ok = kv[2]; if (kv[1] == "ms") ms = kv[2] }
+           if (ms > 0) printf "%.1f\n", ok * 4096 / 1e6 / (ms / 1000) }'
+}
 # counter NAME PHASE FIELD: a debugfs counter at a COUNTERS line.
 counter() {
   grep -a "COUNTERS $2 " "${work}/serial-$1.log" | tail -n1 | grep -o "\b$3=[0-9]*" | cut -d= -f2
@@ -173,7 +183,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b / 1000; else print "-" }'; }
 
 table=() labels=()
-declare -A ratios targets
+declare -A ratios targets files_with files_without
 # row LABEL WORKLOAD WITH_BOOT WITHOUT_BOOT TARGET
 row() {
   local label="$1" wl="$2" on_boot="$3" off_boot="$4" target="$5" from to
@@ -194,6 +204,8 @@ row() {
   r=$(ratio "${on}" "${off}")
   table+=("| ${label} | ${rep} | ${on} | ${off} | ${r} | ${target} | ${hits} / ${sent} / ${gets} | $(per "${get_ns}" "${sent}") | $(awk -v a="${get_ns}" -v b="${gets}" 'BEGIN { if (b > 0) printf "%.2f", a / b / 1000; else print "-" }') | ${rts} | $(per "${rt_ns}" "${rts}") | ${puts} | $(per "${put_ns}" "${puts}") |")
   ratios["${label}"]+=" ${r}"
+  files_with["${label}"]+=" $(file_rates "${on_boot}" "${wl}" | tr '\n' ' ')"
+  files_without["${label}"]+=" $(file_rates "${off_boot}" "${wl}" | tr '\n' ' ')"
   targets["${label}"]="${target}"
   [[ " ${labels[*]} " == *" ${label} "* ]] || labels+=("${label}")
 }
@@ -257,6 +269,24 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
     set -- ${ratios[${label}]}
     sorted="$(printf '%s\n' "$@" | sed 's/^-$/0/' | sort -g)"
     echo "| ${label} | $(median "$@") | $(head -n1 <<<"${sorted}") | $(tail -n1 <<<"${sorted}") | ${targets[${label}]} |"
+  done
+  echo
+  # The same rows from the files: on this machine a guest's speed moves in
+  # plateaus (a guest without tmem read at 130-150 MB/s for a whole run and
+  # at 230-250 in the next), so a pair's ratio is as noisy as its two
+  # guests. The median over every file of every run, with tmem and without,
+  # is steadier.
+  echo "| row | files with / without | median file MB/s with tmem | without | ratio of medians | target |"
+  echo "| --- | --- | --- | --- | --- | --- |"
+  for label in "${labels[@]}"; do
+    # shellcheck disable=SC2086
+    set -- ${files_with[${label}]}
+    n_with=$#
+    mwith="$( (($#)) && median "$@" || echo 0)"
+    # shellcheck disable=SC2086
+    set -- ${files_without[${label}]}
+    mwithout="$( (($#)) && median "$@" || echo 0)"
+    echo "| ${label} | ${n_with} / $# | ${mwith} | ${mwithout} | $(ratio "${mwith}" "${mwithout}") | ${targets[${label}]} |"
   done
   echo
 } >&2
