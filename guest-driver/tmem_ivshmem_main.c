@@ -380,6 +380,9 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	u32 max_pages = 0;
 	pgoff_t end;
 
+	/* Told to send nothing, nothing sent: no sampling, no lock. */
+	if (tmem_core_get_nothing_sent(&core, h))
+		return -1;
 	if (inode)
 		sample_miss_cost(inode);
 	/* A batch stops at the file's end: pages past it cannot be read. */
@@ -436,7 +439,21 @@ static int state_show(struct seq_file *m, void *v)
 }
 DEFINE_SHOW_ATTRIBUTE(state);
 
-#define COUNTER_AS(file, name) debugfs_create_u64(file, 0444, debug_dir, &core.c.name)
+/* @data: the counter's offset in struct tmem_core_counters. */
+static int counter_get(void *data, u64 *val)
+{
+	struct tmem_core_counters k;
+
+	tmem_core_read_counters(&core, &k);
+	*val = *(u64 *)((u8 *)&k + (uintptr_t)data);
+	return 0;
+}
+DEFINE_DEBUGFS_ATTRIBUTE(counter_fops, counter_get, NULL, "%llu\n");
+
+#define COUNTER_AS(file, name)                                                  \
+	debugfs_create_file_unsafe(file, 0444, debug_dir,                       \
+				   (void *)offsetof(struct tmem_core_counters, name), \
+				   &counter_fops)
 #define COUNTER(name) COUNTER_AS(#name, name)
 
 static void debugfs_setup(void)

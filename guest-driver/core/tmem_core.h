@@ -177,8 +177,8 @@ struct tmem_core_counters {
 	u64 invalidates_skipped_aside;	/* private pools, nothing held */
 	u64 aside_samples_discarded;	/* under a sampling hint, or stale */
 	u64 aside_cost_rose;		/* resumed early: a miss costs 2x more */
-	u64 put_ns;			/* time in put, all calls */
-	u64 get_ns;			/* time in get, waits included */
+	u64 put_ns;	/* time in put, all but those the hint 0 refuses */
+	u64 get_ns;	/* time in get, waits included; not the lockless ones */
 	u64 round_trips;		/* gets that waited for a CQE */
 	u64 round_trip_wait_ns;		/* of get_ns: posted to CQE seen */
 };
@@ -290,8 +290,18 @@ struct tmem_core {
 	u64 flush_seq;
 	u64 wanted_bits;
 
-	/* A put reached a private pool since the host last forgot us. */
+	/*
+	 * A put reached a private pool since the host last forgot us. Read
+	 * without the lock by tmem_core_get_nothing_sent (written with
+	 * WRITE_ONCE, like aside).
+	 */
 	bool private_sent;
+	/*
+	 * Gets decided by tmem_core_get_nothing_sent, without the lock: in
+	 * gets_miss, gets_miss_local and gets_skipped_never_sent as read by
+	 * tmem_core_read_counters, not in c.
+	 */
+	struct tmem_core_counter gets_skipped_nothing_sent;
 	u32 consecutive_timeouts;
 	u32 stall_sq_head;
 	u64 stalled_until_ns;
@@ -377,6 +387,15 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
  */
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		  u32 max_pages, void *page);
+/*
+ * A get of private pool h decided without the lock, the clock or the key:
+ * true (a miss, counted) while no put has reached a private pool since the
+ * host last forgot us and the guest is not standing aside. tmem_core_get
+ * asks it first; a platform asks it before its own per-get work (the
+ * kernel: the block device's miss-cost sampling), so a frontend the host
+ * told "send nothing" costs next to nothing per page-cache miss.
+ */
+bool tmem_core_get_nothing_sent(struct tmem_core *c, int h);
 void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
 			       u64 index);
 void tmem_core_invalidate_object(struct tmem_core *c, int h, const u32 *oid);
@@ -404,6 +423,9 @@ void tmem_core_set_random_miss_cost(struct tmem_core *c, u64 ns_per_read);
 /* The host pool id behind a handle, or -1. */
 int tmem_core_host_pool_id(struct tmem_core *c, int h);
 void tmem_core_get_state(struct tmem_core *c, struct tmem_core_state *s);
+/* The counters, the lockless fast path's folded in (no lock taken). */
+void tmem_core_read_counters(struct tmem_core *c,
+			     struct tmem_core_counters *out);
 
 #ifdef __cplusplus
 }

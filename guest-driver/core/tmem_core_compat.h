@@ -19,6 +19,7 @@
 
 #ifdef __KERNEL__
 
+#include <linux/atomic.h>
 #include <linux/bitmap.h>
 #include <linux/bitops.h>
 #include <linux/errno.h>
@@ -29,6 +30,13 @@
 #include <linux/string.h>
 #include <linux/types.h>
 #include <asm/barrier.h>
+
+/* A counter bumped without the core's lock (the lockless fast paths). */
+struct tmem_core_counter {
+	atomic64_t value;
+};
+#define tmem_core_counter_inc(p) atomic64_inc(&(p)->value)
+#define tmem_core_counter_read(p) ((u64)atomic64_read(&(p)->value))
 
 #else /* userspace */
 
@@ -46,6 +54,13 @@ typedef uint64_t u64;
 typedef int16_t s16;
 typedef int32_t s32;
 typedef int64_t s64;
+
+/* A counter bumped without the core's lock (the lockless fast paths). */
+struct tmem_core_counter {
+	u64 value;
+};
+#define tmem_core_counter_inc(p) __atomic_fetch_add(&(p)->value, 1, __ATOMIC_RELAXED)
+#define tmem_core_counter_read(p) __atomic_load_n(&(p)->value, __ATOMIC_RELAXED)
 
 /* The macros below are for the core's C only: they would clash with C++. */
 #ifndef __cplusplus

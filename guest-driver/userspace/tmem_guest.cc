@@ -229,7 +229,8 @@ absl::StatusOr<std::unique_ptr<TmemGuest>> TmemGuest::Create(
 }
 
 void TmemGuest::SyncCounters() {
-  const tmem_core_counters& k = core_.c;
+  tmem_core_counters k;
+  tmem_core_read_counters(&core_, &k);
   GuestCounters& c = counters_;
   c.puts_sent = k.puts_sent;
   c.puts_skipped_by_hint = k.puts_skipped_by_hint;

@@ -308,6 +308,10 @@ class TmemGuest {
   bool standing_aside() const { return core_.aside; }
   // The last sample's guest time per page served (see miss_cost).
   uint64_t get_ns_per_hit() const { return core_.get_ns_per_hit; }
+  // Time in Get() and Put(), as the core times them (not the calls it
+  // decides before reading the clock).
+  uint64_t get_ns() const { return core_.c.get_ns; }
+  uint64_t put_ns() const { return core_.c.put_ns; }
   bool flush_pending() const {
     return (core_.flush_bits | core_.wanted_bits) != 0;
   }

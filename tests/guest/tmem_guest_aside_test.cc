@@ -319,6 +319,44 @@ TEST(CheapWhenOffTest, HintZeroSendsNothingForKeysNeverSent) {
   EXPECT_EQ(c.invalidates_skipped_never_sent, 1010u);
 }
 
+// Issue 13: a frontend told "off" must cost next to nothing per page-cache
+// event. Until a put reaches a private pool, a get is decided by two flags,
+// without the lock or the clock (so get_ns stays 0), and a put the hint 0
+// refuses without reading the clock (put_ns stays 0); the counters still
+// count every one of them where they always did.
+TEST(CheapWhenOffTest, NothingSentDecidesWithoutTheClock) {
+  FakeHost host(Host());
+  host.SetAdmissionHint(0);
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(0)));
+  const int pool = *guest->InitFs();
+  host.Step();
+  Page out{};
+  for (uint64_t i = 0; i < 500; ++i) {
+    const TmemGuest::ObjectId oid = {static_cast<uint32_t>(i / 50), 0, 0,
+                                     0, 0, 0};
+    EXPECT_FALSE(guest->Get(pool, oid, i, out));
+    guest->Put(pool, oid, i, MakePage(i));
+  }
+  const GuestCounters& c = guest->counters();
+  EXPECT_EQ(c.gets_miss, 500u);
+  EXPECT_EQ(c.gets_miss_local, 500u);
+  EXPECT_EQ(c.gets_skipped_never_sent, 500u);
+  EXPECT_EQ(c.puts_skipped_by_hint, 500u);
+  EXPECT_EQ(guest->get_ns(), 0u) << "a get decided without the clock";
+  EXPECT_EQ(guest->put_ns(), 0u) << "a put refused without the clock";
+
+  // Once a put is admitted and sent, gets take the locked, timed path.
+  host.SetAdmissionHint(TMEM_ADMIT_ALL);
+  const TmemGuest::ObjectId sent = {999, 0, 0, 0, 0, 0};
+  guest->Put(pool, sent, 0, MakePage(7));
+  host.Step();
+  EXPECT_EQ(guest->counters().puts_sent, 1u);
+  EXPECT_TRUE(guest->Get(pool, sent, 0, out));
+  EXPECT_EQ(out, MakePage(7));
+  EXPECT_GT(guest->get_ns(), 0u);
+  EXPECT_EQ(guest->counters().gets_miss, 500u);
+}
+
 // Issue 13: throttled by the valve (a sampling hint), a re-reader's few
 // admitted pages came back one round trip each and the guest stood aside,
 // wiping what it had. Gets under a sampling hint are a reuse probe: they
