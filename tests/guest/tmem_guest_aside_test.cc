@@ -332,8 +332,8 @@ TEST(CheapWhenOffTest, NothingSentDecidesWithoutTheClock) {
   host.Step();
   Page out{};
   for (uint64_t i = 0; i < 500; ++i) {
-    const TmemGuest::ObjectId oid = {static_cast<uint32_t>(i / 50), 0, 0,
-                                     0, 0, 0};
+    const TmemGuest::ObjectId oid = {
+        static_cast<uint32_t>(i / 50), 0, 0, 0, 0, 0};
     EXPECT_FALSE(guest->Get(pool, oid, i, out));
     guest->Put(pool, oid, i, MakePage(i));
   }
