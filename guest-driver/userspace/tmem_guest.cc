@@ -229,7 +229,7 @@ absl::StatusOr<std::unique_ptr<TmemGuest>> TmemGuest::Create(
 }
 
 void TmemGuest::SyncCounters() {
-  tmem_core_counters k;
+  tmem_core_counters k{};
   tmem_core_read_counters(&core_, &k);
   GuestCounters& c = counters_;
   c.puts_sent = k.puts_sent;
