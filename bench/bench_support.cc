@@ -56,15 +56,17 @@ std::string MarkdownEscape(const std::string& s) {
 
 }  // namespace
 
-BenchStore::BenchStore(int num_vms, uint64_t cap_bytes) {
+std::unique_ptr<TmemStore> NewBenchStore(uint64_t cap_bytes) {
   StoreOptions options;
   options.memory_cap_bytes = cap_bytes;
-  // Reserve only what the cap can use: mapping the machine's whole memory
-  // per store would make store creation (once per benchmark) dominate setup.
   options.address_space_bytes = cap_bytes;
   absl::StatusOr<std::unique_ptr<TmemStore>> store = TmemStore::Create(options);
   if (!store.ok()) Die("TmemStore::Create", store.status());
-  store_ = *std::move(store);
+  return *std::move(store);
+}
+
+BenchStore::BenchStore(int num_vms, uint64_t cap_bytes) {
+  store_ = NewBenchStore(cap_bytes);
   for (int i = 0; i < num_vms; ++i) {
     absl::StatusOr<VmId> vm =
         store_->AddVm("bench-vm-" + std::to_string(i), VmPolicy{});

@@ -35,6 +35,11 @@ inline ObjectId KeyObject(uint64_t k) {
 }
 inline PageIndex KeyIndex(uint64_t k) { return k % kPagesPerObject; }
 
+// A store capped at `cap_bytes` that reserves only the address space the
+// cap can use (mapping the machine's whole memory per store would make its
+// creation dominate a benchmark's setup). Exits with the reason if it fails.
+std::unique_ptr<TmemStore> NewBenchStore(uint64_t cap_bytes);
+
 // One store, `num_vms` VMs each with one private pool. The memory cap is
 // large enough that the benchmarks never evict.
 class BenchStore {

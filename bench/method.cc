@@ -394,4 +394,29 @@ const char* VerdictName(Verdict v) {
   return "?";
 }
 
+double Progress::Seconds() const { return NsBetween(t0_, Clock::now()) / 1e9; }
+
+void Progress::Step(const std::string& what) {
+  if (!verbose_) return;
+  if (show_load_) {
+    std::fprintf(stderr, "%s: [%d/%d] %5.1fs %s (load %s)\n", name_.c_str(),
+                 ++step_, steps_, Seconds(), what.c_str(),
+                 LoadAverageText().c_str());
+  } else {
+    std::fprintf(stderr, "%s: [%d/%d] %5.1fs %s\n", name_.c_str(), ++step_,
+                 steps_, Seconds(), what.c_str());
+  }
+}
+
+void Progress::Note(const std::string& what) {
+  if (!verbose_) return;
+  std::fprintf(stderr, "%s:        %5.1fs %s\n", name_.c_str(), Seconds(),
+               what.c_str());
+}
+
+void Progress::Done() {
+  if (!verbose_) return;
+  std::fprintf(stderr, "%s: done in %.1fs\n", name_.c_str(), Seconds());
+}
+
 }  // namespace tmem::bench

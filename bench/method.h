@@ -33,6 +33,7 @@
 #include <functional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/page_corpus.h"
@@ -78,6 +79,30 @@ std::vector<double> Ratios(const std::vector<double>& a,
 // and as a number (-1 if unreadable).
 std::string LoadAverageText();
 double LoadAverage();
+
+// Progress lines on stderr while a benchmark runs ("NAME: [k/n] 12.3s what",
+// with the load average when show_load), silent unless verbose.
+class Progress {
+ public:
+  Progress(std::string name, bool verbose, int steps, bool show_load)
+      : name_(std::move(name)),
+        verbose_(verbose),
+        steps_(steps),
+        show_load_(show_load) {}
+  void Step(const std::string& what);
+  // A line between steps (no step number).
+  void Note(const std::string& what);
+  void Done();
+
+ private:
+  double Seconds() const;
+  std::string name_;
+  bool verbose_;
+  int steps_;
+  bool show_load_;
+  int step_ = 0;
+  Clock::time_point t0_ = Clock::now();
+};
 
 // CPU time of the whole process (every thread).
 int64_t ProcessCpuNs();

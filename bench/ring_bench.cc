@@ -118,7 +118,8 @@ ResultTable RunRingBench(const PageCorpus& corpus, const RingBenchOptions& o) {
   if (mix.empty()) {
     Die("page corpus", absl::FailedPreconditionError("no mix pages"));
   }
-  Progress progress(o.verbose, static_cast<int>(o.sections.size()));
+  Progress progress("ring", o.verbose, static_cast<int>(o.sections.size()),
+                    /*show_load=*/true);
   LatencyFigures polling;
   if (o.sections.count("put1")) {
     progress.Step("put throughput, 1 guest vs 1 in-process thread");

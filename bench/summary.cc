@@ -259,27 +259,6 @@ double CopyOutPass(const PageSet& set, BlockBuffer& buf, Page& out) {
   return timed / static_cast<double>(pages);
 }
 
-class Progress {
- public:
-  Progress(bool verbose, int steps) : verbose_(verbose), steps_(steps) {}
-  void Step(const std::string& what) {
-    if (!verbose_) return;
-    std::fprintf(stderr, "summary: [%d/%d] %5.1fs %s\n", ++step_, steps_,
-                 NsBetween(t0_, Clock::now()) / 1e9, what.c_str());
-  }
-  void Done() {
-    if (!verbose_) return;
-    std::fprintf(stderr, "summary: done in %.1fs\n",
-                 NsBetween(t0_, Clock::now()) / 1e9);
-  }
-
- private:
-  bool verbose_;
-  int steps_;
-  int step_ = 0;
-  Clock::time_point t0_ = Clock::now();
-};
-
 }  // namespace
 
 MetadataResult MeasureMetadata(const PageSet& mix, size_t pages) {
@@ -328,7 +307,7 @@ ResultTable RunSummary(const PageCorpus& corpus, const SummaryOptions& o) {
                   "; Release build; ratios are medians of " +
                   std::to_string(o.rounds) +
                   " interleaved measured/baseline rounds on the same pages";
-  Progress progress(o.verbose, 9);
+  Progress progress("summary", o.verbose, 9, /*show_load=*/false);
 
   const PageSet& tb = corpus.text_and_binary();
   const PageSet& compressed = corpus.pages(PageCategory::kCompressed);

@@ -25,13 +25,7 @@ RingHost::RingHost(int guests, const WorkerOptions& worker_options,
     Die("mkdtemp", absl::InternalError(std::generic_category().message(errno)));
   }
   dir_ = tmpl;
-  StoreOptions so;
-  so.memory_cap_bytes = kStoreCapBytes;
-  // As BenchStore: reserve only what the cap can use.
-  so.address_space_bytes = kStoreCapBytes;
-  absl::StatusOr<std::unique_ptr<TmemStore>> store = TmemStore::Create(so);
-  if (!store.ok()) Die("TmemStore::Create", store.status());
-  store_ = *std::move(store);
+  store_ = NewBenchStore(kStoreCapBytes);
   // Distinct per host, like tmemd's (a guest compares for equality).
   static uint64_t generation =
       static_cast<uint64_t>(Clock::now().time_since_epoch().count());

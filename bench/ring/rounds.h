@@ -1,5 +1,5 @@
 // The shared measuring method (bench/method.h) as the ring benchmark uses
-// it: progress lines on stderr, rounds judged by a rule, ABBA passes (each
+// it: rounds judged by a rule, ABBA passes (each
 // reported with --debug_rounds), ratio figures over the used rounds, and
 // rows judged INCONCLUSIVE when the machine gave too few undisturbed rounds.
 #ifndef TMEMD_BENCH_RING_ROUNDS_H_
@@ -16,31 +16,6 @@
 #include "bench/ring/common.h"
 
 namespace tmem::bench::ring {
-
-class Progress {
- public:
-  Progress(bool verbose, int steps) : verbose_(verbose), steps_(steps) {}
-  void Step(const std::string& what) {
-    if (!verbose_) return;
-    std::fprintf(stderr, "ring: [%d/%d] %5.1fs %s (load %s)\n", ++step_, steps_,
-                 Seconds(), what.c_str(), LoadAverageText().c_str());
-  }
-  void Note(const std::string& what) {
-    if (!verbose_) return;
-    std::fprintf(stderr, "ring:        %5.1fs %s\n", Seconds(), what.c_str());
-  }
-  void Done() {
-    if (!verbose_) return;
-    std::fprintf(stderr, "ring: done in %.1fs\n", Seconds());
-  }
-
- private:
-  double Seconds() const { return NsBetween(t0_, Clock::now()) / 1e9; }
-  bool verbose_;
-  int steps_;
-  int step_ = 0;
-  Clock::time_point t0_ = Clock::now();
-};
 
 // The method's rounds (bench/method.h), reporting to `progress`.
 Rounds RunRingRounds(const RingBenchOptions& o, const PageSet* probe_pages,
