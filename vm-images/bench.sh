@@ -151,11 +151,16 @@ finished() {
   failed=1
 }
 
-# rate NAME WORKLOAD: MB/s of the measured passes (2-3; stream: its one).
+# measured NAME WORKLOAD: the CHECK lines of the measured passes (2-3;
+# stream: its one).
+measured() {
+  local passes='pass[23]-'
+  [[ "$2" == stream ]] && passes='pass1-'
+  grep -a "CHECK bench-$2-${passes}" "${work}/serial-$1.log" | grep ' PASS '
+}
+# rate NAME WORKLOAD: MB/s of the measured passes.
 rate() {
-  local passes='pass[23]'
-  [[ "$2" == stream ]] && passes='pass1'
-  grep -a "CHECK bench-$2-${passes}-" "${work}/serial-$1.log" | grep ' PASS ' |
+  measured "$1" "$2" |
     awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") p += kv[2]; if (kv[1] == "ms") m += kv[2] } }
          END { if (m > 0) printf "%.1f", p * 4096 / 1e6 / (m / 1000); else print "0" }'
 }
@@ -163,9 +168,7 @@ rate() {
 # one per line (stream: files 2.. of its one pass; the first file is read
 # into free memory, with no page evicted and so nothing put).
 file_rates() {
-  local passes='pass[23]-' skip='^$'
-  [[ "$2" == stream ]] && passes='pass1-' skip='pass1-s1 '
-  grep -a "CHECK bench-$2-${passes}" "${work}/serial-$1.log" | grep ' PASS ' | grep -v "${skip}" |
+  measured "$1" "$2" | grep -v 'pass1-s1 ' |
     awk '{ ok = 0; ms = 0; for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") ok = kv[2]; if (kv[1] == "ms") ms = kv[2] }
            if (ms > 0) printf "%.1f\n", ok * 4096 / 1e6 / (ms / 1000) }'
 }
