@@ -32,6 +32,7 @@ namespace fs = std::filesystem;
 
 const std::vector<std::string>& Metrics() {
   static const std::vector<std::string> k = {"mb_per_s",
+                                             "cpu_us_per_page",
                                              "vs_off",
                                              "vs_none",
                                              "hit_ratio",
@@ -251,21 +252,23 @@ std::vector<Target> Targets(const Config& c, const std::vector<Row>& rows,
 
 std::string Table(const std::vector<Row>& rows) {
   std::string out = absl::StrFormat(
-      "%-7s %-8s %-7s %7s %7s %7s %7s %8s %7s %9s %9s %9s %9s %9s %9s %6s\n",
-      "scen", "mode", "vm", "MB/s", "vs off", "vs none", "hit %", "tmemd s",
-      "CPU %", "pages", "compr", "raw", "drop cpu", "drop reu", "drop oth",
-      "admit");
+      "%-7s %-8s %-7s %7s %7s %7s %7s %7s %8s %7s %9s %9s %9s %9s %9s %9s "
+      "%6s\n",
+      "scen", "mode", "vm", "MB/s", "us/page", "vs off", "vs none", "hit %",
+      "tmemd s", "CPU %", "pages", "compr", "raw", "drop cpu", "drop reu",
+      "drop oth", "admit");
   for (const Row& r : rows) {
     auto g = [&](const char* k) { return r.m.at(k); };
     absl::StrAppendFormat(
         &out,
-        "%-7s %-8s %-7s %7s %7s %7s %7s %8s %7s %9s %9s %9s %9s %9s %9s %6s\n",
+        "%-7s %-8s %-7s %7s %7s %7s %7s %7s %8s %7s %9s %9s %9s %9s %9s %9s "
+        "%6s\n",
         r.scenario, r.mode, r.vm, Fmt(g("mb_per_s"), "%.0f"),
-        Fmt(g("vs_off"), "%.2fx"), Fmt(g("vs_none"), "%.2fx"),
-        Fmt(g("hit_ratio") * 100, "%.1f"), Fmt(g("tmemd_cpu_s"), "%.2f"),
-        Fmt(g("tmemd_cpu_frac") * 100, "%.1f"), Fmt(g("pages"), "%.0f"),
-        Fmt(g("valve_compressed"), "%.0f"), Fmt(g("valve_raw"), "%.0f"),
-        Fmt(g("valve_dropped_cpu"), "%.0f"),
+        Fmt(g("cpu_us_per_page"), "%.2f"), Fmt(g("vs_off"), "%.2fx"),
+        Fmt(g("vs_none"), "%.2fx"), Fmt(g("hit_ratio") * 100, "%.1f"),
+        Fmt(g("tmemd_cpu_s"), "%.2f"), Fmt(g("tmemd_cpu_frac") * 100, "%.1f"),
+        Fmt(g("pages"), "%.0f"), Fmt(g("valve_compressed"), "%.0f"),
+        Fmt(g("valve_raw"), "%.0f"), Fmt(g("valve_dropped_cpu"), "%.0f"),
         Fmt(g("valve_dropped_reuse"), "%.0f"),
         Fmt(g("valve_dropped_memory") + g("valve_dropped_off"), "%.0f"),
         Fmt(g("admission") / 65536 * 100, "%.1f%%"));
@@ -290,19 +293,22 @@ std::string DeferredSection(const Config& c, const std::vector<Row>& rows) {
 
 std::string Markdown(const std::vector<Row>& rows) {
   std::string out =
-      "| scenario | mode | VM | MB/s | vs off | vs none | tmem hit % | "
+      "| scenario | mode | VM | MB/s | guest CPU us/page | vs off | vs none | "
+      "tmem hit % | "
       "tmemd CPU s | "
       "tmemd CPU % of host | pages stored | compressed | raw | dropped cpu | "
       "dropped reuse | dropped other | admission |\n"
       "| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+      "---: | "
       "---: | ---: | ---: | ---: | ---: | ---: |\n";
   for (const Row& r : rows) {
     auto g = [&](const char* k) { return r.m.at(k); };
     absl::StrAppend(
         &out, "| ", r.scenario, " | ", r.mode, " | ", r.vm, " | ",
-        Fmt(g("mb_per_s"), "%.0f"), " | ", Fmt(g("vs_off"), "%.2fx"), " | ",
-        Fmt(g("vs_none"), "%.2fx"), " | ", Fmt(g("hit_ratio") * 100, "%.1f"),
-        " | ", Fmt(g("tmemd_cpu_s"), "%.2f"), " | ",
+        Fmt(g("mb_per_s"), "%.0f"), " | ", Fmt(g("cpu_us_per_page"), "%.2f"),
+        " | ", Fmt(g("vs_off"), "%.2fx"), " | ", Fmt(g("vs_none"), "%.2fx"),
+        " | ", Fmt(g("hit_ratio") * 100, "%.1f"), " | ",
+        Fmt(g("tmemd_cpu_s"), "%.2f"), " | ",
         Fmt(g("tmemd_cpu_frac") * 100, "%.1f"), " | ", Fmt(g("pages"), "%.0f"),
         " | ", Fmt(g("valve_compressed"), "%.0f"), " | ",
         Fmt(g("valve_raw"), "%.0f"), " | ", Fmt(g("valve_dropped_cpu"), "%.0f"),

@@ -272,7 +272,8 @@ int Main(int argc, char** argv) {
   const std::vector<Target> targets = Targets(c, rows, runs, c.rounds, dc);
   const std::string report = absl::StrCat(
       "\n== tmemd scenario benchmark (the 2011 report)\n", context,
-      "medians over rounds; vs off / vs none: median of per-round ratios to "
+      "medians over rounds; us/page: the guest process's CPU (user + system) "
+      "per page read; vs off / vs none: median of per-round ratios to "
       "off (tmemd --mode off: gets still sent) / none (guest without tmem); "
       "hit %: tmem gets that hit; tmemd s / CPU %: tmemd's CPU over the "
       "guests' run (of wall x ",

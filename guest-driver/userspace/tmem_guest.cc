@@ -228,7 +228,7 @@ absl::StatusOr<std::unique_ptr<TmemGuest>> TmemGuest::Create(
   return guest;
 }
 
-void TmemGuest::SyncCounters() {
+void TmemGuest::SyncCounters() const {
   tmem_core_counters k{};
   tmem_core_read_counters(&core_, &k);
   GuestCounters& c = counters_;
@@ -298,7 +298,6 @@ absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::NewHandle(bool shared,
   const int h = tmem_core_new_handle(&core_, shared, uuid.data(),
                                      filter.empty() ? nullptr : filter.data(),
                                      filter.empty() ? 0 : bits, &old);
-  SyncCounters();
   if (h < 0) return RefusalStatus(h, shared);
   // The core now uses `filter`; the handle's previous one (`old`) is freed.
   filters_[h].swap(filter);
@@ -308,48 +307,37 @@ absl::StatusOr<TmemGuest::PoolHandle> TmemGuest::NewHandle(bool shared,
 void TmemGuest::Put(PoolHandle pool, const ObjectId& oid, uint64_t index,
                     Page page) {
   tmem_core_put(&core_, pool, oid.data(), index, page.data());
-  SyncCounters();
 }
 
 bool TmemGuest::Get(PoolHandle pool, const ObjectId& oid, uint64_t index,
                     MutablePage out, uint32_t pages_to_end) {
-  const bool hit = tmem_core_get(&core_, pool, oid.data(), index, pages_to_end,
-                                 out.data()) != 0;
-  SyncCounters();
-  return hit;
+  return tmem_core_get(&core_, pool, oid.data(), index, pages_to_end,
+                       out.data()) != 0;
 }
 
 void TmemGuest::InvalidatePage(PoolHandle pool, const ObjectId& oid,
                                uint64_t index) {
   tmem_core_invalidate_page(&core_, pool, oid.data(), index);
-  SyncCounters();
 }
 
 void TmemGuest::InvalidateObject(PoolHandle pool, const ObjectId& oid) {
   tmem_core_invalidate_object(&core_, pool, oid.data());
-  SyncCounters();
 }
 
 void TmemGuest::InvalidatePool(PoolHandle pool) {
   tmem_core_invalidate_pool(&core_, pool);
-  SyncCounters();
 }
 
-void TmemGuest::Poll() {
-  tmem_core_poll(&core_);
-  SyncCounters();
-}
+void TmemGuest::Poll() { tmem_core_poll(&core_); }
 
 void TmemGuest::SetMeasuredMissCost(std::chrono::nanoseconds per_page) {
   tmem_core_set_miss_cost(
       &core_, static_cast<uint64_t>(std::max<int64_t>(per_page.count(), 0)));
-  SyncCounters();
 }
 
 void TmemGuest::SetMeasuredRandomMissCost(std::chrono::nanoseconds per_read) {
   tmem_core_set_random_miss_cost(
       &core_, static_cast<uint64_t>(std::max<int64_t>(per_read.count(), 0)));
-  SyncCounters();
 }
 
 int TmemGuest::host_pool_id(PoolHandle pool) {

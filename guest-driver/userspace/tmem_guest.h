@@ -295,7 +295,14 @@ class TmemGuest {
   // against it (tmem_core_set_random_miss_cost).
   void SetMeasuredRandomMissCost(std::chrono::nanoseconds per_read);
 
-  const GuestCounters& counters() const { return counters_; }
+  // The core's counters as of now. Read on demand, not after every call:
+  // a copy per Get and Put was a measurable share of a streaming guest's
+  // CPU per page (issue 13). A reference held across later calls is stale
+  // until counters() is called again.
+  const GuestCounters& counters() const {
+    SyncCounters();
+    return counters_;
+  }
   // For tests and reports.
   bool attached() const { return core_.attached && !core_.broken; }
   uint64_t guest_generation() const { return core_.guest_generation; }
@@ -321,8 +328,8 @@ class TmemGuest {
  private:
   TmemGuest(GuestDevice* device, const TmemGuestOptions& options);
   absl::StatusOr<PoolHandle> NewHandle(bool shared, const Uuid& uuid);
-  // Copies the core's counters into counters_ (after every public call).
-  void SyncCounters();
+  // Copies the core's counters into counters_ (by counters()).
+  void SyncCounters() const;
 
   static const tmem_core_ops kOps;
 
@@ -330,7 +337,7 @@ class TmemGuest {
   TmemGuestOptions options_;
   tmem_core_config config_{};
   tmem_core core_{};
-  GuestCounters counters_;
+  mutable GuestCounters counters_;
   // Tables the core works in (it allocates nothing).
   std::vector<tmem_core_pending> pending_;
   std::vector<uint32_t> free_pending_;
