@@ -127,6 +127,8 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"sqe_processed", ch(ChannelCounter::kSqeProcessed)},
          {"doorbells", ch(ChannelCounter::kDoorbells)},
          {"poll_rounds", ch(ChannelCounter::kPollRounds)},
+         {"puts_compression_deferred",
+          ch(ChannelCounter::kPutsCompressionDeferred)},
          {"interrupts", ch(ChannelCounter::kInterruptsSent)},
          {"bad_entries", ch(ChannelCounter::kSqeBadOpcode) +
                              ch(ChannelCounter::kSqeBadPool) +

@@ -7,8 +7,9 @@ namespace tmem {
 TurnScheduler::TurnScheduler(const TurnOptions& options) : options_(options) {}
 
 RingConsumer::DrainResult TurnScheduler::Serve(Rings& rings, size_t i,
-                                               uint32_t quantum) {
-  const RingConsumer::DrainResult r = rings.Serve(i, quantum);
+                                               uint32_t quantum,
+                                               bool others_light) {
+  const RingConsumer::DrainResult r = rings.Serve(i, quantum, others_light);
   consumed_ += r.consumed;
   // Backlogged: the quantum was spent and entries are left. A turn that
   // stopped early (ring empty, CQ full, an entry its guest waits on) is
@@ -52,7 +53,8 @@ uint64_t TurnScheduler::Round(Rings& rings) {
       const bool others_light = OtherLight();
       const uint32_t quantum =
           others_light ? std::min(options_.chunk, left) : left;
-      const RingConsumer::DrainResult r = Serve(rings, i, quantum);
+      const RingConsumer::DrainResult r =
+          Serve(rings, i, quantum, others_light);
       left -= std::min(r.consumed, left);
       if (others_light) LightPass(rings, i);
       if (backlogged_[i] == 0 || r.consumed == 0) break;

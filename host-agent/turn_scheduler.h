@@ -49,7 +49,11 @@ class TurnScheduler {
     // True if ring `i` has entries the host has not consumed yet.
     virtual bool Pending(size_t i) = 0;
     // Drains up to `max_entries` (>= 1) entries of ring `i` (maybe none).
-    virtual RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries) = 0;
+    // others_light: ring i is backlogged and another ring is light, so
+    // its entries' cost stands in front of a VM that may be waiting: work
+    // that can wait (compression) should be left for later.
+    virtual RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries,
+                                            bool others_light) = 0;
   };
 
   // Every field >= 1 (the worker's configuration is range-checked).
@@ -72,7 +76,8 @@ class TurnScheduler {
 
  private:
   // Serves ring `i` and records what its turn says about it.
-  RingConsumer::DrainResult Serve(Rings& rings, size_t i, uint32_t quantum);
+  RingConsumer::DrainResult Serve(Rings& rings, size_t i, uint32_t quantum,
+                                  bool others_light = false);
   // Serves every light ring with entries except `skip` once.
   void LightPass(Rings& rings, size_t skip);
   // True if a ring other than backlogged ring `i` is light.

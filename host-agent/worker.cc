@@ -185,7 +185,8 @@ class Worker::ActiveRings : public TurnScheduler::Rings {
   bool Pending(size_t i) override {
     return worker_->active_[i]->consumer().Pending() > 0;
   }
-  RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries) override;
+  RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries,
+                                  bool others_light) override;
 
  private:
   // The CPU since the last switch goes to the VM that used it.
@@ -211,12 +212,16 @@ void Worker::ActiveRings::ChargeTo(Channel* next) {
 }
 
 RingConsumer::DrainResult Worker::ActiveRings::Serve(size_t i,
-                                                     uint32_t max_entries) {
+                                                     uint32_t max_entries,
+                                                     bool others_light) {
   Channel* ch = worker_->active_[i];
   // A ring with no entries costs a few header loads: not worth the clock
   // reads of a switch (the previous VM, if any, is charged for them).
   if (ch->consumer().Pending() > 0) ChargeTo(ch);
-  const RingConsumer::DrainResult r = ch->consumer().Drain(max_entries);
+  // A backlogged VM's compression waits for the compactor while others
+  // are light (issue 15: a flood of compressing puts slows only itself).
+  const RingConsumer::DrainResult r =
+      ch->consumer().Drain(max_entries, others_light);
   if (r.interrupt) {
     // NotifyGuest counts what it really sent (kInterruptsSent).
     ch->server().NotifyGuest(TMEM_VEC_COMPLETE);

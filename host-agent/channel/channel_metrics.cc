@@ -58,6 +58,8 @@ std::string_view ChannelCounterName(ChannelCounter c) {
       return "interrupts_sent";
     case ChannelCounter::kPollRounds:
       return "poll_rounds";
+    case ChannelCounter::kPutsCompressionDeferred:
+      return "puts_compression_deferred";
     case ChannelCounter::kRestoredAcrossRestart:
       return "restored_across_restart";
     case ChannelCounter::kForeignRegions:

@@ -26,7 +26,9 @@ enum class ChannelCounter : int {
   kSqeBadFlags,     // unknown flag bits or nonzero reserved bytes
   kSqeStoreErrors,  // the store returned an error status
   kCqeWritten,
-  kPutsDroppedByHost,  // completed with TMEM_ERR_DROPPED
+  kPutsDroppedByHost,        // completed with TMEM_ERR_DROPPED
+  kPutsCompressionDeferred,  // stored raw, compression queued: other VMs
+                             // were waiting on the worker (TurnScheduler)
   // GET_BATCH (ABI v2): work done, and one counter per refusal.
   kGetBatches,          // GET_BATCH entries executed
   kGetBatchPages,       // pages they asked for

@@ -113,7 +113,8 @@ class EntryExecutor {
                 VmId vm, ChannelMetrics* metrics, PutAdvisor* advisor,
                 std::bitset<TMEM_MAX_POOLS>* pools,
                 std::bitset<TMEM_MAX_POOLS>* shared_pools,
-                std::span<uint8_t> batch_pages, bool guest_applies_hint)
+                std::span<uint8_t> batch_pages, bool guest_applies_hint,
+                bool compress_later)
       : layout_(layout),
         base_(base),
         store_(store),
@@ -123,7 +124,8 @@ class EntryExecutor {
         pools_(pools),
         shared_pools_(shared_pools),
         batch_pages_(batch_pages),
-        guest_applies_hint_(guest_applies_hint) {}
+        guest_applies_hint_(guest_applies_hint),
+        compress_later_(compress_later) {}
 
   // `sqe` is tmemd's own copy: every field is read from it, never from the
   // ring, and validated before use.
@@ -236,10 +238,17 @@ class EntryExecutor {
     std::array<uint8_t, kPageSize> page;  // NOLINT(*-member-init)
     CopyFromGuest(page.data(), Slot(sqe.slot), kPageSize);
     const ObjectId oid = ObjectIdOf(sqe);
-    const PutMode mode = advisor_ != nullptr
-                             ? advisor_->Advise(vm_, KeyHash(oid, sqe.index),
-                                                guest_applies_hint_)
-                             : PutMode::kCompress;
+    PutMode mode = advisor_ != nullptr
+                       ? advisor_->Advise(vm_, KeyHash(oid, sqe.index),
+                                          guest_applies_hint_)
+                       : PutMode::kCompress;
+    if (mode == PutMode::kCompress && compress_later_) {
+      // Other VMs wait on this worker: the page is stored raw now and its
+      // compression queued for the compactor (charged to this VM), so a
+      // flood of compressing puts cannot stand in front of them.
+      mode = PutMode::kDefer;
+      metrics_->Inc(ChannelCounter::kPutsCompressionDeferred);
+    }
     // Even a put the valve drops goes to the store: a refused put must
     // still remove the key's earlier page (invariant 1).
     absl::StatusOr<PutResult> put =
@@ -321,6 +330,7 @@ class EntryExecutor {
   std::bitset<TMEM_MAX_POOLS>* const shared_pools_;
   const std::span<uint8_t> batch_pages_;  // TMEM_GET_BATCH_MAX pages
   const bool guest_applies_hint_;
+  const bool compress_later_;
 };
 
 }  // namespace
@@ -335,7 +345,8 @@ RingConsumer::RingConsumer(SharedRegion* region, TmemStore* store, VmId vm,
       region_generation_(region->host_generation()),
       batch_pages_(std::make_unique<BatchPages>()) {}
 
-RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
+RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries,
+                                              bool compress_later) {
   DrainResult out;
   if (region_->host_generation() != region_generation_) {
     // The region's owner re-initialized it (SharedRegion::Reset): indices
@@ -364,7 +375,7 @@ RingConsumer::DrainResult RingConsumer::Drain(uint32_t max_entries) {
       (LoadRelaxed(&h->features_guest) & TMEM_FEAT_ADMISSION_HINT) != 0;
   EntryExecutor executor(layout, region_->base(), store_, vm_, metrics_,
                          advisor_, &pools_, &shared_pools_, *batch_pages_,
-                         guest_applies_hint);
+                         guest_applies_hint, compress_later);
 
   // Rounds: each reads the guest's indices once, then works from those
   // snapshots; a later round picks up what the guest posted meanwhile.

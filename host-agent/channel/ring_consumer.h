@@ -66,8 +66,11 @@ class RingConsumer {
                              // (TMEM_SQE_F_IRQ), so its interrupt is sent
                              // before the rest of the batch runs
   };
-  // Processes up to `max_entries` SQEs.
-  DrainResult Drain(uint32_t max_entries);
+  // Processes up to `max_entries` SQEs. compress_later: a put the advisor
+  // would compress is stored raw and queued for the compactor instead
+  // (PutMode::kDefer, counted in kPutsCompressionDeferred); the worker asks
+  // for it while other VMs wait behind this ring (TurnScheduler).
+  DrainResult Drain(uint32_t max_entries, bool compress_later = false);
 
   // Drops every pool this consumer created (their pages go with them).
   void DropPools();

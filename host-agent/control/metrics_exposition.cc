@@ -278,6 +278,9 @@ std::string_view ChannelCounterHelp(ChannelCounter c) {
       return "Interrupts sent to the guest.";
     case ChannelCounter::kPollRounds:
       return "Ring drains that found work without a doorbell.";
+    case ChannelCounter::kPutsCompressionDeferred:
+      return "Puts stored raw with their compression queued for the "
+             "compactor because other VMs were waiting on the worker.";
     case ChannelCounter::kRestoredAcrossRestart:
       return "Channels taken over from a previous tmemd (restart, upgrade).";
     case ChannelCounter::kForeignRegions:

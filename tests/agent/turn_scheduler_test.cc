@@ -26,12 +26,15 @@ struct Entry {
 // if entries are left then). Every executed entry is logged by ring.
 class FakeRings : public TurnScheduler::Rings {
  public:
-  explicit FakeRings(size_t n) : rings_(n), empty_serves_(n, 0) {}
+  explicit FakeRings(size_t n)
+      : rings_(n), empty_serves_(n, 0), executed_later_(n, 0) {}
 
   size_t size() const override { return rings_.size(); }
   bool Pending(size_t i) override { return !rings_[i].empty(); }
-  RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries) override {
+  RingConsumer::DrainResult Serve(size_t i, uint32_t max_entries,
+                                  bool others_light) override {
     EXPECT_GE(max_entries, 1u);
+    const uint64_t before = executed_;
     ++serves_;
     if (rings_[i].empty()) ++empty_serves_[i];
     RingConsumer::DrainResult r;
@@ -48,6 +51,7 @@ class FakeRings : public TurnScheduler::Rings {
       }
     }
     r.more = !rings_[i].empty();
+    if (others_light) executed_later_[i] += executed_ - before;
     return r;
   }
 
@@ -60,6 +64,13 @@ class FakeRings : public TurnScheduler::Rings {
   // Serve calls that found ring `i` empty.
   uint64_t empty_serves(size_t i) const { return empty_serves_[i]; }
   const std::vector<size_t>& log() const { return log_; }
+  // Entries of ring `i` executed with others_light (their compression
+  // left for later).
+  uint64_t executed_later(size_t i) const { return executed_later_[i]; }
+  // Entries of ring `i` executed in all.
+  uint64_t executed_of(size_t i) const {
+    return static_cast<uint64_t>(std::count(log_.begin(), log_.end(), i));
+  }
   // Called after each executed entry (ring, entry).
   std::function<void(size_t, const Entry&)> on_executed_;
 
@@ -67,6 +78,7 @@ class FakeRings : public TurnScheduler::Rings {
   std::vector<std::deque<Entry>> rings_;
   std::vector<size_t> log_;
   std::vector<uint64_t> empty_serves_;
+  std::vector<uint64_t> executed_later_;
   uint64_t executed_ = 0;
   uint64_t serves_ = 0;
 };
@@ -123,6 +135,41 @@ TEST(TurnSchedulerTest, LightRingWaitsBehindAtMostOneChunkOfAFlooder) {
     const std::vector<uint64_t> later(waits.begin() + 16, waits.end());
     EXPECT_LE(*std::max_element(later.begin(), later.end()), chunk)
         << "chunk " << chunk;
+  }
+}
+
+// Issue 15: a backlogged ring is told when a light ring may be waiting
+// behind it (the worker then leaves its compression to the compactor), and
+// only then: alone, or beside other backlogged rings only, its entries run
+// as before; a light ring is never told, whether it posts or not.
+TEST(TurnSchedulerTest, OnlyABackloggedRingBesideALightOneIsToldToWorkLater) {
+  {
+    FakeRings alone(2);  // two flooders, nobody light once both are backlogged
+    alone.Post(0, false, 4096);
+    alone.Post(1, false, 4096);
+    TurnScheduler turns(TurnOptions{});
+    for (int r = 0; r < 8; ++r) turns.Round(alone);
+    EXPECT_EQ(alone.executed_later(0) + alone.executed_later(1), 0u);
+  }
+  for (const bool neighbour_posts : {false, true}) {
+    FakeRings rings(2);  // ring 0 light, ring 1 a flooder
+    rings.Post(1, false, 4096);
+    if (neighbour_posts) {
+      rings.on_executed_ = [&](size_t i, const Entry&) {
+        if (i == 0) rings.Post(0, true);
+      };
+      rings.Post(0, true);
+    }
+    TurnScheduler turns(TurnOptions{});
+    for (int r = 0; r < 8; ++r) turns.Round(rings);
+    EXPECT_EQ(rings.executed_later(0), 0u) << "a light ring works as before";
+    // The flooder's first turn is a light pass (it is not backlogged yet);
+    // every entry after it is run while ring 0 is light.
+    EXPECT_EQ(rings.executed_later(1),
+              rings.executed() - rings.executed_later(0) -
+                  (neighbour_posts ? rings.executed_of(0) : 0) -
+                  TurnOptions{}.light_quantum)
+        << "neighbour posts: " << neighbour_posts;
   }
 }
 

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "backend/compaction_queue.h"
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "backend/types.h"
@@ -375,6 +376,43 @@ TEST_F(RingConsumerTest, PutsThenGetsReturnExactBytes) {
     EXPECT_TRUE(*got == pages[i]) << "index " << i;
   }
   EXPECT_EQ(ch_->Count(ChannelCounter::kSqeStoreErrors), 0u);
+}
+
+// Issue 15: while other VMs wait on the worker (Drain's compress_later),
+// a put the advisor would compress is stored raw with its compression
+// queued for the compactor, counted, and reads back exactly; without it,
+// or for a put the advisor stores raw anyway, nothing is queued.
+TEST(RingConsumerCompressLaterTest, QueuesTheCompressionOnlyWhenAsked) {
+  CompactionQueue queue(64);
+  StoreOptions o = SmallStore();
+  o.compaction_queue = &queue;
+  absl::StatusOr<std::unique_ptr<TmemStore>> store = TmemStore::Create(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  FixedAdvisor advisor;
+  Channel ch(store->get(), "vm1", &advisor);
+  const uint32_t pool = ch.NewPool();
+  auto put = [&](uint64_t index, bool later) {
+    ch.guest->PutIntoSlot(0, TextPage(index));
+    ch.guest->Post(PageSqe(TMEM_OP_PUT, pool, 5, index, 0, ++ch.tag));
+    EXPECT_EQ(ch.consumer->Drain(64, later).consumed, 1u);
+    const std::vector<tmem_cqe> cqes = ch.guest->Reap();
+    ASSERT_EQ(cqes.size(), 1u);
+    EXPECT_EQ(cqes[0].status, TMEM_OK);
+  };
+  put(1, false);
+  EXPECT_EQ(queue.length(), 0u) << "compressed in the put";
+  put(2, true);
+  EXPECT_EQ(queue.length(), 1u) << "stored raw, compression queued";
+  EXPECT_EQ(ch.Count(ChannelCounter::kPutsCompressionDeferred), 1u);
+  advisor.mode = PutMode::kRaw;
+  put(3, true);
+  EXPECT_EQ(queue.length(), 1u) << "a raw put has nothing to defer";
+  EXPECT_EQ(ch.Count(ChannelCounter::kPutsCompressionDeferred), 1u);
+  for (uint64_t i = 1; i <= 3; ++i) {
+    std::optional<Page> got = ch.Get(pool, 5, i);
+    ASSERT_TRUE(got.has_value()) << i;
+    EXPECT_TRUE(*got == TextPage(i)) << i;
+  }
 }
 
 TEST_F(RingConsumerTest, PutReplacesEarlierPage) {
