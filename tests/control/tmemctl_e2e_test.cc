@@ -130,9 +130,15 @@ class TmemctlE2eTest : public ::testing::Test {
   }
   int Guestsim(int host, const std::string& vm,
                const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {GUESTSIM_BIN, "--socket",
-                                     Dir(host) + "/" + vm + ".sock",
-                                     "--progress-ms", "0"};
+    // A get waits up to 2 s: on a loaded machine (the suite runs two tests
+    // at once beside QEMU guests) a worker starved for 3 x 50 ms makes the
+    // guest declare the host stalled and answer every later get itself
+    // (the likely cause of a run where tmemd counted 297 puts and no get).
+    // This test checks the CLI, not that rule.
+    std::vector<std::string> argv = {
+        GUESTSIM_BIN,    "--socket", Dir(host) + "/" + vm + ".sock",
+        "--progress-ms", "0",        "--get-timeout-us",
+        "2000000"};
     argv.insert(argv.end(), args.begin(), args.end());
     Process p(argv, dir_ + "/guestsim-" + std::to_string(++runs_) + ".log");
     const int code = p.Wait();
