@@ -380,8 +380,8 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	u32 max_pages = 0;
 	pgoff_t end;
 
-	/* Never sent (or nothing sent at all): no sampling, no lock. */
-	if (tmem_core_get_unsent(&core, h, key.u.key, index))
+	/* Told to send nothing, nothing sent: no sampling, no lock. */
+	if (tmem_core_get_nothing_sent(&core, h))
 		return -1;
 	if (inode)
 		sample_miss_cost(inode);

@@ -882,23 +882,12 @@ static u64 key_hash(const u32 *oid, u64 index)
 	return h;
 }
 
-/*
- * Bits are set under the lock, one untorn store per word, because
- * tmem_core_get_unsent tests them without it.
- */
-static void set_sent_bit(unsigned long *map, u64 nr)
-{
-	unsigned long *word = &map[nr / BITS_PER_LONG];
-
-	WRITE_ONCE(*word, *word | 1UL << (nr % BITS_PER_LONG));
-}
-
 static void mark_sent(struct tmem_core_pool *p, u64 hash)
 {
 	if (!p->sent)
 		return;
-	set_sent_bit(p->sent, hash & (p->sent_bits - 1));
-	set_sent_bit(p->sent, (hash >> 32) & (p->sent_bits - 1));
+	__set_bit(hash & (p->sent_bits - 1), p->sent);
+	__set_bit((hash >> 32) & (p->sent_bits - 1), p->sent);
 }
 
 static bool maybe_sent(const struct tmem_core_pool *p, u64 hash)
@@ -1374,6 +1363,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		unlock(c, flags);
 		return;
 	}
+	t0 = now(c);
 	/*
 	 * Standing aside: private pools were wiped and hold nothing; a shared
 	 * pool's older page still dies (drop_put below).
@@ -1381,14 +1371,13 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (c->aside && valid_handle(c, h) && !c->pools[h].shared) {
 		c->c.puts_skipped_aside++;
 		c->c.puts_skipped_by_hint++;
-		goto out_untimed;
+		goto out;
 	}
 	/*
 	 * The hint refuses a key never sent: no window holds it and no older
 	 * version needs an invalidate. Decided before any window scan, reap
-	 * or pool lookup, and before the clock is read, so a streamer's
-	 * evictions (nearly all refused) cost the guest a hash and a filter
-	 * test each (not timed in put_ns: the clock would be most of it).
+	 * or pool lookup, so a streamer's evictions (nearly all refused)
+	 * cost the guest a hash and a filter test each.
 	 */
 	if (valid_handle(c, h) && !c->pools[h].shared && c->attached &&
 	    !c->broken && !host_changed(c) &&
@@ -1397,10 +1386,9 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		if (!admitted) {
 			c->c.puts_skipped_by_hint++;
 			c->c.drop_invalidates_avoided++;
-			goto out_untimed;
+			goto out;
 		}
 	}
-	t0 = now(c);
 	/* Sent or not, this put makes a prefetched copy of the key stale. */
 	if (valid_handle(c, h))
 		windows_kill(c, h, oid, index);
@@ -1467,7 +1455,6 @@ out:
 	t0 = now(c) - t0;
 	c->c.put_ns += t0;
 	c->sample_put_ns += t0;
-out_untimed:
 	unlock(c, flags);
 }
 
@@ -1895,46 +1882,21 @@ static void publish_prefetch_counts(struct tmem_core *c)
 	WRITE_ONCE(hdr(c)->guest_prefetch_unused, c->c.prefetch_unused);
 }
 
-static bool sent_bit(const unsigned long *map, u64 nr)
+bool tmem_core_get_nothing_sent(struct tmem_core *c, int h)
 {
-	return (READ_ONCE(map[nr / BITS_PER_LONG]) >> (nr % BITS_PER_LONG)) & 1;
-}
-
-bool tmem_core_get_unsent(struct tmem_core *c, int h, const u32 *oid,
-			  u64 index)
-{
-	const struct tmem_core_pool *p;
-	const unsigned long *sent;
-	u64 hash, mask;
-
 	/*
 	 * Lockless: private_sent and aside are written under the lock with
-	 * WRITE_ONCE, filter bits with one store per word. A get cannot race
-	 * with a put of its own key (the page cache orders the eviction that
-	 * puts a key before the read that gets it), so a put of another key
-	 * meanwhile changes nothing for this one. A bit reads 0 only for a
-	 * key never sent or one the host forgot with its pool (forget_sent):
-	 * a miss either way; a stale 1 just takes the locked path. A guest
-	 * standing aside takes the locked path too: that is where its wait
-	 * ends.
+	 * WRITE_ONCE. A get cannot race with a put of its own key (the page
+	 * cache orders the eviction that puts a key before the read that
+	 * gets it), so a put of another key flipping private_sent meanwhile
+	 * changes nothing for this key. A guest standing aside takes the
+	 * locked path: that is where its wait ends.
 	 */
 	if (!c->cfg->skip_unsent_gets || h < 0 || h >= (int)TMEM_MAX_POOLS ||
+	    c->pools[h].shared || READ_ONCE(c->private_sent) ||
 	    READ_ONCE(c->aside))
 		return false;
-	p = &c->pools[h];
-	if (p->shared)
-		return false;
-	if (READ_ONCE(c->private_sent)) {
-		sent = READ_ONCE(p->sent);
-		if (!sent)
-			return false;
-		hash = key_hash(oid, index);
-		mask = p->sent_bits - 1;
-		if (sent_bit(sent, hash & mask) &&
-		    sent_bit(sent, (hash >> 32) & mask))
-			return false;
-	}
-	tmem_core_counter_inc(&c->gets_skipped_unsent);
+	tmem_core_counter_inc(&c->gets_skipped_nothing_sent);
 	return true;
 }
 
@@ -1951,7 +1913,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	u32 slot, count;
 	int id, served, win;
 
-	if (tmem_core_get_unsent(c, h, oid, index))
+	if (tmem_core_get_nothing_sent(c, h))
 		return 0;
 	t0 = now(c);
 	lock(c, &flags);
@@ -2222,7 +2184,7 @@ void tmem_core_set_random_miss_cost(struct tmem_core *c, u64 ns_per_read)
 void tmem_core_read_counters(const struct tmem_core *c,
 			     struct tmem_core_counters *out)
 {
-	u64 skipped = tmem_core_counter_read(&c->gets_skipped_unsent);
+	u64 skipped = tmem_core_counter_read(&c->gets_skipped_nothing_sent);
 
 	memcpy(out, &c->c, sizeof(*out));
 	out->gets_miss += skipped;

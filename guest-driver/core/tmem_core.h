@@ -292,16 +292,16 @@ struct tmem_core {
 
 	/*
 	 * A put reached a private pool since the host last forgot us. Read
-	 * without the lock by tmem_core_get_unsent (written with
+	 * without the lock by tmem_core_get_nothing_sent (written with
 	 * WRITE_ONCE, like aside).
 	 */
 	bool private_sent;
 	/*
-	 * Gets decided by tmem_core_get_unsent, without the lock: in
+	 * Gets decided by tmem_core_get_nothing_sent, without the lock: in
 	 * gets_miss, gets_miss_local and gets_skipped_never_sent as read by
 	 * tmem_core_read_counters, not in c.
 	 */
-	struct tmem_core_counter gets_skipped_unsent;
+	struct tmem_core_counter gets_skipped_nothing_sent;
 	u32 consecutive_timeouts;
 	u32 stall_sq_head;
 	u64 stalled_until_ns;
@@ -388,17 +388,14 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		  u32 max_pages, void *page);
 /*
- * A get of private pool h decided without the lock or the clock: true (a
- * miss, counted) while the guest is not standing aside and either no put
- * has reached a private pool since the host last forgot us, or the pool's
- * sent-keys filter says this key was never sent. tmem_core_get asks it
- * first; a platform asks it before its own per-get work (the kernel: the
- * block device's miss-cost sampling), so a frontend the host told "send
- * nothing", or a throttled streamer's page-cache misses, cost a key hash
- * and two bit tests each.
+ * A get of private pool h decided without the lock, the clock or the key:
+ * true (a miss, counted) while no put has reached a private pool since the
+ * host last forgot us and the guest is not standing aside. tmem_core_get
+ * asks it first; a platform asks it before its own per-get work (the
+ * kernel: the block device's miss-cost sampling), so a frontend the host
+ * told "send nothing" costs next to nothing per page-cache miss.
  */
-bool tmem_core_get_unsent(struct tmem_core *c, int h, const u32 *oid,
-			  u64 index);
+bool tmem_core_get_nothing_sent(struct tmem_core *c, int h);
 void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
 			       u64 index);
 void tmem_core_invalidate_object(struct tmem_core *c, int h, const u32 *oid);
