@@ -34,7 +34,6 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
-#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,6 +51,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "bench/method.h"
 #include "bench/scenario/app_work.h"
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "guest-driver/userspace/tmem_guest.h"
@@ -308,15 +308,6 @@ class Guest {
   uint64_t last_disk_key_ = UINT64_MAX;  // UINT64_MAX + 1 == 0: key 0 streams
 };
 
-// CPU time this process used so far (user + system), in seconds: with
-// the host saturated a page's CPU is what its throughput is made of.
-double CpuSeconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
-}
-
 double Seconds(Clock::duration d) {
   return std::chrono::duration<double>(d).count();
 }
@@ -422,7 +413,8 @@ int Main(int argc, char** argv) {
   const int64_t warm_disk_wait = guest.disk().wait_ns();
   uint64_t rng = o.seed * 0x9e3779b97f4a7c15ull + 1;
 
-  const double cpu_start = CpuSeconds();
+  // With the host saturated a page's CPU is what its throughput is made of.
+  const int64_t cpu_start_ns = bench::ProcessCpuNs();
   const Clock::time_point start = Clock::now();
   const Clock::time_point end =
       start + std::chrono::duration_cast<Clock::duration>(
@@ -454,7 +446,8 @@ int Main(int argc, char** argv) {
     }
   }
   const double seconds = Seconds(Clock::now() - start);
-  const double cpu_seconds = CpuSeconds() - cpu_start;
+  const double cpu_seconds =
+      static_cast<double>(bench::ProcessCpuNs() - cpu_start_ns) / 1e9;
   // Let in-flight completions land so the counters are final.
   for (int i = 0; tmem != nullptr && i < 100 && tmem->in_flight() > 0; ++i) {
     tmem->Poll();
