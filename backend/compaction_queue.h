@@ -46,6 +46,9 @@ struct CompactionTicket {
   PageIndex index = 0;
   uint64_t stamp = 0;     // unique per put, never 0
   int64_t put_nanos = 0;  // the store's clock at the put
+  // PutMode::kDeferIdle: compressed at SCHED_IDLE even under memory
+  // pressure (compactor.h).
+  bool idle_only = false;
 };
 
 // Why a pending page left the store before the compactor reached it.

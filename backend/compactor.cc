@@ -141,8 +141,17 @@ void Compactor::Run(int index) {
     if (idle) idle = !SetPriority(ThreadPriority::kNormal);
     const size_t n = queue_->PopBatch(batch);
     if (n == 0) continue;
-    const bool pressure =
-        !use_idle_ || (options_.memory_tight && options_.memory_tight());
+    // Pages deferred only to spare a neighbour (PutMode::kDeferIdle) stay
+    // at SCHED_IDLE under pressure too: compressing them at normal priority
+    // would take back from that neighbour the CPU the deferral gave it.
+    const bool idle_only = std::all_of(
+        batch.begin(), batch.begin() + static_cast<std::ptrdiff_t>(n),
+        [](const CompactionTicket& t) { return t.idle_only; });
+    const bool tight = options_.memory_tight && options_.memory_tight();
+    if (use_idle_ && tight && idle_only) {
+      idle_only_batches_.fetch_add(1, std::memory_order_relaxed);
+    }
+    const bool pressure = !use_idle_ || (tight && !idle_only);
     Compact(std::span<const CompactionTicket>(batch.data(), n), pressure);
   }
 }
@@ -267,6 +276,7 @@ CompactorStats Compactor::Stats() const {
   s.idle_cpu_ns = idle_cpu_ns_.load(std::memory_order_relaxed);
   s.normal_cpu_ns = normal_cpu_ns_.load(std::memory_order_relaxed);
   s.pressure_batches = pressure_batches_.load(std::memory_order_relaxed);
+  s.idle_only_batches = idle_only_batches_.load(std::memory_order_relaxed);
   s.priority_failures = priority_failures_.load(std::memory_order_relaxed);
   s.idle_class_available = use_idle_.load();
   for (size_t i = 0; i < s.latency.size(); ++i) {

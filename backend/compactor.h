@@ -25,7 +25,9 @@
 // rest t * (threads / budget - 1)), and charge that CPU to the page's VM
 // (charge_cpu, the valve's token buckets). When even that cannot keep up,
 // the valve drops instead of storing raw (its out-of-tokens rule), and a
-// full queue leaves pages raw (counted).
+// full queue leaves pages raw (counted). Not for a batch of pages deferred
+// only to spare a neighbour (PutMode::kDeferIdle): those stay at SCHED_IDLE,
+// their raw size charged to their own VM (idle_only_batches).
 //
 // Counters: pages compressed in the background, kept raw (poorly
 // compressible), stale tickets, no room; CPU by priority class; the time
@@ -82,6 +84,8 @@ struct CompactorStats {
   uint64_t normal_cpu_ns = 0;      // CPU at normal priority (locks, copies,
                                    // and compression under memory pressure)
   uint64_t pressure_batches = 0;   // batches compressed at normal priority
+  uint64_t idle_only_batches = 0;  // memory tight, but every ticket was
+                                   // kDeferIdle: compressed at SCHED_IDLE
   uint64_t priority_failures = 0;  // class changes that failed
   bool idle_class_available = false;  // the SCHED_IDLE round trip works
   std::array<uint64_t, kCompactLatencyBoundsMs.size()> latency{};
@@ -131,6 +135,7 @@ class Compactor {
   std::atomic<uint64_t> idle_cpu_ns_{0};
   std::atomic<uint64_t> normal_cpu_ns_{0};
   std::atomic<uint64_t> pressure_batches_{0};
+  std::atomic<uint64_t> idle_only_batches_{0};
   std::atomic<uint64_t> priority_failures_{0};
   std::array<std::atomic<uint64_t>, kCompactLatencyBoundsMs.size()> latency_{};
   std::atomic<uint64_t> latency_sum_ns_{0};

@@ -557,17 +557,19 @@ class TmemStore::Impl {
 
     // A deferred put stores the page raw now and queues it; without a
     // queue it compresses here.
-    if (mode == PutMode::kDefer && options_.compaction_queue == nullptr) {
+    bool deferred_mode = mode == PutMode::kDefer || mode == PutMode::kDeferIdle;
+    const bool idle_only = mode == PutMode::kDeferIdle;
+    if (deferred_mode && options_.compaction_queue == nullptr) {
       mode = PutMode::kCompress;
+      deferred_mode = false;
     }
     // Compression first, with no lock held (the lookup above is lock-free).
     thread_local std::array<uint8_t, kMaxCompressedPage> scratch;
     const EncodedPage enc =
         mode == PutMode::kDrop
             ? EncodedPage{}
-            : Encode(page, mode == PutMode::kDefer ? PutMode::kRaw : mode,
-                     scratch);
-    const bool defer = mode == PutMode::kDefer && enc.kind == StorageKind::kRaw;
+            : Encode(page, deferred_mode ? PutMode::kRaw : mode, scratch);
+    const bool defer = deferred_mode && enc.kind == StorageKind::kRaw;
 
     ReaderMutexLock op_lock(&vm.op_mu);
     if (Gone(vm, id)) return UnknownVm(id);
@@ -673,8 +675,8 @@ class TmemStore::Impl {
           pool.counters.Add(Counter::kChargedBytes,
                             static_cast<int64_t>(actual));
           if (defer)
-            result.deferred =
-                QueueDeferredLocked(shard, entry, id, pid, oid, index);
+            result.deferred = QueueDeferredLocked(shard, entry, id, pid, oid,
+                                                  index, idle_only);
         }
       }
       if (stored) break;
@@ -705,10 +707,11 @@ class TmemStore::Impl {
   // Queues a page just stored raw for the compactor and marks it pending.
   // A full queue leaves it raw (counted by the queue).
   bool QueueDeferredLocked(Shard& shard, uint32_t entry, VmId id, PoolId pid,
-                           const ObjectId& oid, PageIndex index)
+                           const ObjectId& oid, PageIndex index, bool idle_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
     CompactionQueue& queue = *options_.compaction_queue;
     CompactionTicket ticket;
+    ticket.idle_only = idle_only;
     ticket.vm = id;
     ticket.pool = pid;
     ticket.oid = oid;

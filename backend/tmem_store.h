@@ -155,8 +155,8 @@ struct StoreOptions {
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
-  // Where PutMode::kDefer puts queue their pages (optional; must outlive).
-  // nullptr: kDefer compresses in the put, like kCompress.
+  // Where PutMode::kDefer and kDeferIdle puts queue their pages (optional;
+  // must outlive). nullptr: they compress in the put, like kCompress.
   CompactionQueue* compaction_queue = nullptr;
 };
 

@@ -97,6 +97,13 @@ enum class PutMode : uint8_t {
   // compresses it later with idle cycles (compaction_queue.h). A store
   // without a compaction queue treats it as kCompress.
   kDefer = 3,
+  // Like kDefer, but compressed only with idle cycles even when memory is
+  // tight (the compactor's normal-priority work is for pages a VM has the
+  // CPU tokens for): the valve's raw-for-CPU puts, and a backlogged VM's
+  // puts the worker defers so that VMs waiting behind it are served first
+  // (issue 15). The raw pages count against their own VM's quota and fair
+  // share, so its neighbours do not pay for the memory.
+  kDeferIdle = 4,
 };
 
 // How the valve treats a VM's puts (backend/valve.h). kDefault follows the

@@ -360,10 +360,13 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
   }
   s->Count(ValveCounter::kRaw);
   // Stored raw now for want of CPU; with deferred compression it is also
-  // queued, so the compactor (SCHED_IDLE) compresses it once the host has
-  // idle cycles instead of leaving it raw for good.
-  return deferred_compression_.load(std::memory_order_relaxed) ? PutMode::kDefer
-                                                               : PutMode::kRaw;
+  // queued, so the compactor compresses it once the host has idle cycles
+  // instead of leaving it raw for good -- at SCHED_IDLE even when memory is
+  // tight (kDeferIdle): this VM has no tokens to pay for compressing it at
+  // normal priority, and synchronous adaptive would not compress it either.
+  return deferred_compression_.load(std::memory_order_relaxed)
+             ? PutMode::kDeferIdle
+             : PutMode::kRaw;
 }
 
 void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {

@@ -89,6 +89,7 @@ void LogStats(const Agent& agent, std::string_view event) {
        {"idle_cpu_ns", k.idle_cpu_ns},
        {"normal_cpu_ns", k.normal_cpu_ns},
        {"pressure_batches", k.pressure_batches},
+       {"idle_only_batches", k.idle_only_batches},
        {"priority_failures", k.priority_failures},
        {"within_1s", k.latency[0] + k.latency[1] + k.latency[2] + k.latency[3]},
        {"within_2s", k.latency[0] + k.latency[1] + k.latency[2] + k.latency[3] +

@@ -242,11 +242,13 @@ class EntryExecutor {
                        ? advisor_->Advise(vm_, KeyHash(oid, sqe.index),
                                           guest_applies_hint_)
                        : PutMode::kCompress;
-    if (mode == PutMode::kCompress && compress_later_) {
+    if ((mode == PutMode::kCompress || mode == PutMode::kDefer) &&
+        compress_later_) {
       // Other VMs wait on this worker: the page is stored raw now and its
-      // compression queued for the compactor (charged to this VM), so a
-      // flood of compressing puts cannot stand in front of them.
-      mode = PutMode::kDefer;
+      // compression queued for the compactor at idle priority (its raw
+      // size charged to this VM), so a flood of compressing puts cannot
+      // stand in front of them, nor its compression beside them.
+      mode = PutMode::kDeferIdle;
       metrics_->Inc(ChannelCounter::kPutsCompressionDeferred);
     }
     // Even a put the valve drops goes to the store: a refused put must

@@ -67,8 +67,9 @@ class RingConsumer {
                              // before the rest of the batch runs
   };
   // Processes up to `max_entries` SQEs. compress_later: a put the advisor
-  // would compress is stored raw and queued for the compactor instead
-  // (PutMode::kDefer, counted in kPutsCompressionDeferred); the worker asks
+  // would compress (now or deferred) is stored raw and queued for the
+  // compactor at idle priority instead (PutMode::kDeferIdle, counted in
+  // kPutsCompressionDeferred); the worker asks
   // for it while other VMs wait behind this ring (TurnScheduler).
   DrainResult Drain(uint32_t max_entries, bool compress_later = false);
 

@@ -280,6 +280,53 @@ TEST_F(DeferredStoreTest, CompactorDrainsTheQueue) {
   for (uint64_t i = 0; i < 500; ++i) EXPECT_EQ(*Get(i), TextPage(i));
 }
 
+// Under memory pressure the compactor works at normal priority, charged to
+// the VMs, except for pages deferred only to spare a neighbour
+// (PutMode::kDeferIdle): those stay at SCHED_IDLE.
+TEST_F(DeferredStoreTest, PagesDeferredForANeighbourStayIdleUnderPressure) {
+  for (PutMode mode : {PutMode::kDeferIdle, PutMode::kDefer}) {
+    SCOPED_TRACE(static_cast<int>(mode));
+    Make(64 * kMiB, 1024);
+    for (uint64_t i = 0; i < 64; ++i) {
+      ASSERT_TRUE(Put(i, TextPage(i), mode).deferred);
+    }
+    CompactionTicket first;
+    ASSERT_EQ(CompactOne(&first), DeferredOutcome::kCompressed);
+    EXPECT_EQ(first.idle_only, mode == PutMode::kDeferIdle);
+    std::atomic<uint64_t> charged_ns{0};
+    CompactorOptions copt;
+    copt.memory_tight = [] { return true; };
+    copt.charge_cpu = [&](VmId, int64_t ns) { charged_ns += ns; };
+    Compactor compactor(store_.get(), queue_.get(), copt);
+    ASSERT_TRUE(compactor.Start().ok());
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (compactor.Stats().compressed < 63 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    compactor.Stop();
+    const CompactorStats s = compactor.Stats();
+    EXPECT_EQ(s.compressed, 63u);
+    for (uint64_t i = 0; i < 64; ++i) EXPECT_EQ(*Get(i), TextPage(i));
+    if (!s.idle_class_available) {
+      // No SCHED_IDLE round trip here: everything runs in budget mode.
+      EXPECT_GT(s.pressure_batches, 0u);
+      continue;
+    }
+    if (mode == PutMode::kDeferIdle) {
+      EXPECT_EQ(s.pressure_batches, 0u);
+      EXPECT_GT(s.idle_only_batches, 0u);
+      EXPECT_EQ(charged_ns.load(), 0u);
+      EXPECT_GT(s.idle_cpu_ns, 0u);
+    } else {
+      EXPECT_GT(s.pressure_batches, 0u);
+      EXPECT_EQ(s.idle_only_batches, 0u);
+      EXPECT_GT(charged_ns.load(), 0u);
+    }
+  }
+}
+
 TEST(ThreadPriorityTest, IdleRoundTripOnThisThread) {
   std::thread t([] {
     absl::Status idle = SetCurrentThreadPriority(ThreadPriority::kIdle);

@@ -131,10 +131,11 @@ TEST(ValveTest, DeferredCompressionDefersAdaptiveOnly) {
   EXPECT_EQ(Count(v, 1, ValveCounter::kCompressed), 1u);
   EXPECT_EQ(v.Decide(2, 7, true), PutMode::kCompress);  // always: in the put
   // Out of tokens: stored raw now and queued too, so idle cycles compress
-  // it later (issue 17: a page raw for want of CPU is not raw for good).
+  // it later (issue 17: a page raw for want of CPU is not raw for good),
+  // and only idle cycles, even when memory is tight: the VM has no tokens.
   Starve(v, 1);
   const uint64_t raw = Count(v, 1, ValveCounter::kRaw);
-  EXPECT_EQ(v.Decide(1, 8, true), PutMode::kDefer);
+  EXPECT_EQ(v.Decide(1, 8, true), PutMode::kDeferIdle);
   EXPECT_EQ(Count(v, 1, ValveCounter::kRaw), raw + 1);
   // The per-host switch back to synchronous compression.
   o.deferred_compression = false;

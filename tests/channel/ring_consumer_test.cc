@@ -404,9 +404,12 @@ TEST(RingConsumerCompressLaterTest, QueuesTheCompressionOnlyWhenAsked) {
   put(2, true);
   EXPECT_EQ(queue.length(), 1u) << "stored raw, compression queued";
   EXPECT_EQ(ch.Count(ChannelCounter::kPutsCompressionDeferred), 1u);
+  std::array<CompactionTicket, 1> ticket;
+  ASSERT_EQ(queue.PopBatch(ticket), 1u);
+  EXPECT_TRUE(ticket[0].idle_only) << "idle priority even under pressure";
   advisor.mode = PutMode::kRaw;
   put(3, true);
-  EXPECT_EQ(queue.length(), 1u) << "a raw put has nothing to defer";
+  EXPECT_EQ(queue.length(), 0u) << "a raw put has nothing to defer";
   EXPECT_EQ(ch.Count(ChannelCounter::kPutsCompressionDeferred), 1u);
   for (uint64_t i = 1; i <= 3; ++i) {
     std::optional<Page> got = ch.Get(pool, 5, i);
