@@ -69,6 +69,7 @@ static struct tmem_core_config tmem_cfg = {
 	.pool_retry_ns = 1000 * NSEC_PER_MSEC,
 	.stall_probe_ns = 1000 * NSEC_PER_MSEC,
 	.ring_full_spin_ns = 20 * NSEC_PER_USEC,
+	.deferred_invalidates = TMEM_CORE_MAX_DEFERRED_INVALIDATES,
 	.stall_after_timeouts = 3,
 	.batch_pages = TMEM_GET_BATCH_MAX,
 	.prefetch_windows = 8,
@@ -141,6 +142,9 @@ MODULE_PARM_DESC(stall_after_timeouts,
 		 "gets in a row timing out without host progress before gets miss at once (0: off)");
 module_param_named(invalidate_reserve, tmem_cfg.invalidate_reserve, uint, 0444);
 MODULE_PARM_DESC(invalidate_reserve, "SQ entries only invalidates may use (0: sq_entries/8)");
+module_param_named(deferred_invalidates, tmem_cfg.deferred_invalidates, uint, 0644);
+MODULE_PARM_DESC(deferred_invalidates,
+		 "page invalidates kept while the ring is full, then a flush barrier (0: none; max 128)");
 module_param_named(get_batch_pages, tmem_cfg.batch_pages, uint, 0644);
 MODULE_PARM_DESC(get_batch_pages,
 		 "a get asks for up to this many pages of its file in one round trip, when the host offers it (<= 32; 0/1: off)");
@@ -471,12 +475,14 @@ static void debugfs_setup(void)
 	COUNTER(gets_miss_local);
 	COUNTER(gets_skipped_stalled);
 	COUNTER(gets_skipped_never_sent);
+	COUNTER(gets_skipped_invalidating);
 	COUNTER(host_stalls);
 	COUNTER(invalidates);
 	COUNTER(invalidates_skipped_never_sent);
 	COUNTER(invalidates_for_dropped_puts);
 	COUNTER(drop_invalidates_avoided);
 	COUNTER(flush_fallbacks);
+	COUNTER(invalidates_deferred);
 	COUNTER(guest_resets);
 	COUNTER_AS("resets", host_resets_seen);
 	COUNTER(pools_created);

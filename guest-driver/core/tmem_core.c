@@ -160,6 +160,7 @@ static void void_pools(struct tmem_core *c, bool shared_lost_invalidates)
 	u32 i;
 
 	c->epoch++;
+	c->ndeferred = 0; /* the host forgets every pool: nothing to kill */
 	for (i = 0; i < TMEM_MAX_POOLS; i++) {
 		struct tmem_core_pool *p = &c->pools[i];
 
@@ -753,6 +754,7 @@ static int window_pick(struct tmem_core *c, bool take_unread)
 }
 
 static void flush_wanted(struct tmem_core *c);
+static void post_deferred(struct tmem_core *c);
 
 static void reap(struct tmem_core *c)
 {
@@ -786,6 +788,8 @@ static void reap(struct tmem_core *c)
 		c->flush_bits = 0;
 	}
 	flush_wanted(c);
+	if (c->ndeferred)
+		post_deferred(c);
 }
 
 /* --- pools --------------------------------------------------------------- */
@@ -1046,6 +1050,112 @@ static bool wait_for_room(struct tmem_core *c)
 	return false;
 }
 
+/*
+ * Deferred invalidates. A dropped put of a key the host may hold, like a
+ * page invalidate, must kill the host's copy. When not even the invalidate
+ * reserve has room, its INVAL_PAGE waits in c->deferred (at most
+ * cfg->deferred_invalidates) and is posted at the next reap that finds
+ * room. Until then a get of that key misses locally and no batch reaches
+ * it (batch_size); a put of the key that reaches the ring supersedes it
+ * (the host replaces its page in ring order). A deferred invalidate dies
+ * with its pool's incarnation or the core's epoch (the host forgot the
+ * pool) and under a pending flush of its pool (the barrier kills it).
+ * Only past the bound does the pool fall back to the flush barrier: before
+ * this, a burst of puts (drop_caches, a large read) into a host slower
+ * than the guest turned a few dropped puts into a flush of the whole pool.
+ */
+static bool deferred_live(struct tmem_core *c,
+			  const struct tmem_core_deferred_invalidate *d)
+{
+	const struct tmem_core_pool *p = &c->pools[d->h];
+
+	return d->epoch == c->epoch && p->state == POOL_READY &&
+	       p->incarnation == d->incarnation && !flagged(c, p->host_id);
+}
+
+static bool defer_invalidate(struct tmem_core *c, int h, const u32 *oid,
+			     u64 index)
+{
+	struct tmem_core_deferred_invalidate *d;
+	u32 cap = min(READ_ONCE(c->cfg->deferred_invalidates),
+		      TMEM_CORE_MAX_DEFERRED_INVALIDATES);
+
+	if (!valid_handle(c, h) || c->ndeferred >= cap)
+		return false;
+	d = &c->deferred[c->ndeferred++];
+	d->h = h;
+	memcpy(d->oid, oid, sizeof(d->oid));
+	d->index = index;
+	d->incarnation = c->pools[h].incarnation;
+	d->epoch = c->epoch;
+	c->c.invalidates_deferred++;
+	return true;
+}
+
+static void post_deferred(struct tmem_core *c)
+{
+	struct tmem_sqe sqe;
+	u32 i, kept = 0;
+
+	for (i = 0; i < c->ndeferred; i++) {
+		struct tmem_core_deferred_invalidate *d = &c->deferred[i];
+
+		if (!deferred_live(c, d))
+			continue;
+		if (kept == 0 && have_room(c, NEED_INVALIDATE)) {
+			memset(&sqe, 0, sizeof(sqe));
+			sqe.opcode = TMEM_OP_INVAL_PAGE;
+			sqe.pool = c->pools[d->h].host_id;
+			sqe.index = d->index;
+			memcpy(sqe.oid, d->oid, sizeof(sqe.oid));
+			if (post(c, &sqe, NO_SLOT, d->h))
+				continue;
+			/* The host reset meanwhile: it forgot the pool. */
+			c->ndeferred = 0;
+			return;
+		}
+		if (kept != i)
+			c->deferred[kept] = *d;
+		kept++;
+	}
+	c->ndeferred = kept;
+}
+
+/* How many pages from index on a batch may ask for: none deferred. */
+static u32 deferred_clip(struct tmem_core *c, int h, const u32 *oid, u64 index,
+			 u32 count)
+{
+	u32 i;
+
+	for (i = 0; i < c->ndeferred; i++) {
+		const struct tmem_core_deferred_invalidate *d = &c->deferred[i];
+
+		if (d->h == h && d->index >= index && d->index - index < count &&
+		    !memcmp(d->oid, oid, sizeof(d->oid)) && deferred_live(c, d))
+			count = d->index - index;
+	}
+	return count;
+}
+
+/* A put of the key reached the ring: it replaces the host's page. */
+static void deferred_superseded(struct tmem_core *c, int h, const u32 *oid,
+				u64 index)
+{
+	u32 i, kept = 0;
+
+	for (i = 0; i < c->ndeferred; i++) {
+		const struct tmem_core_deferred_invalidate *d = &c->deferred[i];
+
+		if (d->h == h && d->index == index &&
+		    !memcmp(d->oid, oid, sizeof(d->oid)))
+			continue;
+		if (kept != i)
+			c->deferred[kept] = *d;
+		kept++;
+	}
+	c->ndeferred = kept;
+}
+
 static void issue_invalidate(struct tmem_core *c, u8 opcode, int h,
 			     int host_id, const u32 *oid, u64 index)
 {
@@ -1060,6 +1170,9 @@ static void issue_invalidate(struct tmem_core *c, u8 opcode, int h,
 			return;
 		if (!have_room(c, NEED_INVALIDATE) && !wait_for_room(c)) {
 			if (!c->attached || c->broken || flagged(c, host_id))
+				return;
+			if (opcode == TMEM_OP_INVAL_PAGE && oid &&
+			    defer_invalidate(c, h, oid, index))
 				return;
 			c->c.flush_fallbacks++;
 			request_flush(c, 1ull << host_id);
@@ -1450,6 +1563,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	mark_sent(&c->pools[h], key_hash(oid, U64_MAX));
 	if (!c->pools[h].shared)
 		WRITE_ONCE(c->private_sent, true);
+	if (c->ndeferred)
+		deferred_superseded(c, h, oid, index);
 	c->c.puts_sent++;
 out:
 	t0 = now(c) - t0;
@@ -1617,6 +1732,9 @@ static u32 batch_size(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	/* Pages never sent are misses for sure: do not ask for a tail of them. */
 	while (n > 1 && !host_may_hold(c, h, oid, index + n - 1))
 		n--;
+	/* Nor for a page whose invalidate still waits: the host's is stale. */
+	if (c->ndeferred)
+		n = max(1u, deferred_clip(c, h, oid, index, n));
 	return n;
 }
 
@@ -1950,6 +2068,11 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		}
 		c->stalled_until_ns = 0; /* the host moved: it is back */
 		c->consecutive_timeouts = 0;
+	}
+	if (c->ndeferred && valid_handle(c, h) &&
+	    !deferred_clip(c, h, oid, index, 1)) {
+		c->c.gets_skipped_invalidating++;
+		goto miss_local;
 	}
 	/* Prefetched by an earlier batch: no round trip, hit or miss. */
 	if (c->nwin && valid_handle(c, h) && !c->pools[h].shared) {

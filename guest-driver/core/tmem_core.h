@@ -74,6 +74,13 @@ struct tmem_core_config {
 	u64 ring_full_spin_ns;	 /* an invalidate waits this long for room */
 	u32 stall_after_timeouts; /* 0: never take the host as stalled */
 	u32 invalidate_reserve;	 /* 0: sq_entries / 8 */
+	/*
+	 * Page invalidates (a dropped put's, or the page cache's) that find
+	 * no room even in the reserve wait here for room, at most this many
+	 * (and TMEM_CORE_MAX_DEFERRED_INVALIDATES); beyond that, or with 0,
+	 * the pool falls back to the flush barrier.
+	 */
+	u32 deferred_invalidates;
 	u32 doorbell_batch;	 /* 0: min(sq, slots) / 16 */
 	/*
 	 * Batched gets (TMEM_OP_GET_BATCH, used only when the host offers
@@ -121,6 +128,16 @@ struct tmem_core_config {
 };
 
 #define TMEM_CORE_MAX_WINDOWS 16u
+#define TMEM_CORE_MAX_DEFERRED_INVALIDATES 128u
+
+/* An INVAL_PAGE waiting for ring room (tmem_core.c: deferred invalidates). */
+struct tmem_core_deferred_invalidate {
+	u64 index;
+	u64 incarnation;	/* of its pool when it was deferred */
+	u64 epoch;		/* the core's, then */
+	u32 oid[TMEM_OBJECT_WORDS];
+	s32 h;
+};
 
 /* Every counter has one meaning; which ones add up is said per group. */
 struct tmem_core_counters {
@@ -138,12 +155,15 @@ struct tmem_core_counters {
 	u64 gets_miss_local;		/* of gets_miss: decided without host */
 	u64 gets_skipped_stalled;	/* of gets_miss_local */
 	u64 gets_skipped_never_sent;	/* of gets_miss_local */
+	/* Of gets_miss_local: the key's INVAL_PAGE still waits for room. */
+	u64 gets_skipped_invalidating;
 	u64 host_stalls;
 	u64 invalidates;		/* invalidate calls */
 	u64 invalidates_skipped_never_sent; /* of those: nothing was sent */
 	u64 invalidates_for_dropped_puts;   /* INVAL_PAGE for unsent puts */
 	u64 drop_invalidates_avoided;	/* unsent puts of never-sent keys */
 	u64 flush_fallbacks;
+	u64 invalidates_deferred;	/* INVAL_PAGEs that waited for room */
 	u64 guest_resets;
 	u64 host_resets_seen;
 	u64 pools_created;
@@ -289,6 +309,8 @@ struct tmem_core {
 	u64 flush_bits;
 	u64 flush_seq;
 	u64 wanted_bits;
+	struct tmem_core_deferred_invalidate deferred[TMEM_CORE_MAX_DEFERRED_INVALIDATES];
+	u32 ndeferred;
 
 	/*
 	 * A put reached a private pool since the host last forgot us. Read

@@ -177,6 +177,7 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.ring_full_spin_ns = 0;  // a userspace host is a thread: no spin
   config_.stall_after_timeouts = options.stall_after_timeouts;
   config_.invalidate_reserve = options.invalidate_reserve;
+  config_.deferred_invalidates = options.deferred_invalidates;
   config_.doorbell_batch = options.posted_doorbell_batch;
   config_.skip_unsent_gets = options.skip_unsent_gets;
   config_.batch_pages = options.get_batch_pages;
@@ -244,12 +245,14 @@ void TmemGuest::SyncCounters() const {
   c.gets_miss_local = k.gets_miss_local;
   c.gets_skipped_stalled = k.gets_skipped_stalled;
   c.gets_skipped_never_sent = k.gets_skipped_never_sent;
+  c.gets_skipped_invalidating = k.gets_skipped_invalidating;
   c.host_stalls = k.host_stalls;
   c.invalidates = k.invalidates;
   c.invalidates_skipped_never_sent = k.invalidates_skipped_never_sent;
   c.invalidates_for_dropped_puts = k.invalidates_for_dropped_puts;
   c.drop_invalidates_avoided = k.drop_invalidates_avoided;
   c.flush_fallbacks = k.flush_fallbacks;
+  c.invalidates_deferred = k.invalidates_deferred;
   c.guest_resets = k.guest_resets;
   c.host_resets_seen = k.host_resets_seen;
   c.pools_created = k.pools_created;

@@ -76,6 +76,10 @@ struct TmemGuestOptions {
   // SQ entries only invalidates may use, so a burst of puts cannot push an
   // invalidate onto the (coarse) flush barrier. 0: sq_entries / 8, >= 1.
   uint32_t invalidate_reserve = 0;
+  // Page invalidates that find not even the reserve free wait for room,
+  // at most this many (<= TMEM_CORE_MAX_DEFERRED_INVALIDATES); beyond
+  // that, or with 0, the pool falls back to the flush barrier.
+  uint32_t deferred_invalidates = TMEM_CORE_MAX_DEFERRED_INVALIDATES;
   // After this many Gets in a row timed out with the host making no
   // progress (sq_head still), the host is taken as stalled or dead (a
   // killed tmemd leaves host_state READY behind): Gets miss at once instead
@@ -144,6 +148,8 @@ struct GuestCounters {
   uint64_t gets_skipped_stalled = 0;  // of gets_miss_local: host stalled
   // Of gets_miss_local: the sent-keys filter says this key was never put.
   uint64_t gets_skipped_never_sent = 0;
+  // Of gets_miss_local: the key's INVAL_PAGE still waits for ring room.
+  uint64_t gets_skipped_invalidating = 0;
   uint64_t host_stalls = 0;  // times Gets timed out into the stalled state
   uint64_t invalidates = 0;  // Invalidate*() calls
   // Of invalidates: the filter says nothing of the key was ever sent.
@@ -151,7 +157,8 @@ struct GuestCounters {
   uint64_t invalidates_for_dropped_puts = 0;  // INVAL_PAGE for unsent puts
   // Unsent puts of keys the filter says were never sent: nothing to kill.
   uint64_t drop_invalidates_avoided = 0;
-  uint64_t flush_fallbacks = 0;   // flush barriers requested (ring full)
+  uint64_t flush_fallbacks = 0;       // flush barriers requested (ring full)
+  uint64_t invalidates_deferred = 0;  // INVAL_PAGEs that waited for room
   uint64_t guest_resets = 0;      // guest_generation bumped to void all pools
   uint64_t host_resets_seen = 0;  // host left READY or changed generation
   uint64_t pools_created = 0;     // NEW_POOL successes, re-creations too
@@ -208,12 +215,14 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("gets_miss_local", c.gets_miss_local);
   fn("gets_skipped_never_sent", c.gets_skipped_never_sent);
   fn("gets_skipped_stalled", c.gets_skipped_stalled);
+  fn("gets_skipped_invalidating", c.gets_skipped_invalidating);
   fn("host_stalls", c.host_stalls);
   fn("invalidates", c.invalidates);
   fn("invalidates_skipped_never_sent", c.invalidates_skipped_never_sent);
   fn("invalidates_for_dropped_puts", c.invalidates_for_dropped_puts);
   fn("drop_invalidates_avoided", c.drop_invalidates_avoided);
   fn("flush_fallbacks", c.flush_fallbacks);
+  fn("invalidates_deferred", c.invalidates_deferred);
   fn("guest_resets", c.guest_resets);
   fn("host_resets_seen", c.host_resets_seen);
   fn("pools_created", c.pools_created);

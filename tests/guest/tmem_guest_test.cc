@@ -526,10 +526,18 @@ TEST(TmemGuestSlotTest, DroppedPutNeverLetsAnOlderVersionBack) {
 // ---------------------------------------------------------------------------
 // Flush barrier
 
+// The barrier itself: no page invalidate waits for room (deferred
+// invalidates are tested below).
+TmemGuestOptions NoDeferredInvalidates() {
+  TmemGuestOptions o = FastOptions();
+  o.deferred_invalidates = 0;
+  return o;
+}
+
 class FlushBarrierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    guest_ = MustCreate(&host_);
+    guest_ = MustCreate(&host_, NoDeferredInvalidates());
     pool_ = *guest_->InitFs();
     other_ = *guest_->InitFs();
     guest_->Put(pool_, kFile, 100, MakePage(100));   // stored before
@@ -625,11 +633,132 @@ TEST_F(FlushBarrierTest, DroppedPutOnAFullRingFallsBackToTheBarrier) {
   EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out)) << "old version killed";
 }
 
+// ---------------------------------------------------------------------------
+// Deferred invalidates: a page invalidate that finds the ring full waits for
+// room instead of flushing the whole pool.
+
+class DeferredInvalidateTest : public ::testing::Test {
+ protected:
+  virtual TmemGuestOptions Options() { return FastOptions(); }
+
+  void SetUp() override {
+    guest_ = MustCreate(&host_, Options());
+    ASSERT_NE(guest_, nullptr);
+    pool_ = *guest_->InitFs();
+    for (uint64_t i = 100; i < 104; ++i) {
+      guest_->Put(pool_, kFile, i, MakePage(i));  // stored before
+    }
+    guest_->Poll();
+    host_.Step();
+    guest_->Poll();
+    host_.paused = true;
+    // Fill the whole ring with puts of other keys, then invalidates.
+    for (uint64_t i = 0; guest_->in_flight() < 16; ++i) {
+      if (guest_->in_flight() < 14) {
+        guest_->Put(pool_, kFile, i, MakePage(i));
+      } else {
+        guest_->InvalidatePage(pool_, kFile, i % 14);
+      }
+    }
+    ASSERT_EQ(guest_->counters().invalidates_deferred, 0u);
+  }
+
+  // Lets the host run the ring, the guest reap (posting what waits), and
+  // the host run those.
+  void CatchUp() {
+    host_.paused = false;
+    host_.Step();
+    guest_->Poll();
+    host_.Step();
+    guest_->Poll();
+  }
+
+  FakeHost host_;
+  std::unique_ptr<TmemGuest> guest_;
+  int pool_ = -1;
+};
+
+TEST_F(DeferredInvalidateTest, InvalidateOnAFullRingWaitsForRoom) {
+  const uint32_t posted = Load32(&host_.header()->sq_tail.value);
+  guest_->InvalidatePage(pool_, kFile, 100);
+  EXPECT_EQ(guest_->counters().invalidates_deferred, 1u);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 0u);
+  EXPECT_FALSE(guest_->flush_pending());
+  // Meanwhile a get of that key misses without the ring.
+  Page out{};
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out));
+  EXPECT_EQ(guest_->counters().gets_skipped_invalidating, 1u);
+  EXPECT_EQ(Load32(&host_.header()->sq_tail.value), posted);
+
+  const uint64_t invals = host_.op_count(TMEM_OP_INVAL_PAGE);
+  CatchUp();
+  // The two that filled the ring, and the one that waited.
+  EXPECT_EQ(host_.op_count(TMEM_OP_INVAL_PAGE), invals + 3);
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 100, out)) << "killed on the host";
+  // The rest of the pool survives (a flush would have taken it).
+  EXPECT_TRUE(guest_->Get(pool_, kFile, 101, out));
+  EXPECT_EQ(out, MakePage(101));
+  EXPECT_EQ(host_.flushes_applied(), 0u);
+}
+
+TEST_F(DeferredInvalidateTest, DroppedPutKillsTheOlderPageOnceThereIsRoom) {
+  guest_->Put(pool_, kFile, 101, MakePage(999));  // dropped: ring full
+  EXPECT_EQ(guest_->counters().puts_dropped_ring_full, 1u);
+  EXPECT_EQ(guest_->counters().invalidates_deferred, 1u);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 0u);
+  CatchUp();
+  Page out{};
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 101, out)) << "old version killed";
+  EXPECT_TRUE(guest_->Get(pool_, kFile, 102, out));
+  EXPECT_EQ(out, MakePage(102));
+}
+
+TEST_F(DeferredInvalidateTest, ALaterPutOfTheKeySupersedesIt) {
+  guest_->InvalidatePage(pool_, kFile, 100);
+  ASSERT_EQ(guest_->counters().invalidates_deferred, 1u);
+  // The host consumes the ring; before the guest reaps, a new version of
+  // the key is put: it replaces the host's page in ring order, so the
+  // waiting invalidate must not follow it.
+  host_.paused = false;
+  host_.Step();
+  guest_->Put(pool_, kFile, 100, MakePage(555));
+  const uint64_t invals = host_.op_count(TMEM_OP_INVAL_PAGE);
+  host_.Step();
+  guest_->Poll();
+  host_.Step();
+  EXPECT_EQ(host_.op_count(TMEM_OP_INVAL_PAGE), invals);
+  Page out{};
+  EXPECT_TRUE(guest_->Get(pool_, kFile, 100, out));
+  EXPECT_EQ(out, MakePage(555));
+}
+
+class TwoDeferredInvalidatesTest : public DeferredInvalidateTest {
+ protected:
+  TmemGuestOptions Options() override {
+    TmemGuestOptions o = FastOptions();
+    o.deferred_invalidates = 2;
+    return o;
+  }
+};
+
+TEST_F(TwoDeferredInvalidatesTest, PastTheBoundThePoolFallsBackToTheBarrier) {
+  guest_->InvalidatePage(pool_, kFile, 100);
+  guest_->InvalidatePage(pool_, kFile, 101);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 0u);
+  guest_->InvalidatePage(pool_, kFile, 102);
+  EXPECT_EQ(guest_->counters().invalidates_deferred, 2u);
+  EXPECT_EQ(guest_->counters().flush_fallbacks, 1u);
+  EXPECT_TRUE(guest_->flush_pending());
+  CatchUp();
+  Page out{};
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 103, out)) << "flushed";
+}
+
 TEST(TmemGuestFlushTest, WithoutBarrierSupportTheGuestResetsItsGeneration) {
   FakeHostOptions o;
   o.features = TMEM_FEAT_SHARED_POOLS;
   FakeHost host(o);
-  auto guest = MustCreate(&host);
+  auto guest = MustCreate(&host, NoDeferredInvalidates());
   const int pool = *guest->InitFs();
   // Sent keys: invalidates of never-sent keys cost no ring entry.
   guest->Put(pool, kFile, 1, MakePage(1));
