@@ -526,6 +526,20 @@ TEST(TmemGuestSlotTest, DroppedPutNeverLetsAnOlderVersionBack) {
 // ---------------------------------------------------------------------------
 // Flush barrier
 
+// Fills the whole ring of a paused host: puts of keys 0.. up to the
+// invalidate reserve, then invalidates of keys that were put (those of
+// never-sent keys cost no entry).
+void FillRing(FakeHost* host, TmemGuest* guest, int pool) {
+  host->paused = true;
+  for (uint64_t i = 0; guest->in_flight() < 16; ++i) {
+    if (guest->in_flight() < 14) {
+      guest->Put(pool, kFile, i, MakePage(i));
+    } else {
+      guest->InvalidatePage(pool, kFile, i % 14);
+    }
+  }
+}
+
 // The barrier itself: no page invalidate waits for room (deferred
 // invalidates are tested below).
 TmemGuestOptions NoDeferredInvalidates() {
@@ -543,16 +557,7 @@ class FlushBarrierTest : public ::testing::Test {
     guest_->Put(pool_, kFile, 100, MakePage(100));   // stored before
     guest_->Put(other_, kFile, 100, MakePage(101));  // stored before
     guest_->Poll();
-    host_.paused = true;
-    // Fill the whole ring: puts up to the reserve, then invalidates.
-    for (uint64_t i = 0; guest_->in_flight() < 16; ++i) {
-      if (guest_->in_flight() < 14) {
-        guest_->Put(pool_, kFile, i, MakePage(i));
-      } else {
-        // Keys that were put: invalidates of never-sent keys cost nothing.
-        guest_->InvalidatePage(pool_, kFile, i % 14);
-      }
-    }
+    FillRing(&host_, guest_.get(), pool_);
     ASSERT_EQ(guest_->counters().flush_fallbacks, 0u);
   }
 
@@ -651,15 +656,7 @@ class DeferredInvalidateTest : public ::testing::Test {
     guest_->Poll();
     host_.Step();
     guest_->Poll();
-    host_.paused = true;
-    // Fill the whole ring with puts of other keys, then invalidates.
-    for (uint64_t i = 0; guest_->in_flight() < 16; ++i) {
-      if (guest_->in_flight() < 14) {
-        guest_->Put(pool_, kFile, i, MakePage(i));
-      } else {
-        guest_->InvalidatePage(pool_, kFile, i % 14);
-      }
-    }
+    FillRing(&host_, guest_.get(), pool_);
     ASSERT_EQ(guest_->counters().invalidates_deferred, 0u);
   }
 
