@@ -1121,6 +1121,12 @@ static void post_deferred(struct tmem_core *c)
 	c->ndeferred = kept;
 }
 
+static bool deferred_of(const struct tmem_core_deferred_invalidate *d, int h,
+			const u32 *oid)
+{
+	return d->h == h && !memcmp(d->oid, oid, sizeof(d->oid));
+}
+
 /* How many pages from index on a batch may ask for: none deferred. */
 static u32 deferred_clip(struct tmem_core *c, int h, const u32 *oid, u64 index,
 			 u32 count)
@@ -1130,8 +1136,8 @@ static u32 deferred_clip(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	for (i = 0; i < c->ndeferred; i++) {
 		const struct tmem_core_deferred_invalidate *d = &c->deferred[i];
 
-		if (d->h == h && d->index >= index && d->index - index < count &&
-		    !memcmp(d->oid, oid, sizeof(d->oid)) && deferred_live(c, d))
+		if (deferred_of(d, h, oid) && d->index >= index &&
+		    d->index - index < count && deferred_live(c, d))
 			count = d->index - index;
 	}
 	return count;
@@ -1146,8 +1152,7 @@ static void deferred_superseded(struct tmem_core *c, int h, const u32 *oid,
 	for (i = 0; i < c->ndeferred; i++) {
 		const struct tmem_core_deferred_invalidate *d = &c->deferred[i];
 
-		if (d->h == h && d->index == index &&
-		    !memcmp(d->oid, oid, sizeof(d->oid)))
+		if (deferred_of(d, h, oid) && d->index == index)
 			continue;
 		if (kept != i)
 			c->deferred[kept] = *d;
