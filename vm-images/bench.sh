@@ -15,22 +15,23 @@
 #                   the data set (8 MiB), valve mode adaptive
 #   stream-off      the same with the host's valve mode off
 #   seq-writeback   seq with cache=writeback (host page cache under the disk)
-# Each row's guest with tmem runs at the same time as its guest without
-# (same host load for both; tmemd's CPU is part of what tmem costs).
+#   control         stream read twice without tmem (the method's error)
+# Each row is one guest: its workload runs first without tmem (the driver
+# not loaded, the device attached, tmemd idle), then, after the driver is
+# loaded, with tmem, both from dropped caches over the same files. Two
+# guests are never compared: on this shared host one QEMU process reads at
+# 130-150 MB/s for its whole life and the next at 230-250 (plateaus), so a
+# ratio of two processes was as noisy as 0.6-1.5 for the same row. The
+# control row (full runs) is the same guest reading its stream twice
+# without tmem: its ratio is the method's own error, order effects included.
 #
 # Usage: vm-images/bench.sh --tmemd PATH [--smoke] [--mem MIB]
-#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback]
+#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback,control]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
-#          [--repeat N] [--sequential]
-# --repeat N: every pair N times; the summary table gives each row's median
-# ratio and the range (a pair's two guests share the host's noise, but
-# runs on a shared 2-core machine still differ from run to run).
-# --sequential: a pair's two guests run one after the other (the order
-# alternating between repeats) instead of at once. Two TCG guests at once
-# fill this 2-core machine, so tmemd (and QEMU's own threads) take their
-# CPU from the guest being measured, which a host with a spare core would
-# not; one at a time, each guest has the machine and tmemd a core.
+#          [--repeat N]
+# --repeat N: every row N times; the summary table gives each row's median
+# ratio and the range.
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -38,7 +39,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1 sequential=0
+tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1
 tmemd_args=(--stats-interval 2)  # per-VM stats while the guest is attached
 # tmemd runs at the priority its systemd unit gives it (Nice= in
 # host-agent/tmemd.service): its data plane is latency-bound like a vhost
@@ -56,8 +57,8 @@ while (($#)); do
     --tmemd-args) read -r -a more <<<"$2"; tmemd_args+=("${more[@]}"); shift 2 ;;
     --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
     --repeat) repeat="$2"; shift 2 ;;
-    --sequential) sequential=1; shift ;;
-    -h|--help) sed -n '2,37p' "$0"; exit 0 ;;
+    --sequential) die "--sequential: gone; a row's with and without now run in one guest, one row at a time" ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -68,7 +69,7 @@ if ((smoke)); then
   seq_files=2 seq_pages=20480 rand_pages=40960 rand_reads=4000
   stream_files=2 stream_pages=24576
 else
-  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback}"
+  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback,control}"
   seq_files=2 seq_pages=24576 rand_pages=49152 rand_reads=16000
   # 6 x 128 MiB, six times the guest's RAM: one pass of 3 files (~1.7 s
   # at the disk's speed under TCG) was shorter than this machine's noise.
@@ -96,53 +97,34 @@ cleanup() {
 trap cleanup EXIT
 failed=0
 
-# boot NAME WITH_TMEM DISK_CACHE WORKLOADS [TMEMD ARGS...]: one guest, in
-# its own directory (disk image, tmemd socket). Run two at once (with and
-# without tmem, see `pair`), so both see the same load on a shared host, or
-# one after the other (--sequential).
+# boot NAME DISK_CACHE WORKLOAD PHASES [TMEMD ARGS...]: one guest, in its
+# own directory (disk image, tmemd socket), its device attached to a tmemd
+# of its own; PHASES as tmemtest_phases (vm-images/guest/init.sh).
 boot() {
-  local name="$1" with="$2" cache="$3" workloads="$4" sockarg=() append
+  local name="$1" cache="$2" workloads="$3" phases="$4" append
   local dir="${work}/${name}" tmemd_pid=""
   shift 4
   mkdir -p "${dir}"
   truncate -s 2G "${dir}/disk.img"
   mkfs.ext4 -q -F "${dir}/disk.img"
-  append="tmemtest=bench tmemtest_workloads=${workloads} tmemtest_pages=${seq_pages}"
-  append+=" tmemtest_files=${seq_files} tmemtest_rand_pages=${rand_pages}"
+  append="tmemtest=bench tmemtest_workloads=${workloads} tmemtest_phases=${phases}"
+  append+=" tmemtest_pages=${seq_pages} tmemtest_files=${seq_files} tmemtest_rand_pages=${rand_pages}"
   append+=" tmemtest_rand_reads=${rand_reads} tmemtest_stream_pages=${stream_pages}"
   append+=" tmemtest_stream_files=${stream_files} ${extra}"
-  if ((with)); then
-    nice -n "${tmemd_nice}" "${tmemd}" "${tmemd_args[@]}" "$@" --vm guest --socket-dir "${dir}" --control-socket '' \
-      >"${work}/tmemd-${name}.log" 2>&1 &
-    tmemd_pid=$!
-    for _ in $(seq 100); do [[ -S "${dir}/guest.sock" ]] && break; sleep 0.1; done
-    [[ -S "${dir}/guest.sock" ]] || vmlog "${name}: tmemd did not start"
-    sockarg=(--socket "${dir}/guest.sock")
-  else
-    append+=" tmemtest_module=0"
-  fi
+  nice -n "${tmemd_nice}" "${tmemd}" "${tmemd_args[@]}" "$@" --vm guest --socket-dir "${dir}" --control-socket '' \
+    >"${work}/tmemd-${name}.log" 2>&1 &
+  tmemd_pid=$!
+  for _ in $(seq 100); do [[ -S "${dir}/guest.sock" ]] && break; sleep 0.1; done
+  [[ -S "${dir}/guest.sock" ]] || vmlog "${name}: tmemd did not start"
   local t0=${SECONDS}
-  "${VM_DIR}/run-guest.sh" "${sockarg[@]}" --disk "${dir}/disk.img" --mem "${mem}" \
+  "${VM_DIR}/run-guest.sh" --socket "${dir}/guest.sock" --disk "${dir}/disk.img" --mem "${mem}" \
     --disk-cache "${cache}" --serial "${work}/serial-${name}.log" --timeout 1500 \
     --append "${append}" || true
   vmlog "${name}: guest ran $((SECONDS - t0)) s (host load $(cut -d' ' -f1-3 /proc/loadavg))"
-  if [[ -n "${tmemd_pid}" ]]; then kill -TERM "${tmemd_pid}"; wait "${tmemd_pid}"; fi
+  kill -TERM "${tmemd_pid}"
+  wait "${tmemd_pid}"
   rm -rf "${dir}"
-}
-# pair BOOT_A_ARGS... -- BOOT_B_ARGS...: both boots at once.
-pair() {
-  local a=() b=()
-  while [[ "$1" != -- ]]; do a+=("$1"); shift; done
-  shift
-  b=("$@")
-  if ((sequential)); then
-    if ((rep % 2)); then boot "${a[@]}"; boot "${b[@]}"; else boot "${b[@]}"; boot "${a[@]}"; fi
-    return
-  fi
-  boot "${a[@]}" &
-  local pa=$!
-  boot "${b[@]}" &
-  wait "${pa}" $!
+  finished "${name}"
 }
 finished() {
   grep -aq 'TMEMTEST DONE fails=0' "${work}/serial-$1.log" 2>/dev/null && return 0
@@ -151,20 +133,20 @@ finished() {
   failed=1
 }
 
-# measured NAME WORKLOAD: the CHECK lines of the measured passes (2-3;
-# stream: its one).
+# measured NAME PHASE-WORKLOAD: the CHECK lines of the measured passes
+# (2-3; stream: its one).
 measured() {
   local passes='pass[23]-'
-  [[ "$2" == stream ]] && passes='pass1-'
+  [[ "$2" == *stream ]] && passes='pass1-'
   grep -a "CHECK bench-$2-${passes}" "${work}/serial-$1.log" | grep ' PASS '
 }
-# rate NAME WORKLOAD: MB/s of the measured passes.
+# rate NAME PHASE-WORKLOAD: MB/s of the measured passes.
 rate() {
   measured "$1" "$2" |
     awk '{for (i = 1; i <= NF; i++) { split($i, kv, "="); if (kv[1] == "ok") p += kv[2]; if (kv[1] == "ms") m += kv[2] } }
          END { if (m > 0) printf "%.1f", p * 4096 / 1e6 / (m / 1000); else print "0" }'
 }
-# file_rates NAME WORKLOAD: MB/s of each file read in the measured passes,
+# file_rates NAME PHASE-WORKLOAD: MB/s of each file read in the measured passes,
 # one per line (stream: files 2.. of its one pass; the first file is read
 # into free memory, with no page evicted and so nothing put).
 file_rates() {
@@ -187,13 +169,15 @@ per() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.1f", a / b / 1000;
 
 table=() labels=()
 declare -A ratios targets files_with files_without
-# row LABEL WORKLOAD WITH_BOOT WITHOUT_BOOT TARGET
+# row LABEL BOOT WORKLOAD TARGET [ON_PHASE OFF_PHASE]: ON_PHASE's rate
+# over OFF_PHASE's (with / without), the guest's counters of ON_PHASE.
 row() {
-  local label="$1" wl="$2" on_boot="$3" off_boot="$4" target="$5" from to
-  from="bench-${wl}-warm" to="bench-${wl}-end"
-  [[ "${wl}" == stream ]] && from="bench-${wl}-start"
+  local label="$1" boot="$2" wl="$3" target="$4" on_ph="${5:-with}" off_ph="${6:-without}"
+  local on_boot="${boot}" off_boot="${boot}" from to
+  from="bench-${on_ph}-${wl}-warm" to="bench-${on_ph}-${wl}-end"
+  [[ "${wl}" == stream ]] && from="bench-${on_ph}-${wl}-start"
   local on off puts gets hits local_miss put_ns get_ns sent rts rt_ns
-  on=$(rate "${on_boot}" "${wl}") off=$(rate "${off_boot}" "${wl}")
+  on=$(rate "${boot}" "${on_ph}-${wl}") off=$(rate "${boot}" "${off_ph}-${wl}")
   rts=$(delta "${on_boot}" "${from}" "${to}" round_trips)
   rt_ns=$(delta "${on_boot}" "${from}" "${to}" round_trip_wait_ns)
   puts=$(delta "${on_boot}" "${from}" "${to}" puts_sent)
@@ -207,8 +191,8 @@ row() {
   r=$(ratio "${on}" "${off}")
   table+=("| ${label} | ${rep} | ${on} | ${off} | ${r} | ${target} | ${hits} / ${sent} / ${gets} | $(per "${get_ns}" "${sent}") | $(awk -v a="${get_ns}" -v b="${gets}" 'BEGIN { if (b > 0) printf "%.2f", a / b / 1000; else print "-" }') | ${rts} | $(per "${rt_ns}" "${rts}") | ${puts} | $(per "${put_ns}" "${puts}") |")
   ratios["${label}"]+=" ${r}"
-  files_with["${label}"]+=" $(file_rates "${on_boot}" "${wl}" | tr '\n' ' ')"
-  files_without["${label}"]+=" $(file_rates "${off_boot}" "${wl}" | tr '\n' ' ')"
+  files_with["${label}"]+=" $(file_rates "${boot}" "${on_ph}-${wl}" | tr '\n' ' ')"
+  files_without["${label}"]+=" $(file_rates "${boot}" "${off_ph}-${wl}" | tr '\n' ' ')"
   targets["${label}"]="${target}"
   [[ " ${labels[*]} " == *" ${label} "* ]] || labels+=("${label}")
 }
@@ -218,8 +202,8 @@ median() {
     awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
-# Boots: each row's with-tmem guest runs at the same time as its
-# without-tmem guest.
+# One guest per row, one at a time: a TCG guest keeps one of this
+# machine's two CPUs busy, tmemd and QEMU's own threads have the other.
 for rep in $(seq "${repeat}"); do
   work="${base}/run${rep}"
   mkdir -p "${work}"
@@ -227,36 +211,22 @@ for rep in $(seq "${repeat}"); do
   # seq and rand in guests of their own: one guest's stand-aside state is
   # one for all it reads, so a sequential scan it stood aside for would
   # leave a random reader after it on the probe share.
-  if has_row seq; then
-    pair seq-with 1 none seq -- seq-without 0 none seq
-    finished seq-with; finished seq-without
-  fi
-  if has_row rand; then
-    pair rand-with 1 none rand -- rand-without 0 none rand
-    finished rand-with; finished rand-without
-  fi
-  if has_row stream-adaptive; then
-    pair stream-adaptive 1 none stream --memory-cap 8MiB --mode adaptive \
-      -- stream-without 0 none stream
-    finished stream-adaptive; finished stream-without
-  fi
-  if has_row stream-off; then
-    pair stream-off 1 none stream --memory-cap 8MiB --mode off \
-      -- stream-without2 0 none stream
-    finished stream-off; finished stream-without2
-  fi
-  if has_row seq-writeback; then
-    pair wb-with 1 writeback seq -- wb-without 0 writeback seq
-    finished wb-with; finished wb-without
-  fi
+  has_row seq && boot seq none seq without,with
+  has_row rand && boot rand none rand without,with
+  has_row stream-adaptive && boot stream-adaptive none stream without,with --memory-cap 8MiB --mode adaptive
+  has_row stream-off && boot stream-off none stream without,with --memory-cap 8MiB --mode off
+  has_row seq-writeback && boot wb writeback seq without,with
+  has_row control && boot control none stream without,without2 --memory-cap 8MiB --mode off
   grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
 
-  has_row seq && row "seq re-read, cache=none" seq seq-with seq-without ">= 1.0"
-  has_row rand && row "random 4 KiB re-read, cache=none" rand rand-with rand-without ">= 2.0"
-  has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream stream-adaptive stream-without ">= 0.97"
-  has_row stream-off && row "stream once, cap 8 MiB, mode off" stream stream-off stream-without2 ">= 0.99"
-  has_row seq-writeback && row "seq re-read, cache=writeback" seq wb-with wb-without ">= 0.95"
-
+  has_row seq && row "seq re-read, cache=none" seq seq ">= 1.0"
+  has_row rand && row "random 4 KiB re-read, cache=none" rand rand ">= 2.0"
+  has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream-adaptive stream ">= 0.97"
+  has_row stream-off && row "stream once, cap 8 MiB, mode off" stream-off stream ">= 0.99"
+  has_row seq-writeback && row "seq re-read, cache=writeback" wb seq ">= 0.95"
+  # The method's own error: the second of two passes without tmem over the
+  # first (the with row's order).
+  has_row control && row "control: stream twice without tmem, 2nd / 1st" control stream "0.97-1.03" without2 without
 done
 vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, rand ${rand_pages} pages x ${rand_reads} reads/pass, stream ${stream_files} x ${stream_pages} pages"
 {
@@ -274,11 +244,9 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
     echo "| ${label} | $(median "$@") | $(head -n1 <<<"${sorted}") | $(tail -n1 <<<"${sorted}") | ${targets[${label}]} |"
   done
   echo
-  # The same rows from the files: on this machine a guest's speed moves in
-  # plateaus (a guest without tmem read at 130-150 MB/s for a whole run and
-  # at 230-250 in the next), so a pair's ratio is as noisy as its two
-  # guests. The median over every file of every run, with tmem and without,
-  # is steadier.
+  # The same rows from the files: the median of every file's MB/s (the
+  # stream's first file, read into free memory, left out) over every run,
+  # with tmem and without; one slow file moves a pass's total, not this.
   echo "| row | files with / without | median file MB/s with tmem | without | ratio of medians | target |"
   echo "| --- | --- | --- | --- | --- | --- |"
   for label in "${labels[@]}"; do
@@ -293,7 +261,7 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
   done
   echo
 } >&2
-for b in seq-with rand-with stream-adaptive stream-off wb-with; do
+for b in seq rand stream-adaptive stream-off wb; do
   [[ -f "${work}/tmemd-${b}.log" ]] || continue
   # The last report while the guest was attached (a detach zeroes the
   # guest's own fields), else the last one.

@@ -9,6 +9,8 @@
 #   TMEMTEST DONE fails=N
 # Kernel command line: tmemtest=e2e|bench|probe|ops, tmemtest_pages=N (pages per
 # big file), tmemtest_files=N, tmemtest_module=0 (do not load the driver),
+# tmemtest_phases=without,with (bench: each workload once per phase, the
+# driver loaded at the first "with"),
 # tmemtest_round_s=S (ops: read at most S seconds waiting for the host);
 # tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -83,7 +85,10 @@ if [ "$MODE" = probe ]; then
 fi
 
 say "BOOT kernel=$(uname -r) mem_kb=$(grep MemTotal /proc/meminfo | tr -s ' ' | cut -d' ' -f2) mode=$MODE pages=$PAGES files=$NFILES"
-if [ "$LOADMOD" = 1 ]; then
+# load_module: insmod with the tmem_ivshmem.PARAM=V words, checked attached.
+# Loading after the mount is fine: cleancache hands the mounted filesystems
+# to ops registered later.
+load_module() {
 	params=""
 	for w in $(cat /proc/cmdline); do
 		case "$w" in tmem_ivshmem.*=*) params="$params ${w#tmem_ivshmem.}" ;; esac
@@ -97,7 +102,9 @@ if [ "$LOADMOD" = 1 ]; then
 	rmmod tmem_ivshmem 2>/dev/null
 	[ $? != 0 ] && grep -q tmem_ivshmem /proc/modules
 	check unload-refused $? ""
-fi
+}
+PHASES=$(arg tmemtest_phases "")
+if [ "$LOADMOD" = 1 ] && [ -z "$PHASES" ]; then load_module; fi
 mount -t ext4 /dev/vda /mnt
 check mount $? "ext4 on /dev/vda"
 [ "$FAILS" = 0 ] || finish
@@ -115,45 +122,70 @@ if [ "$MODE" = bench ]; then
 	RREADS=$(arg tmemtest_rand_reads 20000)
 	SPAGES=$(arg tmemtest_stream_pages 32768)
 	SFILES=$(arg tmemtest_stream_files 3)
+	# Phases (tmemtest_phases=without,with; a name starting "without" or
+	# "with", e.g. without2 to run twice without): every workload runs once
+	# per phase in this one boot, the driver loaded at the first "with", so a
+	# with/without ratio compares passes of the same QEMU process (on a
+	# shared host one guest's speed moves in plateaus for its whole life).
+	# The files are written once; every phase starts from dropped caches.
+	# Without the parameter: one phase, named after tmemtest_module.
+	if [ -z "$PHASES" ]; then
+		PHASES=with
+		[ "$LOADMOD" = 1 ] || PHASES=without
+	fi
 	for wl in $(echo "$WORKLOADS" | tr ',' ' '); do
 		case "$wl" in
-		seq)
-			i=1
-			while [ $i -le "$NFILES" ]; do gen /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
-			drop
-			counters bench-seq-start
-			for pass in 1 2 3; do
-				i=1
-				while [ $i -le "$NFILES" ]; do verify bench-seq-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
-				[ $pass = 1 ] && counters bench-seq-warm
-			done
-			counters bench-seq-end
-			;;
-		rand)
-			gen /mnt/r1 801 "$RPAGES"
-			drop
-			# Pass 1 reads every page once, in order: the working set is in
-			# the page cache or (evicted) offered to tmem before the
-			# measured random passes.
-			verify bench-rand-pass1-r1 /mnt/r1 801 "$RPAGES"
-			counters bench-rand-warm
-			for pass in 2 3; do
-				out=$(pagecheck randread /mnt/r1 801 "$RPAGES" "$RREADS" $pass)
-				check bench-rand-pass$pass-r1 $? "$(echo "$out" | grep '^pagecheck ok=' | sed 's/^pagecheck //')"
-			done
-			counters bench-rand-end
-			;;
-		stream)
-			i=1
-			while [ $i -le "$SFILES" ]; do gen /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
-			drop
-			counters bench-stream-start
-			i=1
-			while [ $i -le "$SFILES" ]; do verify bench-stream-pass1-s$i /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
-			counters bench-stream-end
-			;;
-		*) check "bench-workload-$wl" 1 "unknown workload" ;;
+		seq) i=1
+			while [ $i -le "$NFILES" ]; do gen /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done ;;
+		rand) gen /mnt/r1 801 "$RPAGES" ;;
+		stream) i=1
+			while [ $i -le "$SFILES" ]; do gen /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done ;;
+		*) check "bench-workload-$wl" 1 "unknown workload"; finish ;;
 		esac
+	done
+	for ph in $(echo "$PHASES" | tr ',' ' '); do
+		case "$ph" in
+		without*) grep -q tmem_ivshmem /proc/modules &&
+				{ check "bench-phase-$ph" 1 "the driver is loaded already"; finish; } ;;
+		with*) # Dropped first: the driver must not start with the last
+			# phase's page cache offered to it.
+			grep -q tmem_ivshmem /proc/modules || { drop; load_module; }
+			[ "$FAILS" = 0 ] || finish ;;
+		*) check "bench-phase-$ph" 1 "unknown phase"; finish ;;
+		esac
+		for wl in $(echo "$WORKLOADS" | tr ',' ' '); do
+			BN=bench-$ph-$wl
+			drop
+			case "$wl" in
+			seq)
+				counters $BN-start
+				for pass in 1 2 3; do
+					i=1
+					while [ $i -le "$NFILES" ]; do verify $BN-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
+					[ $pass = 1 ] && counters $BN-warm
+				done
+				counters $BN-end
+				;;
+			rand)
+				# Pass 1 reads every page once, in order: the working set is
+				# in the page cache or (evicted) offered to tmem before the
+				# measured random passes.
+				verify $BN-pass1-r1 /mnt/r1 801 "$RPAGES"
+				counters $BN-warm
+				for pass in 2 3; do
+					out=$(pagecheck randread /mnt/r1 801 "$RPAGES" "$RREADS" $pass)
+					check $BN-pass$pass-r1 $? "$(echo "$out" | grep '^pagecheck ok=' | sed 's/^pagecheck //')"
+				done
+				counters $BN-end
+				;;
+			stream)
+				counters $BN-start
+				i=1
+				while [ $i -le "$SFILES" ]; do verify $BN-pass1-s$i /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
+				counters $BN-end
+				;;
+			esac
+		done
 	done
 	finish
 fi
