@@ -1481,6 +1481,24 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		unlock(c, flags);
 		return;
 	}
+	/*
+	 * The hint refuses a key never sent: no window holds it and no older
+	 * version needs an invalidate. Decided before any window scan, reap
+	 * or pool lookup, and before the clock, so a streamer's evictions
+	 * (nearly all refused) cost the guest a hash and a filter test each
+	 * (counted, not timed, as above). Standing aside is decided below.
+	 */
+	if (!c->aside && valid_handle(c, h) && !c->pools[h].shared &&
+	    c->attached && !c->broken && !host_changed(c) &&
+	    !host_may_hold(c, h, oid, index)) {
+		admitted = admit(c, oid, index);
+		if (!admitted) {
+			c->c.puts_skipped_by_hint++;
+			c->c.drop_invalidates_avoided++;
+			unlock(c, flags);
+			return;
+		}
+	}
 	t0 = now(c);
 	/*
 	 * Standing aside: private pools were wiped and hold nothing; a shared
@@ -1490,22 +1508,6 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_skipped_aside++;
 		c->c.puts_skipped_by_hint++;
 		goto out;
-	}
-	/*
-	 * The hint refuses a key never sent: no window holds it and no older
-	 * version needs an invalidate. Decided before any window scan, reap
-	 * or pool lookup, so a streamer's evictions (nearly all refused)
-	 * cost the guest a hash and a filter test each.
-	 */
-	if (valid_handle(c, h) && !c->pools[h].shared && c->attached &&
-	    !c->broken && !host_changed(c) &&
-	    !host_may_hold(c, h, oid, index)) {
-		admitted = admit(c, oid, index);
-		if (!admitted) {
-			c->c.puts_skipped_by_hint++;
-			c->c.drop_invalidates_avoided++;
-			goto out;
-		}
 	}
 	/* Sent or not, this put makes a prefetched copy of the key stale. */
 	if (valid_handle(c, h))
@@ -2023,6 +2025,15 @@ bool tmem_core_get_nothing_sent(struct tmem_core *c, int h)
 	return true;
 }
 
+/* A get the sent-keys filter alone answers: the host cannot hold the key. */
+static bool never_sent_get(struct tmem_core *c, int h, const u32 *oid,
+			   u64 index)
+{
+	return c->cfg->skip_unsent_gets &&
+	       (holds_nothing_private(c, h) ||
+		(valid_handle(c, h) && !host_may_hold(c, h, oid, index)));
+}
+
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		  u32 max_pages, void *page)
 {
@@ -2038,7 +2049,6 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 
 	if (tmem_core_get_nothing_sent(c, h))
 		return 0;
-	t0 = now(c);
 	lock(c, &flags);
 	/* A file's first page starts a sequential read as often as not. */
 	sequential = index == 0 ||
@@ -2047,19 +2057,28 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	c->last_get_pool = h;
 	c->last_get_index = index;
 	memcpy(c->last_get_oid, oid, sizeof(c->last_get_oid));
-	if (standing_aside(c)) {
-		c->c.gets_skipped_aside++;
-		goto miss_local;
-	}
 	/*
 	 * A key never sent cannot be on the host nor in a window (a window
 	 * holds only pages the host returned, and whatever makes the filter
 	 * forget a pool kills its windows): a streaming reader's page-cache
-	 * misses stop here, before any attach, reap or window scan.
+	 * misses stop here, before any attach, reap or window scan, and
+	 * before the clock (under TCG two clock reads cost more than the
+	 * filter's decision): counted, not timed. A guest standing aside
+	 * goes on, to the locked path where its wait ends.
 	 */
-	if (c->cfg->skip_unsent_gets &&
-	    (holds_nothing_private(c, h) ||
-	     (valid_handle(c, h) && !host_may_hold(c, h, oid, index)))) {
+	if (!c->aside && never_sent_get(c, h, oid, index)) {
+		c->c.gets_skipped_never_sent++;
+		c->c.gets_miss++;
+		c->c.gets_miss_local++;
+		unlock(c, flags);
+		return false;
+	}
+	t0 = now(c);
+	if (standing_aside(c)) {
+		c->c.gets_skipped_aside++;
+		goto miss_local;
+	}
+	if (never_sent_get(c, h, oid, index)) {
 		c->c.gets_skipped_never_sent++;
 		goto miss_local;
 	}
