@@ -875,15 +875,26 @@ static u64 mix64(u64 x)
 	return x ^ (x >> 31);
 }
 
-/* Hash of an object id; of a page when @index is not U64_MAX. */
-static u64 key_hash(const u32 *oid, u64 index)
+/* Hash of an object id, remembered for the next call (under the lock). */
+static u64 oid_hash(struct tmem_core *c, const u32 *oid)
 {
-	u64 h = mix64(index);
+	u64 h = 0;
 	u32 i;
 
+	if (c->hashed_valid && !memcmp(c->hashed_oid, oid, sizeof(c->hashed_oid)))
+		return c->hashed_oid_hash;
 	for (i = 0; i < TMEM_OBJECT_WORDS; i += 2)
 		h = mix64(h ^ (oid[i] | (u64)oid[i + 1] << 32));
+	memcpy(c->hashed_oid, oid, sizeof(c->hashed_oid));
+	c->hashed_oid_hash = h;
+	c->hashed_valid = true;
 	return h;
+}
+
+/* Hash of an object id; of a page when @index is not U64_MAX. */
+static u64 key_hash(struct tmem_core *c, const u32 *oid, u64 index)
+{
+	return mix64(oid_hash(c, oid) ^ (index * 0x9e3779b97f4a7c15ull));
 }
 
 static void mark_sent(struct tmem_core_pool *p, u64 hash)
@@ -908,7 +919,7 @@ static bool host_may_hold(struct tmem_core *c, int h, const u32 *oid, u64 index)
 	struct tmem_core_pool *p = &c->pools[h];
 
 	/* Shared pools: other VMs' puts of a key are invisible to us. */
-	return p->shared || maybe_sent(p, key_hash(oid, index));
+	return p->shared || maybe_sent(p, key_hash(c, oid, index));
 }
 
 /*
@@ -1300,7 +1311,7 @@ static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 	epoch = c->admit_puts++ / ADMIT_EPOCH_PUTS;
 	if (hint >= TMEM_ADMIT_ALL)
 		return true;
-	return (mix64(key_hash(oid, index / block) ^ epoch) >> 48) < hint;
+	return (mix64(key_hash(c, oid, index / block) ^ epoch) >> 48) < hint;
 }
 
 /* --- entry points ---------------------------------------------------------- */
@@ -1566,8 +1577,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.puts_dropped_no_pool++; /* the host reset meanwhile */
 		goto out;
 	}
-	mark_sent(&c->pools[h], key_hash(oid, index));
-	mark_sent(&c->pools[h], key_hash(oid, U64_MAX));
+	mark_sent(&c->pools[h], key_hash(c, oid, index));
+	mark_sent(&c->pools[h], key_hash(c, oid, U64_MAX));
 	if (!c->pools[h].shared)
 		WRITE_ONCE(c->private_sent, true);
 	if (c->ndeferred)

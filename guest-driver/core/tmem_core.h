@@ -343,6 +343,13 @@ struct tmem_core {
 	int last_get_pool;
 	u32 last_get_oid[TMEM_OBJECT_WORDS];
 	u64 last_get_index;
+	/*
+	 * The last object hashed (under the lock): a file's pages come in
+	 * runs, so a page's key hash costs one mix instead of four.
+	 */
+	bool hashed_valid;
+	u32 hashed_oid[TMEM_OBJECT_WORDS];
+	u64 hashed_oid_hash;
 
 	/* Never slower: the current sample and the standing-aside state. */
 	bool aside;
