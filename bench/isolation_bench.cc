@@ -3,7 +3,10 @@
 // VMs on one worker: the worst case) serves a verified guest alone, then
 // next to the attacker(s), then alone again; the ratio is its throughput
 // (ops/s: gets, puts, invalidates) under attack over the mean of the two
-// alone windows around it. The table also shows the flooders' largest
+// alone windows around it; with --cycles N (3 by default) attacked and
+// alone windows alternate N times and the row is the cycle with the median
+// ratio (all N ratios printed beside it), so one window's luck does not
+// decide the verdict. The table also shows the flooders' largest
 // all-in charge over their quota and the host's largest use over its cap,
 // sampled every 50 ms over gRPC. Target (issue 15): ratio >= 0.8 for each
 // attack, charge <= quota + 5%, cap never exceeded.
@@ -26,6 +29,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -156,7 +160,8 @@ struct Row {
   std::string attackers_cpu;  // "unbounded" or "SCHED_IDLE"
   Usage alone;                // the alone window before the attack
   Usage attacked;
-  OpTimes alone_kinds;  // both alone windows around the attack
+  OpTimes alone_kinds;               // both alone windows around the attack
+  std::vector<double> cycle_ratios;  // every cycle's, in run order
   double alone_ops = 0;
   double attacked_ops = 0;
   double attacked_hits = 0;
@@ -171,6 +176,7 @@ struct Row {
 struct Settings {
   std::string tmemd_bin;
   int window_ms = 3000;
+  int cycles = 3;
   uint64_t bulk_objects = 1'000'000;
 };
 
@@ -250,25 +256,48 @@ std::vector<Row> RunScenario(
       Sampler sampler(&host, watched);
       sampler.Start();
       const uint64_t mismatches0 = (*guest)->mismatches();
-      for (auto& a : attackers) a->Start(bound == Bound::kIdle);
-      // Let the attack ramp up.
-      Window(host, **guest, attackers, attacker_vms, settings.window_ms / 4);
-      row.attacked =
-          Window(host, **guest, attackers, attacker_vms, settings.window_ms);
-      for (auto& a : attackers) {
-        a->Stop();
-        row.attack_entries += a->completed();
-        if (a->idle_failed()) row.note += "SCHED_IDLE refused; ";
+      struct Cycle {
+        Usage alone_before, attacked, alone_after;
+        double ratio = 0;
+      };
+      std::vector<Cycle> cycles;
+      for (int i = 0; i < settings.cycles; ++i) {
+        Cycle c;
+        c.alone_before = alone_before;
+        for (auto& a : attackers) a->Start(bound == Bound::kIdle);
+        // Let the attack ramp up.
+        Window(host, **guest, attackers, attacker_vms, settings.window_ms / 4);
+        c.attacked =
+            Window(host, **guest, attackers, attacker_vms, settings.window_ms);
+        for (auto& a : attackers) {
+          a->Stop();
+          if (a->idle_failed() && i == 0) row.note += "SCHED_IDLE refused; ";
+        }
+        // Let the host drain.
+        Window(host, **guest, none, {}, settings.window_ms / 4);
+        c.alone_after = Window(host, **guest, none, {}, settings.window_ms);
+        const double alone_ops =
+            (c.alone_before.ops_per_s + c.alone_after.ops_per_s) / 2;
+        c.ratio = alone_ops > 0 ? c.attacked.ops_per_s / alone_ops : 0;
+        row.cycle_ratios.push_back(c.ratio);
+        if (c.attacked.hits_per_s == 0) row.guarantees_held = false;
+        alone_before = c.alone_after;
+        cycles.push_back(c);
       }
+      for (auto& a : attackers) row.attack_entries += a->completed();
       const SampleSummary s = sampler.Stop();
-      // Let the host drain.
-      Window(host, **guest, none, {}, settings.window_ms / 4);
-      const Usage alone_after =
-          Window(host, **guest, none, {}, settings.window_ms);
-      row.alone = alone_before;
-      row.alone_kinds = alone_before.kinds;
-      row.alone_kinds += alone_after.kinds;
-      row.alone_ops = (alone_before.ops_per_s + alone_after.ops_per_s) / 2;
+      std::vector<size_t> order(cycles.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+        return cycles[x].ratio < cycles[y].ratio;
+      });
+      const Cycle& median = cycles[order[(order.size() - 1) / 2]];
+      row.alone = median.alone_before;
+      row.attacked = median.attacked;
+      row.alone_kinds = median.alone_before.kinds;
+      row.alone_kinds += median.alone_after.kinds;
+      row.alone_ops =
+          (median.alone_before.ops_per_s + median.alone_after.ops_per_s) / 2;
       row.attacked_ops = row.attacked.ops_per_s;
       row.attacked_hits = row.attacked.hits_per_s;
       row.max_quota_ratio = s.max_quota_ratio;
@@ -278,12 +307,11 @@ std::vector<Row> RunScenario(
                                     static_cast<double>(s.cap_bytes);
       row.mismatches = (*guest)->mismatches() - mismatches0;
       if (row.mismatches > 0 || s.cap_exceeded > 0 || s.quota_exceeded > 0 ||
-          row.attacked.hits_per_s == 0 || !host.Alive()) {
+          !host.Alive()) {
         row.guarantees_held = false;
       }
       for (const std::string& v : s.violations) row.note += v + "; ";
       rows.push_back(row);
-      alone_before = alone_after;
     }
   }
   (*guest)->Stop();
@@ -344,10 +372,16 @@ int Main(int argc, char** argv) {
   app.add_option("--window-ms", settings.window_ms,
                  "length of each measured window")
       ->check(CLI::Range(200, 600000));
+  app.add_option("--cycles", settings.cycles,
+                 "attacked and alone windows alternated this many times per "
+                 "attack; the row is the cycle with the median ratio")
+      ->check(CLI::Range(1, 20));
   app.add_option("--bulk-objects", settings.bulk_objects,
                  "objects the neighbour holds during the pool storms")
       ->check(CLI::Range(uint64_t{1}, uint64_t{10'000'000}));
-  app.add_flag("--smoke", smoke, "tiny run: 20k objects, 400 ms windows");
+  app.add_flag("--smoke", smoke,
+               "tiny run: 20k objects, 400 ms windows, 1 cycle (flags given "
+               "beside it keep their values)");
   std::string attackers_cpu = "both";
   app.add_option("--attackers-cpu", attackers_cpu,
                  "the attacker threads' CPU: unbounded (compete with the "
@@ -361,8 +395,10 @@ int Main(int argc, char** argv) {
                  "(storms, meta, puts-always, puts-adaptive)");
   CLI11_PARSE(app, argc, argv);
   if (smoke) {
-    settings.window_ms = 400;
-    settings.bulk_objects = 20'000;
+    // Flags given beside --smoke keep their values.
+    if (app.count("--window-ms") == 0) settings.window_ms = 400;
+    if (app.count("--cycles") == 0) settings.cycles = 1;
+    if (app.count("--bulk-objects") == 0) settings.bulk_objects = 20'000;
   }
   std::vector<Bound> bounds;
   if (attackers_cpu != "idle") bounds.push_back(Bound::kUnbounded);
@@ -435,17 +471,21 @@ int Main(int argc, char** argv) {
               bench::LoadAverage());
   std::printf(
       "| attack | attackers' CPU | alone ops/s | attacked ops/s | ratio "
-      "(target >= 0.8) | hits/s attacked | attack entries | max "
-      "charge/quota | max used/cap | mismatches |\n| --- | --- | --- | --- "
-      "| --- | --- | --- | --- | --- | --- |\n");
+      "(target >= 0.8; median cycle) | every cycle's ratio | hits/s attacked "
+      "| attack entries | max charge/quota | max used/cap | mismatches |\n| "
+      "--- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
   bool ok = true;
   for (const Row& r : rows) {
     const double ratio = r.alone_ops > 0 ? r.attacked_ops / r.alone_ops : 0;
+    std::string each;
+    for (const double c : r.cycle_ratios) {
+      absl::StrAppendFormat(&each, "%s%.2f", each.empty() ? "" : " / ", c);
+    }
     std::printf(
-        "| %s | %s | %.0f | %.0f | %.2f | %.0f | %llu | %s | %.3f | %llu "
+        "| %s | %s | %.0f | %.0f | %.2f | %s | %.0f | %llu | %s | %.3f | %llu "
         "|%s\n",
         r.attack.c_str(), r.attackers_cpu.c_str(), r.alone_ops, r.attacked_ops,
-        ratio, r.attacked_hits,
+        ratio, each.empty() ? "-" : each.c_str(), r.attacked_hits,
         static_cast<unsigned long long>(r.attack_entries),
         r.max_quota_ratio > 0
             ? absl::StrFormat("%.3f", r.max_quota_ratio).c_str()
