@@ -76,6 +76,9 @@ elif ! bus_answers; then
   fi
 fi
 
+# Without it libvirtd re-probes QEMU for every domain (scripts/kvm-device-mode.sh).
+"${sudo_cmd[@]}" "$(dirname "$0")/kvm-device-mode.sh"
+
 running() { pgrep -x libvirtd >/dev/null 2>&1; }
 answers() { timeout 10 virsh -c qemu:///system version >/dev/null 2>&1; }
 

@@ -16,8 +16,13 @@
 set -uo pipefail
 tmemd="$1" tmemctl="$2" src="$3"
 
-log() { printf '[hook-test] %s\n' "$*"; }
-fail() { log "FAIL: $*"; exit 1; }
+log() { printf '[hook-test %s] %s\n' "$(date +%T)" "$*"; }
+fail() {
+  log "FAIL: $*"
+  [[ -s "${work:-}/hook.calls" ]] && { log "the hook's calls:"; cat "${work}/hook.calls"; }
+  [[ -s "${work:-}/tmemd.log" ]] && { log "tmemd's log:"; cat "${work}/tmemd.log"; }
+  exit 1
+}
 
 if ! "${src}/scripts/start-libvirtd.sh"; then
   log "SKIP: libvirtd cannot run here (scripts/start-libvirtd.sh failed)"
@@ -26,13 +31,29 @@ fi
 [[ -x /usr/bin/qemu-system-x86_64 ]] || { log "SKIP: no qemu-system-x86_64"; exit 77; }
 getent group libvirt-qemu >/dev/null || { log "SKIP: no libvirt-qemu group"; exit 77; }
 
+hook_dir=/etc/libvirt/hooks/qemu.d
+# A run killed before its cleanup (ctest's timeout sends SIGKILL) leaves its
+# hook behind; libvirtd would run it for every domain it starts from then on.
+# Take out the hooks of runs that are gone, and restart libvirtd to forget them.
+stale=""
+for h in "${hook_dir}"/tmemd-test-*; do
+  [[ -e "${h}" ]] || continue
+  pid="${h##*/tmemd-test-}"
+  if [[ "${pid}" =~ ^[0-9]+$ ]] && ! kill -0 "${pid}" 2>/dev/null; then
+    log "removing ${h}: left by hook-test run ${pid}, which is gone"
+    rm -f "${h}" && stale=1
+  fi
+done
+if [[ -n "${stale}" ]]; then
+  "${src}/scripts/start-libvirtd.sh" --restart >/dev/null || fail "libvirtd did not restart"
+fi
+
 work="$(mktemp -d /tmp/tmemd-hook.XXXXXX)"
 chmod 0711 "${work}"  # QEMU (libvirt-qemu) walks to the socket directory
 sock="${work}/sock"
 mkdir -m 0750 "${sock}"
 chgrp libvirt-qemu "${sock}"
 control="${work}/control.sock"
-hook_dir=/etc/libvirt/hooks/qemu.d
 hook="${hook_dir}/tmemd-test-$$"
 name="tmemd-test-hook-$$"
 tmemd_pid=""
@@ -83,9 +104,20 @@ meta() {
 
 start_tmemd
 mkdir -p "${hook_dir}"
+# libvirtd runs every hook for every domain: this one answers only for this
+# run's domains, and only while this run lives, so a run that dies without
+# its cleanup cannot stop other domains (or other tests) from starting.
 cat >"${hook}" <<EOF
 #!/bin/sh
-exec ${tmemctl} -s ${control} libvirt-hook "\$@"
+case "\$1" in
+${name} | ${name}-*) kill -0 $$ 2>/dev/null || exit 0 ;;
+*) exit 0 ;;
+esac
+echo "\$*" >>${work}/hook.calls
+${tmemctl} -s ${control} libvirt-hook "\$@" >>${work}/hook.calls
+rc=\$?
+echo "\$* -> \$rc" >>${work}/hook.calls
+exit \$rc
 EOF
 chmod 0755 "${hook}"
 log "hook ${hook} installed; restarting libvirtd so that it sees it"

@@ -92,7 +92,8 @@ uri() { echo "qemu:///system?socket=${work}/$1/run/libvirt-sock"; }
 vsh() {
   local h="$1"
   shift
-  timeout 120 virsh -q -c "$(uri "${h}")" "$@"
+  # -k: virsh blocked in a call does not die of SIGTERM alone.
+  timeout -k 10 120 virsh -q -c "$(uri "${h}")" "$@"
 }
 ctl() {
   local h="$1"
@@ -489,6 +490,8 @@ real_guest_test() {
 
 mkdir -m 0755 "${sockdir}" || fail "cannot make ${sockdir}"
 uuid_a=6a3b0d8e-5f2c-4c1e-9b7a-0000000000aa uuid_b=6a3b0d8e-5f2c-4c1e-9b7a-0000000000bb
+# Without it each libvirtd re-probes QEMU for every domain (~35 s each).
+"${src}/scripts/kvm-device-mode.sh"
 start_host A "${uuid_a}" 49300
 start_host B "${uuid_b}" 49320
 host_ready A "${uuid_a}"
