@@ -34,7 +34,9 @@
 //   ControlPlane::extra_mu_, then FleetWatcher::mu_ (the status counters
 //   read the watcher's counters); FleetWatcher::mu_ otherwise alone (etcd,
 //   ApplyPolicySet and the Agent are called without it); Agent::ticker_mu_;
-//   StopSignal::mu_ (the gRPC server's shutdown).
+//   StopSignal::mu_ (the gRPC server's shutdown); DomainManager::hook_mu_
+//   (the hook's channels not yet adopted; also taken under 2, and the Agent
+//   is called without it).
 //
 // Every mutex here is a Mutex of backend/mutex.h (std locks, which TSan
 // intercepts); waits use its CondVar. Fields carry ABSL_GUARDED_BY and

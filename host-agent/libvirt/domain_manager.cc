@@ -80,7 +80,9 @@ void DomainManager::OnEvent(const DomainEvent& event) {
 
 void DomainManager::Flush() {
   MutexLock l(&mu_);
-  while ((!queue_.empty() || busy_) && started_) cv_.Wait(&mu_);
+  while ((!queue_.empty() || !hook_releases_.empty() || busy_) && started_) {
+    cv_.Wait(&mu_);
+  }
 }
 
 uint64_t DomainManager::events_handled() const {
@@ -95,7 +97,8 @@ void DomainManager::Loop() {
       // Wake at least every 100 ms to check detach deadlines.
       const auto check_at =
           steady_clock::now() + std::chrono::milliseconds(100);
-      while (!stop_ && queue_.empty() && cv_.WaitUntil(&mu_, check_at)) {
+      while (!stop_ && queue_.empty() && hook_releases_.empty() &&
+             cv_.WaitUntil(&mu_, check_at)) {
       }
     }
     std::optional<DomainEvent> event;
@@ -103,11 +106,16 @@ void DomainManager::Loop() {
       event = std::move(queue_.front());
       queue_.pop_front();
     }
+    std::deque<HookRelease> releases;
+    releases.swap(hook_releases_);
     busy_ = true;
     mu_.Unlock();
     {
       MutexLock op(&op_mu_);
       if (event) HandleLocked(*event);
+      for (const HookRelease& r : releases) {
+        ReleaseHookChannelLocked(r.domain, r.generation, "release hook");
+      }
       CheckDeadlinesLocked();
     }
     mu_.Lock();
@@ -133,6 +141,7 @@ void DomainManager::HandleLocked(const DomainEvent& e) {
     case Kind::kStarted:
     case Kind::kMetadataChanged:
       ReconcileLocked(e.domain, /*autoattach=*/true);
+      ReleaseHookChannelLocked(e.domain, 0, "");  // forgets it if adopted
       break;
     case Kind::kStopped: {
       auto it = domains_.find(e.domain);
@@ -241,6 +250,57 @@ void DomainManager::SyncAllLocked(bool autoattach) {
   }
   for (const std::string& name : gone) ReconcileLocked(name, false);
   for (const DomainSummary& d : *all) ReconcileLocked(d.name, autoattach);
+  // A hook channel whose domain is not running now: prepared for a start
+  // that failed later, or for a domain that started and stopped while the
+  // connection was down (its events and, maybe, its release were lost).
+  std::map<std::string, bool> active;
+  for (const DomainSummary& d : *all) active[d.name] = d.active;
+  std::vector<std::string> prepared;
+  {
+    MutexLock h(&hook_mu_);
+    for (const auto& [name, ch] : hook_channels_) prepared.push_back(name);
+  }
+  for (const std::string& name : prepared) {
+    auto a = active.find(name);
+    if (a != active.end() && a->second) {
+      ReleaseHookChannelLocked(name, 0, "");  // forgets it once adopted
+      continue;
+    }
+    ReleaseHookChannelLocked(name, 0, "domain not running at the libvirt sync");
+  }
+}
+
+void DomainManager::ReleaseHookChannelLocked(const std::string& domain,
+                                             uint64_t generation,
+                                             const std::string& why) {
+  HookChannel ch;
+  {
+    MutexLock h(&hook_mu_);
+    auto it = hook_channels_.find(domain);
+    if (it == hook_channels_.end()) return;
+    if (generation != 0 && it->second.generation != generation) return;
+    auto followed = domains_.find(domain);
+    if (followed != domains_.end() && followed->second.channel) {
+      // Adopted by a reconcile: the domain's own events release it.
+      hook_channels_.erase(it);
+      return;
+    }
+    if (why.empty()) return;  // running, its STARTED not handled yet
+    ch = it->second;
+    hook_channels_.erase(it);
+  }
+  // Only the channel the hook made: a VM of the same name on another
+  // socket is someone else's.
+  absl::StatusOr<VmInfo> info = agent_->GetVm(ch.vm);
+  if (!info.ok() || info->socket_path != ch.socket_path) return;
+  if (absl::Status s = agent_->RemoveVm(ch.vm);
+      !s.ok() && !absl::IsNotFound(s)) {
+    Log(LogLevel::kWarn, "libvirt_hook_release_failed",
+        {{"domain", domain}, {"vm", ch.vm}, {"error", s.message()}});
+    return;
+  }
+  Log(LogLevel::kInfo, "libvirt_hook_released",
+      {{"domain", domain}, {"vm", ch.vm}, {"why", why}});
 }
 
 namespace {
@@ -287,6 +347,11 @@ absl::StatusOr<DomainAttachState> DomainManager::PrepareFromHook(
   if (absl::Status s = EnsureChannel(st, device->server_path); !s.ok()) {
     return s;
   }
+  {
+    MutexLock h(&hook_mu_);
+    hook_channels_[out.domain] =
+        HookChannel{st.vm, st.socket_path, ++hook_generation_};
+  }
   out.vm = st.vm;
   out.detail = "socket listening for QEMU";
   Log(LogLevel::kInfo, "libvirt_hook_prepared",
@@ -307,15 +372,39 @@ absl::StatusOr<DomainAttachState> DomainManager::ReleaseFromHook(
     // A domain the manager follows is released by its STOPPED event (and
     // its channel made again if its config keeps the device). try_lock: the
     // manager may be inside a libvirt call that waits for this hook.
-    bool followed = true;
-    if (op_mu_.TryLock()) {
-      followed = domains_.count(out.domain) > 0;
-      op_mu_.Unlock();
+    if (!op_mu_.TryLock()) {
+      // An operation holds the manager (a resync, a libvirt call that may
+      // be waiting for this very hook): a channel the hook made is
+      // released by the manager's thread once it is free; any other is a
+      // followed domain's, released by its STOPPED event or the resync.
+      uint64_t generation = 0;
+      {
+        MutexLock h(&hook_mu_);
+        auto it = hook_channels_.find(out.domain);
+        if (it != hook_channels_.end()) generation = it->second.generation;
+      }
+      if (generation == 0) {
+        out.detail = "left to the domain's STOPPED event";
+        return out;
+      }
+      {
+        MutexLock l(&mu_);
+        hook_releases_.push_back(HookRelease{out.domain, generation});
+      }
+      cv_.NotifyAll();
+      out.detail = "queued: released by tmemd's libvirt thread";
+      return out;
     }
+    const bool followed = domains_.count(out.domain) > 0;
+    op_mu_.Unlock();
     if (followed) {
       out.detail = "left to the domain's STOPPED event";
       return out;
     }
+  }
+  {
+    MutexLock h(&hook_mu_);
+    hook_channels_.erase(out.domain);
   }
   absl::StatusOr<VmInfo> info = agent_->GetVm(out.vm);
   // Only the channel this domain's device names: a VM of the same name on

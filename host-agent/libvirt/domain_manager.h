@@ -99,10 +99,17 @@ class DomainManager final : public DomainControl {
   // Without the manager's mutex and without libvirt calls (the hook runs
   // while libvirtd holds the domain); the STARTED event's reconcile later
   // adopts the channel (same VM name and socket).
+  // The channel is remembered as the hook's until then: one whose domain
+  // is not running when libvirt is next synced (its STARTED event was lost
+  // with the connection, or its start failed after the hook) is released.
   absl::StatusOr<DomainAttachState> PrepareFromHook(
-      const std::string& domain_xml) override;
+      const std::string& domain_xml) override ABSL_LOCKS_EXCLUDED(hook_mu_);
+  // A domain the manager follows is left to its STOPPED event; a hook
+  // channel is released at once, or by the manager's thread when an
+  // operation holds the manager (the hook cannot wait for it).
   absl::StatusOr<DomainAttachState> ReleaseFromHook(
-      const std::string& domain_xml) override ABSL_LOCKS_EXCLUDED(op_mu_);
+      const std::string& domain_xml) override
+      ABSL_LOCKS_EXCLUDED(op_mu_, hook_mu_, mu_);
   absl::Status PolicyChanged(const std::string& vm,
                              const VmPolicy& policy) override
       ABSL_LOCKS_EXCLUDED(op_mu_);
@@ -130,6 +137,19 @@ class DomainManager final : public DomainControl {
     std::string detail;
   };
 
+  // A channel PrepareFromHook made, until a reconcile adopts it into
+  // domains_ or its domain is found stopped. `generation` tells a prepare
+  // for the domain's next start from the one a queued release was for.
+  struct HookChannel {
+    std::string vm;
+    std::string socket_path;
+    uint64_t generation = 0;
+  };
+  struct HookRelease {
+    std::string domain;
+    uint64_t generation = 0;
+  };
+
   // Hypervisor thread: queue it.
   void OnEvent(const DomainEvent& event) ABSL_LOCKS_EXCLUDED(mu_);
   void Loop() ABSL_LOCKS_EXCLUDED(op_mu_, mu_);
@@ -137,6 +157,11 @@ class DomainManager final : public DomainControl {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void CheckDeadlinesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
   void SyncAllLocked(bool autoattach) ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_);
+  // Releases the hook channel of `domain` made by prepare `generation`
+  // (0: any) unless a reconcile adopted it; forgets adopted ones.
+  void ReleaseHookChannelLocked(const std::string& domain, uint64_t generation,
+                                const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) ABSL_LOCKS_EXCLUDED(hook_mu_);
   // Adds (on) or removes tmemd's <qemu:override> making the device
   // master=on in the persistent definition (domain_xml.h: libvirt 9.0
   // drops role='master').
@@ -189,10 +214,17 @@ class DomainManager final : public DomainControl {
       ABSL_GUARDED_BY(op_mu_);                   // by domain name
   bool synced_ ABSL_GUARDED_BY(op_mu_) = false;  // FirstSyncLocked ran
 
+  // Hook channels not yet adopted. A leaf: taken alone or under op_mu_.
+  Mutex hook_mu_;
+  std::map<std::string, HookChannel> hook_channels_
+      ABSL_GUARDED_BY(hook_mu_);  // by domain name
+  uint64_t hook_generation_ ABSL_GUARDED_BY(hook_mu_) = 0;
+
   // The event queue. A leaf: never held across op_mu_ or anything else.
   mutable Mutex mu_;
   CondVar cv_;  // queue_, busy_ or started_/stop_ changed
   std::deque<DomainEvent> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<HookRelease> hook_releases_ ABSL_GUARDED_BY(mu_);
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;

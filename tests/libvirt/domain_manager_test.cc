@@ -195,6 +195,65 @@ TEST_F(DomainManagerTest, HookReleaseLeavesFollowedDomainsToTheirEvents) {
   EXPECT_TRUE(agent_->HasVm("web1")) << st->detail;
 }
 
+// The connection was down while a transient domain's hook made its channel
+// and the domain started and stopped (its events lost, its release hook
+// answered while the manager was busy): the resync releases the channel;
+// a hook channel whose domain runs is adopted and kept.
+TEST_F(DomainManagerTest, HookChannelOfADomainGoneWhileDisconnectedIsReleased) {
+  ASSERT_TRUE(manager_->Start().ok());
+  hv_.LoseConnection();
+  manager_->Flush();
+  auto xml = [&](const std::string& name, const std::string& uuid) {
+    return absl::StrCat("<domain type='qemu'><name>", name, "</name><uuid>",
+                        uuid, "</uuid><devices>",
+                        TmemShmemXml(dir_ + "/" + name + ".sock", 1),
+                        "</devices></domain>");
+  };
+  ASSERT_TRUE(
+      manager_
+          ->PrepareFromHook(xml("gone", "4dea22b3-1d52-d8f3-2516-782e98ab3fb0"))
+          .ok());
+  FakeHypervisor::Domain runs = WithDevice("runs.sock");
+  runs.uuid = "4dea22b3-1d52-d8f3-2516-782e98ab3fb1";
+  ASSERT_TRUE(manager_->PrepareFromHook(xml("runs", runs.uuid)).ok());
+  hv_.SetQuiet(true);
+  hv_.Define("runs", runs);
+  hv_.Start("runs");
+  hv_.SetQuiet(false);
+  ASSERT_TRUE(agent_->HasVm("gone"));
+  hv_.Reconnect();
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("gone"));
+  EXPECT_FALSE(Exists(dir_ + "/gone.sock"));
+  EXPECT_TRUE(agent_->HasVm("runs"));
+  ASSERT_TRUE(Find("runs").has_value());
+}
+
+// libvirt runs the release hook while an operation holds the manager (here
+// an attach inside its libvirt call): the hook does not wait, and the
+// manager's thread releases the channel the hook made once it is free.
+TEST_F(DomainManagerTest, HookReleaseWhileTheManagerIsBusyIsQueued) {
+  hv_.Define("busy", FakeHypervisor::Domain{});
+  hv_.Start("busy");
+  ASSERT_TRUE(manager_->Start().ok());
+  const std::string xml = absl::StrCat(
+      "<domain type='qemu'><name>tr4</name>"
+      "<uuid>4dea22b3-1d52-d8f3-2516-782e98ab3fb4</uuid><devices>",
+      TmemShmemXml(dir_ + "/tr4.sock", 1), "</devices></domain>");
+  ASSERT_TRUE(manager_->PrepareFromHook(xml).ok());
+  ASSERT_TRUE(agent_->HasVm("tr4"));
+  std::string detail;
+  hv_.SetAttachHook([&](const std::string&) {
+    absl::StatusOr<DomainAttachState> st = manager_->ReleaseFromHook(xml);
+    if (st.ok()) detail = st->detail;
+  });
+  ASSERT_TRUE(manager_->Attach("busy", false).ok());
+  EXPECT_EQ(detail, "queued: released by tmemd's libvirt thread");
+  manager_->Flush();
+  EXPECT_FALSE(agent_->HasVm("tr4"));
+  EXPECT_TRUE(agent_->HasVm("busy"));
+}
+
 TEST_F(DomainManagerTest, RunningDeviceFromAnEarlierTmemdIsReported) {
   hv_.Define("old", WithDevice("old.sock"));
   hv_.Start("old");  // QEMU connected to a tmemd that is gone
