@@ -262,11 +262,10 @@ void DomainManager::SyncAllLocked(bool autoattach) {
   }
   for (const std::string& name : prepared) {
     auto a = active.find(name);
-    if (a != active.end() && a->second) {
-      ReleaseHookChannelLocked(name, 0, "");  // forgets it once adopted
-      continue;
-    }
-    ReleaseHookChannelLocked(name, 0, "domain not running at the libvirt sync");
+    const bool running = a != active.end() && a->second;
+    // A running one is only forgotten, once adopted.
+    ReleaseHookChannelLocked(
+        name, 0, running ? "" : "domain not running at the libvirt sync");
   }
 }
 
@@ -289,18 +288,29 @@ void DomainManager::ReleaseHookChannelLocked(const std::string& domain,
     ch = it->second;
     hook_channels_.erase(it);
   }
-  // Only the channel the hook made: a VM of the same name on another
-  // socket is someone else's.
-  absl::StatusOr<VmInfo> info = agent_->GetVm(ch.vm);
-  if (!info.ok() || info->socket_path != ch.socket_path) return;
-  if (absl::Status s = agent_->RemoveVm(ch.vm);
-      !s.ok() && !absl::IsNotFound(s)) {
+  absl::StatusOr<bool> removed = RemoveVmOnSocket(ch.vm, ch.socket_path);
+  if (!removed.ok()) {
     Log(LogLevel::kWarn, "libvirt_hook_release_failed",
-        {{"domain", domain}, {"vm", ch.vm}, {"error", s.message()}});
+        {{"domain", domain},
+         {"vm", ch.vm},
+         {"error", removed.status().message()}});
     return;
   }
-  Log(LogLevel::kInfo, "libvirt_hook_released",
-      {{"domain", domain}, {"vm", ch.vm}, {"why", why}});
+  if (*removed) {
+    Log(LogLevel::kInfo, "libvirt_hook_released",
+        {{"domain", domain}, {"vm", ch.vm}, {"why", why}});
+  }
+}
+
+absl::StatusOr<bool> DomainManager::RemoveVmOnSocket(
+    const std::string& vm, const std::string& socket_path) {
+  // A VM of the same name on another socket is someone else's.
+  absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
+  if (!info.ok() || info->socket_path != socket_path) return false;
+  if (absl::Status s = agent_->RemoveVm(vm); !s.ok() && !absl::IsNotFound(s)) {
+    return s;
+  }
+  return true;
 }
 
 namespace {
@@ -406,16 +416,12 @@ absl::StatusOr<DomainAttachState> DomainManager::ReleaseFromHook(
     MutexLock h(&hook_mu_);
     hook_channels_.erase(out.domain);
   }
-  absl::StatusOr<VmInfo> info = agent_->GetVm(out.vm);
-  // Only the channel this domain's device names: a VM of the same name on
-  // another socket is someone else's.
-  if (!device || !info.ok() || info->socket_path != device->server_path) {
+  absl::StatusOr<bool> removed =
+      device ? RemoveVmOnSocket(out.vm, device->server_path) : false;
+  if (!removed.ok()) return removed.status();
+  if (!*removed) {
     out.detail = "nothing to release";
     return out;
-  }
-  if (absl::Status s = agent_->RemoveVm(out.vm);
-      !s.ok() && !absl::IsNotFound(s)) {
-    return s;
   }
   out.detail = "released";
   Log(LogLevel::kInfo, "libvirt_hook_released",

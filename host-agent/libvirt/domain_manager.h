@@ -162,6 +162,10 @@ class DomainManager final : public DomainControl {
   void ReleaseHookChannelLocked(const std::string& domain, uint64_t generation,
                                 const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(op_mu_) ABSL_LOCKS_EXCLUDED(hook_mu_);
+  // Removes `vm` if its channel listens on `socket_path`; false if there is
+  // no such VM or it listens elsewhere. No libvirt, no domains_.
+  absl::StatusOr<bool> RemoveVmOnSocket(const std::string& vm,
+                                        const std::string& socket_path);
   // Adds (on) or removes tmemd's <qemu:override> making the device
   // master=on in the persistent definition (domain_xml.h: libvirt 9.0
   // drops role='master').
