@@ -92,12 +92,13 @@ struct Valve::VmState {
   // Advances the guest-eviction clock by one arriving put, which stands for
   // kAdmitAll / admission of the guest's evictions when the guest samples
   // its puts by the hint.
-  void CountPut(uint32_t admission, bool guest_applies_hint) {
+  // Returns the clock after it.
+  uint64_t CountPut(uint32_t admission, bool guest_applies_hint) {
     const uint64_t step =
         guest_applies_hint && admission > 0 && admission < kAdmitAll
             ? kClockUnit * kAdmitAll / admission
             : kClockUnit;
-    clock.fetch_add(step, std::memory_order_relaxed);
+    return clock.fetch_add(step, std::memory_order_relaxed) + step;
   }
 
   const VmId id;
@@ -107,6 +108,12 @@ struct Valve::VmState {
   std::atomic<uint32_t> admission{kAdmitAll};
   std::atomic<bool> standing_aside{false};
   std::atomic<uint64_t> clock{0};  // guest evictions seen, x kClockUnit
+  // The clock at which this VM's reuse may first be judged, armed by Tick
+  // while that point lies ahead (UINT64_MAX: not armed). The put that
+  // reaches it judges at once instead of at the next tick: a streamer's
+  // puts admitted in between cost its guest a copy each for nothing (a
+  // period of a fast reader's evictions, thousands of pages).
+  std::atomic<uint64_t> judge_clock{UINT64_MAX};
   std::atomic<uint64_t> reach_pages{UINT64_MAX};  // set by Tick
   // Its weighted share of the cap in pages at its cost per page, less the
   // memory headroom, and what it holds (set by Tick; no store: unbounded).
@@ -314,7 +321,10 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
     return PutMode::kCompress;
   }
   const uint32_t admission = s->admission.load(std::memory_order_relaxed);
-  s->CountPut(admission, guest_applies_hint);
+  if (s->CountPut(admission, guest_applies_hint) >=
+      s->judge_clock.load(std::memory_order_relaxed)) {
+    JudgeAtThreshold(s);
+  }
   if (admission < kAdmitAll && !guest_applies_hint) {
     // The guest ignores the hint: sample here, evenly (Bresenham), so the
     // VM sees the same rate a cooperating guest would apply.
@@ -553,20 +563,14 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     ++s->periods_in_state;
     if (mode != ValveMode::kAdaptive) {
       s->throttled = false;
+      s->judge_clock.store(UINT64_MAX, std::memory_order_relaxed);
       s->admission.store(mode == ValveMode::kOff ? 0 : kAdmitAll,
                          std::memory_order_relaxed);
       continue;
     }
     const double ratio = s->ReuseRatio();
     if (!s->throttled) {
-      // Judged only on enough evidence: min_samples admitted puts in the
-      // window, and a state held for min_dwell_periods.
-      // And only once its puts could have come back (a re-read of more
-      // than the guest's RAM begins only after that many evictions).
-      if (s->win_puts >= static_cast<double>(o.min_samples) &&
-          ratio < o.throttle_below &&
-          s->periods_in_state >= o.min_dwell_periods &&
-          s->EvictionsInState() >= s->JudgeAfterEvictions()) {
+      if (ShowsNoReuse(*s, s->win_puts, s->win_useful, o)) {
         s->ChangeState(true);
         s->Count(ValveCounter::kThrottleEvents);
       }
@@ -575,6 +579,15 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
       s->ChangeState(false);
       s->Count(ValveCounter::kRestoreEvents);
     }
+    // Arm the early judgement while the threshold lies ahead; past it,
+    // the ticks judge.
+    const uint64_t judge_after = s->JudgeAfterEvictions();
+    s->judge_clock.store(
+        !s->throttled && judge_after > 0 &&
+                s->EvictionsInState() < judge_after
+            ? s->clock_at_state + judge_after * VmState::kClockUnit
+            : UINT64_MAX,
+        std::memory_order_relaxed);
     claims.push_back(
         {s, used,
          starved ? period_budget_ns
@@ -633,6 +646,44 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     } while (!c.s->tokens.compare_exchange_weak(cur, next,
                                                 std::memory_order_relaxed));
   }
+}
+
+bool Valve::ShowsNoReuse(const VmState& s, double puts, double useful,
+                         const ValveOptions& o) {
+  // Judged only on enough evidence: min_samples admitted puts in the
+  // window, and a state held for min_dwell_periods. And only once its puts
+  // could have come back (a re-read of more than the guest's RAM begins
+  // only after that many evictions).
+  const double ratio = puts > 0 ? useful / puts : 0;
+  return puts >= static_cast<double>(o.min_samples) &&
+         ratio < o.throttle_below &&
+         s.periods_in_state >= o.min_dwell_periods &&
+         s.EvictionsInState() >= s.JudgeAfterEvictions();
+}
+
+void Valve::JudgeAtThreshold(VmState* s) {
+  // A worker's put: never wait for the tick (which then judges itself);
+  // the next put tries again while the point stays armed.
+  if (!mu_.TryLock()) return;
+  s->judge_clock.store(UINT64_MAX, std::memory_order_relaxed);
+  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kDefault) mode = options_.default_mode;
+  // The window as the next tick would see it, without its decay.
+  const double puts =
+      s->win_puts +
+      static_cast<double>(s->admitted_puts.load(std::memory_order_relaxed));
+  const double useful =
+      s->win_useful +
+      static_cast<double>(s->useful_gets.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kAdaptive && !s->throttled &&
+      ShowsNoReuse(*s, puts, useful, options_)) {
+    s->ChangeState(true);
+    s->Count(ValveCounter::kThrottleEvents);
+    s->admission.store(std::min(options_.min_admission,
+                                static_cast<uint32_t>(s->cpu_admission)),
+                       std::memory_order_relaxed);
+  }
+  mu_.Unlock();
 }
 
 uint32_t Valve::AdmissionHint(VmId vm) const {

@@ -228,6 +228,12 @@ class Valve final : public PutAdvisor, public EvictionListener {
  private:
   struct VmState;
   VmState* Find(VmId vm) const;
+  // The throttle rule for a VM at full reuse admission, on a window of
+  // `puts` admitted puts of which `useful` came back.
+  static bool ShowsNoReuse(const VmState& s, double puts, double useful,
+                           const ValveOptions& o);
+  // Called by the put that reaches the VM's armed judge_clock.
+  void JudgeAtThreshold(VmState* s) ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable Mutex mu_;
   ValveOptions options_ ABSL_GUARDED_BY(mu_);

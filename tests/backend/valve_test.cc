@@ -545,6 +545,47 @@ TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
   EXPECT_LT(st.judge_after_evictions, uint64_t{1} << 20);
 }
 
+TEST(ValveTest, StreamerIsCutByThePutThatReachesItsThresholdNotAtTheTick) {
+  // Between two ticks a fast streamer evicts thousands of pages; each one
+  // admitted after its threshold is a copy its guest makes for nothing.
+  const ValveOptions o = TestOptions();
+  Valve v(o);
+  FakeHost host;
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.OnGuestRamPages(1, 1000);  // judged after 2000 evictions
+  uint64_t key = 0;
+  for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 500);
+  // 1500 evictions, no tick from here on.
+  for (int i = 0; i < 499; ++i) v.Decide(1, ++key, true);
+  EXPECT_FALSE(v.VmStatus(1).throttled);
+  EXPECT_EQ(v.AdmissionHint(1), kAll);
+  v.Decide(1, ++key, true);  // the 2000th
+  EXPECT_TRUE(v.VmStatus(1).throttled);
+  EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
+  // The ticks after it agree (no second event, no flapping).
+  for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 10);
+  EXPECT_TRUE(v.VmStatus(1).throttled);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
+
+  // A VM whose puts come back is not cut at its threshold.
+  Valve reuse(o);
+  reuse.Tick(host.Advance(0, 0));
+  reuse.AddVm(1, Policy());
+  reuse.OnGuestRamPages(1, 1000);
+  key = 0;
+  for (int period = 0; period < 3; ++period) {
+    ReusePeriod(reuse, host, key, 500, /*hit_every=*/10);
+  }
+  for (int i = 0; i < 600; ++i) {
+    reuse.Decide(1, ++key, true);
+    if (i % 10 == 0) reuse.RecordGet(1, key, true);
+  }
+  EXPECT_FALSE(reuse.VmStatus(1).throttled);
+  EXPECT_EQ(reuse.AdmissionHint(1), kAll);
+}
+
 TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
   const ValveOptions o = TestOptions();  // throttle < 0.02, restore > 0.08
   Valve v(o);
