@@ -583,8 +583,7 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     // the ticks judge.
     const uint64_t judge_after = s->JudgeAfterEvictions();
     s->judge_clock.store(
-        !s->throttled && judge_after > 0 &&
-                s->EvictionsInState() < judge_after
+        !s->throttled && judge_after > 0 && s->EvictionsInState() < judge_after
             ? s->clock_at_state + judge_after * VmState::kClockUnit
             : UINT64_MAX,
         std::memory_order_relaxed);
