@@ -925,8 +925,10 @@ static struct sent_pos sent_pos(struct tmem_core *c,
 	u64 run = index == U64_MAX ? U64_MAX : index / SENT_RUN_PAGES;
 	u64 line = key_hash(c, oid, run);
 	u64 base = (line * line_bits) & (p->sent_bits - 1);
-	/* The bits within the line: a multiplicative hash of the line's hash
-	 * and the page (one multiply; the line hash is already mixed). */
+	/*
+	 * The bits within the line: a multiplicative hash of the line's hash
+	 * and the page (one multiply; the line hash is already mixed).
+	 */
 	u64 key = ((line >> 32) ^ index) * 0x9e3779b97f4a7c15ull;
 	struct sent_pos pos = { .bit = {
 		base + ((key >> 55) & (line_bits - 1)),
