@@ -898,23 +898,28 @@ static u64 key_hash(struct tmem_core *c, const u32 *oid, u64 index)
 }
 
 /*
- * Where a key's two bits lie in a pool's sent-keys filter. SENT_RUN_PAGES
+ * Where a key's bits lie in a pool's sent-keys filter. SENT_RUN_PAGES
  * consecutive pages of an object share one SENT_LINE_BITS line (a cache
  * line), picked by a hash of the object and index / SENT_RUN_PAGES; the
- * key's own hash picks its two bits inside that line. A reader going
+ * key picks its SENT_KEY_BITS bits inside that line. A reader going
  * through a file touches one line per run of pages instead of two random
  * words per page: the filter (128 KiB by default) does not stay cached
  * beside the page cache's traffic, and in a profile of the scenario's
  * streaming guest nearly all of the frontend's time per page-cache miss
- * was the load of a filter word. The object marker (index U64_MAX) is a
- * key of its own: its line hash cannot equal a run's (index / RUN_PAGES
+ * was the load of a filter word. Runs arrive in clumps (admission is by
+ * blocks), so lines fill unevenly: four bits per key keep the false
+ * positives (each one a get that waits for the host to miss) below a flat
+ * two-bit filter's at the same load. The object marker (index U64_MAX) is
+ * a key of its own: its line hash cannot equal a run's (index / RUN_PAGES
  * stays below U64_MAX / RUN_PAGES).
  */
 #define SENT_LINE_BITS 512u
-#define SENT_RUN_PAGES 16u
+#define SENT_RUN_PAGES 8u
+#define SENT_KEY_BITS 4
 
 struct sent_pos {
-	u64 bit[2];
+	unsigned long *line;
+	u32 bit[SENT_KEY_BITS];
 };
 
 static struct sent_pos sent_pos(struct tmem_core *c,
@@ -924,17 +929,19 @@ static struct sent_pos sent_pos(struct tmem_core *c,
 	u64 line_bits = min_t(u64, p->sent_bits, SENT_LINE_BITS);
 	u64 run = index == U64_MAX ? U64_MAX : index / SENT_RUN_PAGES;
 	u64 line = key_hash(c, oid, run);
-	u64 base = (line * line_bits) & (p->sent_bits - 1);
 	/*
-	 * The bits within the line: a multiplicative hash of the line's hash
-	 * and the page (one multiply; the line hash is already mixed).
+	 * The bits within the line: the top bits of a multiplicative hash of
+	 * the line's hash and the page (one multiply; the line hash is
+	 * already mixed).
 	 */
 	u64 key = ((line >> 32) ^ index) * 0x9e3779b97f4a7c15ull;
-	struct sent_pos pos = { .bit = {
-		base + ((key >> 55) & (line_bits - 1)),
-		base + ((key >> 46) & (line_bits - 1)),
-	} };
+	struct sent_pos pos;
+	int i;
 
+	pos.line = p->sent + ((line * line_bits) & (p->sent_bits - 1)) /
+				     BITS_PER_LONG;
+	for (i = 0; i < SENT_KEY_BITS; i++)
+		pos.bit[i] = (key >> (55 - 9 * i)) & (line_bits - 1);
 	return pos;
 }
 
@@ -942,23 +949,28 @@ static void mark_sent(struct tmem_core *c, struct tmem_core_pool *p,
 		      const u32 *oid, u64 index)
 {
 	struct sent_pos pos;
+	int i;
 
 	if (!p->sent)
 		return;
 	pos = sent_pos(c, p, oid, index);
-	__set_bit(pos.bit[0], p->sent);
-	__set_bit(pos.bit[1], p->sent);
+	for (i = 0; i < SENT_KEY_BITS; i++)
+		__set_bit(pos.bit[i], pos.line);
 }
 
 static bool maybe_sent(struct tmem_core *c, const struct tmem_core_pool *p,
 		       const u32 *oid, u64 index)
 {
 	struct sent_pos pos;
+	int i;
 
 	if (!p->sent)
 		return true;
 	pos = sent_pos(c, p, oid, index);
-	return test_bit(pos.bit[0], p->sent) && test_bit(pos.bit[1], p->sent);
+	for (i = 0; i < SENT_KEY_BITS; i++)
+		if (!test_bit(pos.bit[i], pos.line))
+			return false;
+	return true;
 }
 
 /* Could the host hold this page (index) or object (index U64_MAX)? */
