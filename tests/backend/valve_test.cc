@@ -83,6 +83,13 @@ void ReusePeriod(Valve& v, FakeHost& host, uint64_t& key, int puts,
   v.Tick(host.Advance(0, 0));
 }
 
+// Ticks once, then adds VM 1, which says its RAM (judged after 2 x that).
+void AddVmSayingItsRam(Valve& v, FakeHost& host, uint64_t ram_pages) {
+  v.Tick(host.Advance(0, 0));
+  v.AddVm(1, Policy());
+  v.OnGuestRamPages(1, ram_pages);
+}
+
 TEST(ValveTest, ValidateOptionsRejectsNonsense) {
   ValveOptions o;
   EXPECT_TRUE(Valve::ValidateOptions(o).ok());
@@ -498,9 +505,7 @@ TEST(ValveTest, RereadOfMoreThanGuestRamIsNotJudgedOnItsFirstPass) {
   const ValveOptions o = TestOptions();
   Valve v(o);
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
-  v.AddVm(1, Policy());
-  v.OnGuestRamPages(1, 2000);
+  AddVmSayingItsRam(v, host, 2000);
   uint64_t key = 0;
   for (int period = 0; period < 7; ++period) ReusePeriod(v, host, key, 500);
   ValveVmStatus st = v.VmStatus(1);
@@ -522,9 +527,7 @@ TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
   const ValveOptions o = TestOptions();
   Valve v(o);
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
-  v.AddVm(1, Policy());
-  v.OnGuestRamPages(1, 1000);  // judged after 2000 evictions
+  AddVmSayingItsRam(v, host, 1000);  // judged after 2000 evictions
   uint64_t key = 0;
   for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 500);
   EXPECT_FALSE(v.VmStatus(1).throttled);  // 1500 evictions: too early
@@ -551,9 +554,7 @@ TEST(ValveTest, StreamerIsCutByThePutThatReachesItsThresholdNotAtTheTick) {
   const ValveOptions o = TestOptions();
   Valve v(o);
   FakeHost host;
-  v.Tick(host.Advance(0, 0));
-  v.AddVm(1, Policy());
-  v.OnGuestRamPages(1, 1000);  // judged after 2000 evictions
+  AddVmSayingItsRam(v, host, 1000);  // judged after 2000 evictions
   uint64_t key = 0;
   for (int period = 0; period < 3; ++period) ReusePeriod(v, host, key, 500);
   // 1500 evictions, no tick from here on.
@@ -571,9 +572,7 @@ TEST(ValveTest, StreamerIsCutByThePutThatReachesItsThresholdNotAtTheTick) {
 
   // A VM whose puts come back is not cut at its threshold.
   Valve reuse(o);
-  reuse.Tick(host.Advance(0, 0));
-  reuse.AddVm(1, Policy());
-  reuse.OnGuestRamPages(1, 1000);
+  AddVmSayingItsRam(reuse, host, 1000);
   key = 0;
   for (int period = 0; period < 3; ++period) {
     ReusePeriod(reuse, host, key, 500, /*hit_every=*/10);
