@@ -663,10 +663,9 @@ bool Valve::ShowsNoReuse(const VmState& s, double puts, double useful,
 void Valve::JudgeAtThreshold(VmState* s) {
   // A worker's put: never wait for the tick (which then judges itself);
   // the next put tries again while the point stays armed.
+  // Decide calls it on its adaptive path only (Tick disarms other modes).
   if (!mu_.TryLock()) return;
   s->judge_clock.store(UINT64_MAX, std::memory_order_relaxed);
-  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
-  if (mode == ValveMode::kDefault) mode = options_.default_mode;
   // The window as the next tick would see it, without its decay.
   const double puts =
       s->win_puts +
@@ -674,8 +673,7 @@ void Valve::JudgeAtThreshold(VmState* s) {
   const double useful =
       s->win_useful +
       static_cast<double>(s->useful_gets.load(std::memory_order_relaxed));
-  if (mode == ValveMode::kAdaptive && !s->throttled &&
-      ShowsNoReuse(*s, puts, useful, options_)) {
+  if (!s->throttled && ShowsNoReuse(*s, puts, useful, options_)) {
     s->ChangeState(true);
     s->Count(ValveCounter::kThrottleEvents);
     s->admission.store(std::min(options_.min_admission,

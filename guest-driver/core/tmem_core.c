@@ -2146,11 +2146,12 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	}
 	/*
 	 * Standing aside, every page-cache miss still asks: decided on the one
-	 * clock read its wait needs, counted, not timed (under TCG a clock
-	 * read costs more than the decision; the writeback row's guest asked
-	 * 44k times while aside, three reads each).
+	 * clock read its wait needs (standing_aside() resumes once it is
+	 * over), counted, not timed (under TCG a clock read costs more than
+	 * the decision; the writeback row's guest asked 44k times while
+	 * aside, three reads each).
 	 */
-	if (c->aside && now(c) < c->aside_until_ns) {
+	if (standing_aside(c)) {
 		c->c.gets_skipped_aside++;
 		c->c.gets_miss++;
 		c->c.gets_miss_local++;
@@ -2159,10 +2160,6 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		return false;
 	}
 	t0 = now(c);
-	if (standing_aside(c)) {
-		c->c.gets_skipped_aside++;
-		goto miss_local;
-	}
 	if (never_sent_get(c, h, oid, index)) {
 		c->c.gets_skipped_never_sent++;
 		goto miss_local;
