@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,9 @@ constexpr uint64_t kPagesPerObject = 64;     // a "file" of 256 KiB
 constexpr uint32_t kOidMagic = 0x746d656d;   // "tmem"
 constexpr uint32_t kPageMagic = 0x53474d54;  // "TMGS"
 constexpr uint64_t kProgressBatch = 64;
+// How long reread waits for the host to take its warm-up (see
+// LetTheHostCatchUp): far more than any host that works needs.
+constexpr std::chrono::seconds kCatchUpLimit{10};
 
 uint64_t Mix(uint64_t x) {  // splitmix64's finalizer
   x += 0x9e3779b97f4a7c15ULL;
@@ -90,6 +94,7 @@ class Runner {
           Put(k);
           Tick();
         }
+        LetTheHostCatchUp();
         for (uint64_t i = 0; i < config_.ops && n > 0 && !Stopped(); ++i) {
           // Read it back (hit, or miss and "read from disk"), and evict it
           // again later: put.
@@ -115,6 +120,32 @@ class Runner {
   bool Stopped() const {
     return failed_ ||
            (stop_ != nullptr && stop_->load(std::memory_order_relaxed));
+  }
+
+  // A working set is re-read some time after it was evicted, not in the
+  // same microsecond: give the host the time to take the warm-up's puts.
+  // Without it a host slower than the guest (a sanitizer build on a busy
+  // machine) made every warm-up put a ring-full drop and its flush barrier
+  // outlast the whole run, so nothing was ever re-read from tmem. Bounded:
+  // a vanished host ends the wait (health check, detach) or the deadline.
+  void LetTheHostCatchUp() {
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + kCatchUpLimit;
+    Clock::time_point next_check = Clock::now();
+    while (!Stopped() && guest_.attached() && Clock::now() < deadline) {
+      guest_.Poll();
+      if (guest_.in_flight() == 0 && !guest_.flush_pending()) return;
+      if (config_.health_check && Clock::now() >= next_check) {
+        absl::Status s = config_.health_check();
+        if (!s.ok()) {
+          r_.status = s;
+          failed_ = true;
+          return;
+        }
+        next_check = Clock::now() + std::chrono::milliseconds(100);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
   }
 
   void Tick() {

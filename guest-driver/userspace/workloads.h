@@ -3,8 +3,10 @@
 //
 //  seq        streams `pages` distinct pages, each put once and never read
 //             back (the 2011 report's sequential read: puts high, gets ~0).
-//  reread     puts a working set of `pages` pages, then `ops` times reads a
-//             page back (random) and puts it again (it is evicted again).
+//  reread     puts a working set of `pages` pages, lets the host take them
+//             (waits, up to 10 s, until nothing is in flight), then `ops`
+//             times reads a page back (random) and puts it again (it is
+//             evicted again).
 //  random     `ops` mixed puts, gets and invalidates over `pages` keys.
 //  coherency  like random, but every page encodes (guest, key, version) and
 //             every hit is checked against a local model: it must equal the
