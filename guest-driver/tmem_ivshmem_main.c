@@ -211,6 +211,11 @@ static u64 k_now_ns(void *ctx)
 	return ktime_get_ns();
 }
 
+static u64 k_coarse_now_ns(void *ctx)
+{
+	return ktime_get_coarse_ns();
+}
+
 static void k_doorbell(void *ctx, u32 value)
 {
 	writel(value, tmem_regs + TMEM_REG_DOORBELL);
@@ -252,6 +257,7 @@ static const struct tmem_core_ops tmem_kernel_ops = {
 	.lock = k_lock,
 	.unlock = k_unlock,
 	.now_ns = k_now_ns,
+	.coarse_now_ns = k_coarse_now_ns,
 	.doorbell = k_doorbell,
 	.wait = k_wait,
 	.copy_to_slot = k_copy_to_slot,

@@ -16,6 +16,8 @@
 #   stream-off      the same with the host's valve mode off
 #   seq-writeback   seq with cache=writeback (host page cache under the disk)
 #   control         stream read twice without tmem (the method's error)
+#   control-writeback  seq-writeback's workload twice without tmem (that
+#                   row's own error: its disk is the host page cache)
 # Each row is one guest: its workload runs first without tmem (the driver
 # not loaded, the device attached, tmemd idle), then, after the driver is
 # loaded, with tmem, both from dropped caches over the same files. Two
@@ -26,12 +28,16 @@
 # without tmem: its ratio is the method's own error, order effects included.
 #
 # Usage: vm-images/bench.sh --tmemd PATH [--smoke] [--mem MIB]
-#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback,control]
+#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback,control,
+#                  control-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
-#          [--repeat N]
+#          [--repeat N] [--profile]
 # --repeat N: every row N times; the summary table gives each row's median
 # ratio and the range.
+# --profile: boot with the kernel's tick profiler and print, per seq and
+# rand row of the last run, the guest kernel's symbols whose share of the
+# measured passes' ticks tmem changed most (vm-images/profile-report.py).
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -39,7 +45,7 @@
 set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1
+tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1 profile=0
 tmemd_args=(--stats-interval 2)  # per-VM stats while the guest is attached
 # tmemd runs at the priority its systemd unit gives it (Nice= in
 # host-agent/tmemd.service): its data plane is latency-bound like a vhost
@@ -57,19 +63,25 @@ while (($#)); do
     --tmemd-args) read -r -a more <<<"$2"; tmemd_args+=("${more[@]}"); shift 2 ;;
     --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
     --repeat) repeat="$2"; shift 2 ;;
+    --profile) profile=1; shift ;;
     --sequential) die "--sequential: gone; a row's with and without now run in one guest, one row at a time" ;;
-    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
 [[ -x "${tmemd}" ]] || die "--tmemd PATH is required"
 [[ "${repeat}" =~ ^[1-9][0-9]*$ ]] || die "--repeat ${repeat}: want a whole number >= 1"
+if ((profile)); then
+  command -v debugfs >/dev/null || die "--profile: debugfs (e2fsprogs) is needed to read the guest's profiles"
+  # 16-byte buckets: 3 MB for the guest kernel's 12 MB of text.
+  extra+=" profile=4"
+fi
 if ((smoke)); then
   : "${rows:=seq,rand,stream-adaptive}"
   seq_files=2 seq_pages=20480 rand_pages=40960 rand_reads=4000
   stream_files=2 stream_pages=24576
 else
-  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback,control}"
+  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback,control,control-writeback}"
   seq_files=2 seq_pages=24576 rand_pages=49152 rand_reads=16000
   # 6 x 128 MiB, six times the guest's RAM: one pass of 3 files (~1.7 s
   # at the disk's speed under TCG) was shorter than this machine's noise.
@@ -123,6 +135,14 @@ boot() {
   vmlog "${name}: guest ran $((SECONDS - t0)) s (host load $(cut -d' ' -f1-3 /proc/loadavg))"
   kill -TERM "${tmemd_pid}"
   wait "${tmemd_pid}"
+  if ((profile)); then
+    local ph wl
+    for ph in ${phases//,/ }; do
+      for wl in ${workloads//,/ }; do
+        debugfs -R "dump /prof-${ph}-${wl} ${work}/prof-${name}-${ph}-${wl}" "${dir}/disk.img" >/dev/null 2>&1
+      done
+    done
+  fi
   rm -rf "${dir}"
   finished "${name}"
 }
@@ -217,6 +237,7 @@ for rep in $(seq "${repeat}"); do
   has_row stream-off && boot stream-off none stream without,with --memory-cap 8MiB --mode off
   has_row seq-writeback && boot wb writeback seq without,with
   has_row control && boot control none stream without,without2 --memory-cap 8MiB --mode off
+  has_row control-writeback && boot wbcontrol writeback seq without,without2
   grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
 
   has_row seq && row "seq re-read, cache=none" seq seq ">= 1.0"
@@ -227,6 +248,7 @@ for rep in $(seq "${repeat}"); do
   # The method's own error: the second of two passes without tmem over the
   # first (the with row's order).
   has_row control && row "control: stream twice without tmem, 2nd / 1st" control stream "0.97-1.03" without2 without
+  has_row control-writeback && row "control: seq twice without tmem, cache=writeback, 2nd / 1st" wbcontrol seq "0.97-1.03" without2 without
 done
 vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, rand ${rand_pages} pages x ${rand_reads} reads/pass, stream ${stream_files} x ${stream_pages} pages"
 {
@@ -261,6 +283,16 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
   done
   echo
 } >&2
+if ((profile)); then
+  system_map="$(dirname "${KERNEL}")/linux/System.map"
+  for p in "${work}"/prof-*-with-*; do
+    [[ -f "${p}" ]] || continue
+    off="${p/-with-/-without-}"
+    [[ -f "${off}" ]] || continue
+    vmlog "guest kernel profile, ${p##*/prof-} against ${off##*/prof-} (last run):"
+    python3 "${VM_DIR}/profile-report.py" "${system_map}" "${p}" "${off}" >&2
+  done
+fi
 for b in seq rand stream-adaptive stream-off wb; do
   [[ -f "${work}/tmemd-${b}.log" ]] || continue
   # The last report while the guest was attached (a detach zeroes the

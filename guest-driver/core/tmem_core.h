@@ -47,6 +47,12 @@ struct tmem_core_ops {
 	void (*unlock)(void *ctx, unsigned long flags);
 	/* A monotonic clock. */
 	u64 (*now_ns)(void *ctx);
+	/*
+	 * The same clock read cheaply, late by up to a scheduler tick (kernel:
+	 * ktime_get_coarse_ns): for deadlines of milliseconds or more, checked
+	 * on every page-cache miss. NULL: now_ns.
+	 */
+	u64 (*coarse_now_ns)(void *ctx);
 	/* Writes (peer << 16) | vector to the doorbell register. Never sleeps. */
 	void (*doorbell)(void *ctx, u32 value);
 	/*
@@ -324,6 +330,14 @@ struct tmem_core {
 	 * tmem_core_read_counters, not in c.
 	 */
 	struct tmem_core_counter gets_skipped_nothing_sent;
+	/*
+	 * Puts of private pools while standing aside, decided without the
+	 * lock: in puts_skipped_aside and puts_skipped_by_hint as read by
+	 * tmem_core_read_counters, not in c.
+	 */
+	struct tmem_core_counter puts_skipped_aside;
+	/* Gets while aside decided so: in gets_skipped_aside, gets_miss, gets_miss_local. */
+	struct tmem_core_counter gets_skipped_aside;
 	u32 consecutive_timeouts;
 	u32 stall_sq_head;
 	u64 stalled_until_ns;

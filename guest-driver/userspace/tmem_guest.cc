@@ -44,6 +44,14 @@ uint64_t OpsNowNs(void* /*ctx*/) {
           .count());
 }
 
+uint64_t OpsCoarseNowNs(void* /*ctx*/) {
+  timespec ts{};
+  // CLOCK_MONOTONIC_COARSE: steady_clock's clock, read without the TSC.
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u +
+         static_cast<uint64_t>(ts.tv_nsec);
+}
+
 void OpsDoorbell(void* ctx, uint32_t value) {
   static_cast<GuestDevice*>(ctx)->DoorbellPeer(value >> 16,
                                                static_cast<int>(value & 0xff));
@@ -160,6 +168,7 @@ const tmem_core_ops TmemGuest::kOps = {
     .lock = OpsLock,
     .unlock = OpsUnlock,
     .now_ns = OpsNowNs,
+    .coarse_now_ns = OpsCoarseNowNs,
     .doorbell = OpsDoorbell,
     .wait = OpsWait,
     .copy_to_slot = OpsCopyToSlot,

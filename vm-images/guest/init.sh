@@ -12,6 +12,9 @@
 # tmemtest_phases=without,with (bench: each workload once per phase, the
 # driver loaded at the first "with"),
 # tmemtest_round_s=S (ops: read at most S seconds waiting for the host);
+# profile=N (the kernel's tick profiler; bench: /proc/profile of each seq
+# and rand workload's measured passes is saved to /mnt/prof-<phase>-<workload>
+# for vm-images/bench.sh --profile);
 # tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -69,6 +72,14 @@ counters() {
 	say "$line"
 }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
+# The kernel's tick profiler (boot with profile=N) over a measured window:
+# any write but an int's size resets it; the copy is made after the window.
+profile_start() { [ -w /proc/profile ] && echo 0 > /proc/profile; }
+profile_save() {
+	[ -r /proc/profile ] || return 0
+	cp /proc/profile "/mnt/prof-$1.tmp" && mv "/mnt/prof-$1.tmp" "/mnt/prof-$1"
+	sync
+}
 # verify NAME FILE SEED PAGES [ZERO_FROM]
 verify() {
 	name=$1; shift
@@ -162,8 +173,9 @@ if [ "$MODE" = bench ]; then
 				for pass in 1 2 3; do
 					i=1
 					while [ $i -le "$NFILES" ]; do verify $BN-pass$pass-b$i /mnt/b$i $((900 + i)) "$PAGES"; i=$((i + 1)); done
-					[ $pass = 1 ] && counters $BN-warm
+					[ $pass = 1 ] && { counters $BN-warm; profile_start; }
 				done
+				profile_save "$ph-$wl"
 				counters $BN-end
 				;;
 			rand)
@@ -172,10 +184,12 @@ if [ "$MODE" = bench ]; then
 				# measured random passes.
 				verify $BN-pass1-r1 /mnt/r1 801 "$RPAGES"
 				counters $BN-warm
+				profile_start
 				for pass in 2 3; do
 					out=$(pagecheck randread /mnt/r1 801 "$RPAGES" "$RREADS" $pass)
 					check $BN-pass$pass-r1 $? "$(echo "$out" | grep '^pagecheck ok=' | sed 's/^pagecheck //')"
 				done
+				profile_save "$ph-$wl"
 				counters $BN-end
 				;;
 			stream)
