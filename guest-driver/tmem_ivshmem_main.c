@@ -390,11 +390,17 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	u32 max_pages = 0;
 	pgoff_t end;
 
-	/* Told to send nothing, nothing sent: no sampling, no lock. */
-	if (tmem_core_get_nothing_sent(&core, h))
-		return -1;
+	/*
+	 * Sampled on every get, even one the core answers without the lock:
+	 * a reader whose pages tmem mostly does not hold (standing aside, a
+	 * probe's few blocks) decides on this cost whether tmem pays. Cheap
+	 * until the period is up.
+	 */
 	if (inode)
 		sample_miss_cost(inode);
+	/* The host cannot hold it: a miss, decided without the lock. */
+	if (tmem_core_get_never_sent(&core, h, key.u.key, index))
+		return -1;
 	/* A batch stops at the file's end: pages past it cannot be read. */
 	if (inode) {
 		end = DIV_ROUND_UP(i_size_read(inode), PAGE_SIZE);

@@ -35,8 +35,8 @@
 #          [--repeat N] [--profile]
 # --repeat N: every row N times; the summary table gives each row's median
 # ratio and the range.
-# --profile: boot with the kernel's tick profiler and print, per seq and
-# rand row of the last run, the guest kernel's symbols whose share of the
+# --profile: boot with the kernel's tick profiler and print, per row of
+# the last run, the guest kernel's symbols whose share of the
 # measured passes' ticks tmem changed most (vm-images/profile-report.py).
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read

@@ -35,6 +35,8 @@ static u64 now(struct tmem_core *c)
 	return c->ops->now_ns(c->ops_ctx);
 }
 
+static void sent_clear(struct tmem_core_pool *p);
+
 static u64 coarse_now(struct tmem_core *c)
 {
 	if (!c->ops->coarse_now_ns)
@@ -516,7 +518,7 @@ static void complete_cqe(struct tmem_core *c, const struct tmem_cqe *cqe)
 				pool->incarnation = c->next_incarnation++;
 				/* A private pool is born empty. */
 				if (pool->sent)
-					bitmap_zero(pool->sent, pool->sent_bits);
+					sent_clear(pool);
 				c->c.pools_created++;
 			} else {
 				pool->state = POOL_FAILED;
@@ -882,16 +884,24 @@ static u64 mix64(u64 x)
 	return x ^ (x >> 31);
 }
 
-/* Hash of an object id, remembered for the next call (under the lock). */
-static u64 oid_hash(struct tmem_core *c, const u32 *oid)
+static u64 oid_mix(const u32 *oid)
 {
 	u64 h = 0;
 	u32 i;
 
-	if (c->hashed_valid && !memcmp(c->hashed_oid, oid, sizeof(c->hashed_oid)))
-		return c->hashed_oid_hash;
 	for (i = 0; i < TMEM_OBJECT_WORDS; i += 2)
 		h = mix64(h ^ (oid[i] | (u64)oid[i + 1] << 32));
+	return h;
+}
+
+/* Hash of an object id, remembered for the next call (under the lock). */
+static u64 oid_hash(struct tmem_core *c, const u32 *oid)
+{
+	u64 h;
+
+	if (c->hashed_valid && !memcmp(c->hashed_oid, oid, sizeof(c->hashed_oid)))
+		return c->hashed_oid_hash;
+	h = oid_mix(oid);
 	memcpy(c->hashed_oid, oid, sizeof(c->hashed_oid));
 	c->hashed_oid_hash = h;
 	c->hashed_valid = true;
@@ -899,10 +909,11 @@ static u64 oid_hash(struct tmem_core *c, const u32 *oid)
 }
 
 /* Hash of an object id; of a page when @index is not U64_MAX. */
-static u64 key_hash(struct tmem_core *c, const u32 *oid, u64 index)
+static u64 key_hash_of(u64 oid_h, u64 index)
 {
-	return mix64(oid_hash(c, oid) ^ (index * 0x9e3779b97f4a7c15ull));
+	return mix64(oid_h ^ (index * 0x9e3779b97f4a7c15ull));
 }
+
 
 /*
  * Where a key's bits lie in a pool's sent-keys filter. SENT_RUN_PAGES
@@ -929,13 +940,12 @@ struct sent_pos {
 	u32 bit[SENT_KEY_BITS];
 };
 
-static struct sent_pos sent_pos(struct tmem_core *c,
-				const struct tmem_core_pool *p, const u32 *oid,
+static struct sent_pos sent_pos(const struct tmem_core_pool *p, u64 oid_h,
 				u64 index)
 {
 	u64 line_bits = min_t(u64, p->sent_bits, SENT_LINE_BITS);
 	u64 run = index == U64_MAX ? U64_MAX : index / SENT_RUN_PAGES;
-	u64 line = key_hash(c, oid, run);
+	u64 line = key_hash_of(oid_h, run);
 	/*
 	 * The bits within the line: the top bits of a multiplicative hash of
 	 * the line's hash and the page (one multiply; the line hash is
@@ -952,32 +962,57 @@ static struct sent_pos sent_pos(struct tmem_core *c,
 	return pos;
 }
 
+/*
+ * The filter's words are read without the lock (sent_maybe_of) and written
+ * only under it, each word with one store: a reader sees a word before or
+ * after another key's bits were added, and its own key's bits cannot
+ * change under it (the page cache orders a key's put and its get).
+ */
 static void mark_sent(struct tmem_core *c, struct tmem_core_pool *p,
 		      const u32 *oid, u64 index)
 {
 	struct sent_pos pos;
+	unsigned long *word;
 	int i;
 
 	if (!p->sent)
 		return;
-	pos = sent_pos(c, p, oid, index);
-	for (i = 0; i < SENT_KEY_BITS; i++)
-		__set_bit(pos.bit[i], pos.line);
+	pos = sent_pos(p, oid_hash(c, oid), index);
+	for (i = 0; i < SENT_KEY_BITS; i++) {
+		word = &pos.line[pos.bit[i] / BITS_PER_LONG];
+		WRITE_ONCE(*word, READ_ONCE(*word) |
+					  1ul << (pos.bit[i] % BITS_PER_LONG));
+	}
 }
 
-static bool maybe_sent(struct tmem_core *c, const struct tmem_core_pool *p,
-		       const u32 *oid, u64 index)
+static bool sent_maybe_of(const struct tmem_core_pool *p, u64 oid_h, u64 index)
 {
 	struct sent_pos pos;
 	int i;
 
 	if (!p->sent)
 		return true;
-	pos = sent_pos(c, p, oid, index);
+	pos = sent_pos(p, oid_h, index);
 	for (i = 0; i < SENT_KEY_BITS; i++)
-		if (!test_bit(pos.bit[i], pos.line))
+		if (!((READ_ONCE(pos.line[pos.bit[i] / BITS_PER_LONG]) >>
+		       (pos.bit[i] % BITS_PER_LONG)) & 1))
 			return false;
 	return true;
+}
+
+static bool maybe_sent(struct tmem_core *c, const struct tmem_core_pool *p,
+		       const u32 *oid, u64 index)
+{
+	return sent_maybe_of(p, oid_hash(c, oid), index);
+}
+
+/* Empties a pool's filter, word by word (lockless readers: see mark_sent). */
+static void sent_clear(struct tmem_core_pool *p)
+{
+	u32 i;
+
+	for (i = 0; i < p->sent_bits / BITS_PER_LONG; i++)
+		WRITE_ONCE(p->sent[i], 0);
 }
 
 /* Could the host hold this page (index) or object (index U64_MAX)? */
@@ -1002,7 +1037,7 @@ static void forget_sent(struct tmem_core *c, u64 host_id_bits)
 
 		if (p->state == POOL_READY && p->sent &&
 		    ((host_id_bits >> p->host_id) & 1))
-			bitmap_zero(p->sent, p->sent_bits);
+			sent_clear(p);
 	}
 }
 
@@ -1351,15 +1386,42 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
  */
 #define ADMIT_EPOCH_PUTS 4096u
 #define PROBE_RUN_WINDOWS 8u
+#define HINT_RECHECK_PUTS TMEM_CORE_HINT_RECHECK_PUTS
 
-static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
+/*
+ * Under the lock, attached: the host's hint, also kept for
+ * put_refused_unlocked with the count of lockless refusals it has seen.
+ */
+static u32 read_hint(struct tmem_core *c)
 {
 	u32 hint = TMEM_ADMIT_ALL;
-	u64 block = TMEM_GET_BATCH_MAX;
-	u64 epoch;
 
 	if (c->features & TMEM_FEAT_ADMISSION_HINT)
 		hint = min(READ_ONCE(hdr(c)->admission_hint), TMEM_ADMIT_ALL);
+	WRITE_ONCE(c->hint_seen, hint);
+	WRITE_ONCE(c->hint_seen_at,
+		   tmem_core_counter_read(&c->puts_refused_unlocked));
+	return hint;
+}
+
+/* The epoch clock: puts that asked admit(), with or without the lock. */
+static u64 admit_clock(struct tmem_core *c)
+{
+	return READ_ONCE(c->admit_puts) +
+	       tmem_core_counter_read(&c->puts_refused_unlocked);
+}
+
+static bool admits_block(u32 hint, u64 oid_h, u64 block_index, u64 epoch)
+{
+	return (mix64(key_hash_of(oid_h, block_index) ^ epoch) >> 48) < hint;
+}
+
+static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
+{
+	u32 hint = read_hint(c);
+	u64 block = TMEM_GET_BATCH_MAX;
+	u64 epoch;
+
 	if (c->probing) {
 		hint = min(hint, READ_ONCE(c->cfg->aside_probe_share));
 		/*
@@ -1375,10 +1437,50 @@ static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 	 * share of a working set is not shut out for as long as the hint
 	 * holds. An epoch spans many readahead windows, so few are split.
 	 */
-	epoch = c->admit_puts++ / ADMIT_EPOCH_PUTS;
+	epoch = admit_clock(c) / ADMIT_EPOCH_PUTS;
+	WRITE_ONCE(c->admit_puts, c->admit_puts + 1);
 	if (hint >= TMEM_ADMIT_ALL)
 		return true;
-	return (mix64(key_hash(c, oid, index / block) ^ epoch) >> 48) < hint;
+	return admits_block(hint, oid_hash(c, oid), index / block, epoch);
+}
+
+/*
+ * A put the hint refuses, of a key the host cannot hold (the filter never
+ * saw it): decided without the lock, like tmem_core_get_never_sent, on the
+ * hint the locked path last read. A hint at most HINT_RECHECK_PUTS lockless
+ * refusals old: then the locked path reads it again (a host that raised it
+ * is heard within that many puts). Not while standing aside or probing
+ * (the locked path decides those), nor for shared pools. A stale view only
+ * sends a put to the locked path or refuses one the host cannot hold, so
+ * nothing is owed to the host either way. The kernel calls a put with the
+ * mapping's lock held and interrupts off, on every eviction: under TCG the
+ * locked refusal was a throttled streamer's largest cost per page.
+ */
+static bool put_refused_unlocked(struct tmem_core *c, int h, const u32 *oid,
+				 u64 index)
+{
+	const struct tmem_core_pool *p;
+	u32 hint = READ_ONCE(c->hint_seen);
+	u64 refused, oid_h, epoch;
+
+	if (hint >= TMEM_ADMIT_ALL || h < 0 || h >= (int)TMEM_MAX_POOLS)
+		return false;
+	p = &c->pools[h];
+	/* A ready pool's filter only, as in tmem_core_get_never_sent. */
+	if (p->shared || READ_ONCE(p->state) != POOL_READY ||
+	    READ_ONCE(c->aside) || READ_ONCE(c->probing))
+		return false;
+	refused = tmem_core_counter_read(&c->puts_refused_unlocked);
+	if (refused - READ_ONCE(c->hint_seen_at) >= HINT_RECHECK_PUTS)
+		return false;
+	oid_h = oid_mix(oid);
+	if (sent_maybe_of(p, oid_h, index))
+		return false;
+	epoch = admit_clock(c) / ADMIT_EPOCH_PUTS;
+	if (admits_block(hint, oid_h, index / TMEM_GET_BATCH_MAX, epoch))
+		return false;
+	tmem_core_counter_inc(&c->puts_refused_unlocked);
+	return true;
 }
 
 /* --- entry points ---------------------------------------------------------- */
@@ -1392,6 +1494,7 @@ void tmem_core_init(struct tmem_core *c, const struct tmem_core_ops *ops,
 	c->cfg = cfg;
 	c->next_incarnation = 1;
 	c->last_get_pool = -1;
+	c->hint_seen = TMEM_ADMIT_ALL; /* nothing refused before a hint is read */
 }
 
 int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
@@ -1415,7 +1518,7 @@ int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
 	c->present = true;
 	/* A new device is a new host: measure whether it pays afresh. */
 	WRITE_ONCE(c->aside, false);
-	c->probing = false;
+	WRITE_ONCE(c->probing, false);
 	c->aside_backoff_ns = 0;
 	sample_reset(c);
 	err = ensure_attached_err(c);
@@ -1548,7 +1651,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	/*
 	 * Standing aside, a private pool's put sends nothing (the pools were
 	 * wiped when it stood aside): decided without the lock, as
-	 * tmem_core_get_nothing_sent decides its gets. A put that reads a
+	 * tmem_core_get_never_sent decides its gets. A put that reads a
 	 * stale true skips a page the host cannot hold an older copy of: a
 	 * copy put after the resume was put, then read back (a get, which
 	 * takes it from a private pool) before this eviction, and the page
@@ -1563,6 +1666,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		tmem_core_counter_inc(&c->puts_skipped_aside);
 		return;
 	}
+	if (put_refused_unlocked(c, h, oid, index))
+		return;
 	lock(c, &flags);
 	/*
 	 * Told to send nothing and holding nothing: decided before the clock
@@ -1570,8 +1675,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	 * loads per evicted page (not timed in put_ns).
 	 */
 	if (holds_nothing_private(c, h) &&
-	    (c->features & TMEM_FEAT_ADMISSION_HINT) &&
-	    READ_ONCE(hdr(c)->admission_hint) == 0) {
+	    (c->features & TMEM_FEAT_ADMISSION_HINT) && read_hint(c) == 0) {
 		c->c.puts_skipped_by_hint++;
 		c->c.drop_invalidates_avoided++;
 		unlock(c, flags);
@@ -1976,7 +2080,7 @@ static void resume(struct tmem_core *c)
 	 * share of the blocks is sent until a sample says tmem pays (whole
 	 * blocks, so hits still come in batches and cost what they would).
 	 */
-	c->probing = true;
+	WRITE_ONCE(c->probing, true);
 	sample_reset(c);
 	if (c->attached)
 		st_release(&hdr(c)->guest_flags, 0);
@@ -2094,7 +2198,7 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 		stand_aside(c);
 	} else {
 		c->aside_backoff_ns = 0;
-		c->probing = false; /* it pays: every block again */
+		WRITE_ONCE(c->probing, false); /* it pays: every block again */
 	}
 	sample_reset(c);
 }
@@ -2108,19 +2212,31 @@ static void publish_prefetch_counts(struct tmem_core *c)
 	WRITE_ONCE(hdr(c)->guest_prefetch_unused, c->c.prefetch_unused);
 }
 
-bool tmem_core_get_nothing_sent(struct tmem_core *c, int h)
+bool tmem_core_get_never_sent(struct tmem_core *c, int h, const u32 *oid,
+			      u64 index)
 {
 	/*
 	 * Lockless: private_sent and aside are written under the lock with
-	 * WRITE_ONCE. A get cannot race with a put of its own key (the page
-	 * cache orders the eviction that puts a key before the read that
-	 * gets it), so a put of another key flipping private_sent meanwhile
-	 * changes nothing for this key. A guest standing aside takes the
-	 * locked path: that is where its wait ends.
+	 * WRITE_ONCE, and so are the filter's words (mark_sent). A get cannot
+	 * race with a put of its own key (the page cache orders the eviction
+	 * that puts a key before the read that gets it), so a put of another
+	 * key flipping private_sent or adding bits meanwhile changes nothing
+	 * for this key. A guest standing aside takes the locked path: that is
+	 * where its wait ends. The kernel's lock disables interrupts: under
+	 * TCG the locked decision was a streaming guest's largest cost per
+	 * page-cache miss (the tick profile, bench/RESULTS.md).
 	 */
 	if (!c->cfg->skip_unsent_gets || h < 0 || h >= (int)TMEM_MAX_POOLS ||
-	    c->pools[h].shared || READ_ONCE(c->private_sent) ||
-	    READ_ONCE(c->aside))
+	    c->pools[h].shared || READ_ONCE(c->aside))
+		return false;
+	/*
+	 * Only a ready pool's filter is read: a pool that failed or was
+	 * released keeps a filter its platform may free (and a get of it is
+	 * no page cache's).
+	 */
+	if (READ_ONCE(c->private_sent) &&
+	    (READ_ONCE(c->pools[h].state) != POOL_READY ||
+	     sent_maybe_of(&c->pools[h], oid_mix(oid), index)))
 		return false;
 	tmem_core_counter_inc(&c->gets_skipped_nothing_sent);
 	return true;
@@ -2148,7 +2264,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	u32 slot, count;
 	int id, served, win;
 
-	if (tmem_core_get_nothing_sent(c, h))
+	if (tmem_core_get_never_sent(c, h, oid, index))
 		return 0;
 	/*
 	 * Standing aside and still waiting: a miss, decided on one coarse
@@ -2168,10 +2284,17 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		return 0;
 	}
 	lock(c, &flags);
-	/* A file's first page starts a sequential read as often as not. */
+	/*
+	 * A file's first page starts a sequential read as often as not, and
+	 * so does the first page the host may hold after one it cannot: the
+	 * get of that one was decided without the lock (never sent), so it
+	 * left no trace in last_get_*.
+	 */
 	sequential = index == 0 ||
 		     (c->last_get_pool == h && c->last_get_index + 1 == index &&
-		      !memcmp(c->last_get_oid, oid, sizeof(c->last_get_oid)));
+		      !memcmp(c->last_get_oid, oid, sizeof(c->last_get_oid))) ||
+		     (valid_handle(c, h) && !c->pools[h].shared &&
+		      !host_may_hold(c, h, oid, index - 1));
 	c->last_get_pool = h;
 	c->last_get_index = index;
 	memcpy(c->last_get_oid, oid, sizeof(c->last_get_oid));
@@ -2463,6 +2586,7 @@ void tmem_core_read_counters(const struct tmem_core *c,
 	u64 skipped = tmem_core_counter_read(&c->gets_skipped_nothing_sent);
 	u64 aside = tmem_core_counter_read(&c->puts_skipped_aside);
 	u64 aside_gets = tmem_core_counter_read(&c->gets_skipped_aside);
+	u64 refused = tmem_core_counter_read(&c->puts_refused_unlocked);
 
 	memcpy(out, &c->c, sizeof(*out));
 	out->gets_miss += skipped;
@@ -2471,6 +2595,8 @@ void tmem_core_read_counters(const struct tmem_core *c,
 	out->puts_skipped_aside += aside;
 	out->puts_skipped_by_hint += aside;
 	out->gets_skipped_aside += aside_gets;
+	out->puts_skipped_by_hint += refused;
+	out->drop_invalidates_avoided += refused;
 	out->gets_miss += aside_gets;
 	out->gets_miss_local += aside_gets;
 }

@@ -320,12 +320,12 @@ struct tmem_core {
 
 	/*
 	 * A put reached a private pool since the host last forgot us. Read
-	 * without the lock by tmem_core_get_nothing_sent (written with
+	 * without the lock by tmem_core_get_never_sent (written with
 	 * WRITE_ONCE, like aside).
 	 */
 	bool private_sent;
 	/*
-	 * Gets decided by tmem_core_get_nothing_sent, without the lock: in
+	 * Gets decided by tmem_core_get_never_sent, without the lock: in
 	 * gets_miss, gets_miss_local and gets_skipped_never_sent as read by
 	 * tmem_core_read_counters, not in c.
 	 */
@@ -338,6 +338,16 @@ struct tmem_core {
 	struct tmem_core_counter puts_skipped_aside;
 	/* Gets while aside decided so: in gets_skipped_aside, gets_miss, gets_miss_local. */
 	struct tmem_core_counter gets_skipped_aside;
+	/*
+	 * Puts refused by put_refused_unlocked: in puts_skipped_by_hint and
+	 * drop_invalidates_avoided; with admit_puts, admit()'s epoch clock.
+	 * It refuses on hint_seen (the hint as the locked path last read it,
+	 * when this counter stood at hint_seen_at), all three written with
+	 * WRITE_ONCE under the lock.
+	 */
+	struct tmem_core_counter puts_refused_unlocked;
+	u32 hint_seen;
+	u64 hint_seen_at;
 	u32 consecutive_timeouts;
 	u32 stall_sq_head;
 	u64 stalled_until_ns;
@@ -431,14 +441,23 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		  u32 max_pages, void *page);
 /*
- * A get of private pool h decided without the lock, the clock or the key:
- * true (a miss, counted) while no put has reached a private pool since the
- * host last forgot us and the guest is not standing aside. tmem_core_get
- * asks it first; a platform asks it before its own per-get work (the
- * kernel: the block device's miss-cost sampling), so a frontend the host
- * told "send nothing" costs next to nothing per page-cache miss.
+ * A get of private pool h decided without the lock or the clock: true (a
+ * miss, counted) when the host cannot hold the key (no put reached a
+ * private pool since the host last forgot us, or the pool's sent-keys
+ * filter never saw this key) and the guest is not standing aside.
+ * tmem_core_get asks it first; a platform asks it before its own per-get
+ * work (the kernel: the block device's miss-cost sampling), so a frontend
+ * the host told "send nothing", or a streaming reader, costs next to
+ * nothing per page-cache miss.
  */
-bool tmem_core_get_nothing_sent(struct tmem_core *c, int h);
+bool tmem_core_get_never_sent(struct tmem_core *c, int h, const u32 *oid,
+			      u64 index);
+/*
+ * A put the host's hint refuses is decided without the lock on the hint the
+ * core last read under it; a change of the hint is heard within this many
+ * puts (a valve changes it at most once per period, ~100 ms).
+ */
+#define TMEM_CORE_HINT_RECHECK_PUTS 64u
 void tmem_core_invalidate_page(struct tmem_core *c, int h, const u32 *oid,
 			       u64 index);
 void tmem_core_invalidate_object(struct tmem_core *c, int h, const u32 *oid);

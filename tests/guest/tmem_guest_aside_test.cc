@@ -54,6 +54,20 @@ TmemGuestOptions Options(std::chrono::nanoseconds miss_cost) {
   return o;
 }
 
+// After the host raised its hint: puts of a throwaway object until one is
+// sent, which must happen within TMEM_CORE_HINT_RECHECK_PUTS of them (till
+// then puts are refused without the lock, on the hint last read).
+void HearTheHint(TmemGuest& guest, int pool) {
+  constexpr TmemGuest::ObjectId kThrowaway = {77, 77, 77, 77, 77, 77};
+  const uint64_t sent = guest.counters().puts_sent;
+  for (uint32_t i = 0;
+       i <= TMEM_CORE_HINT_RECHECK_PUTS && guest.counters().puts_sent == sent;
+       ++i) {
+    guest.Put(pool, kThrowaway, i, MakePage(i));
+  }
+  EXPECT_EQ(guest.counters().puts_sent, sent + 1) << "the hint was not heard";
+}
+
 std::unique_ptr<TmemGuest> MustCreate(FakeHost* host,
                                       const TmemGuestOptions& o) {
   auto g = TmemGuest::Create(host, o);
@@ -350,15 +364,56 @@ TEST(CheapWhenOffTest, NothingSentDecidesWithoutTheClock) {
   EXPECT_EQ(guest->put_ns(), 0u) << "a put refused without the clock";
 
   // Once a put is admitted and sent, gets take the locked, timed path.
+  // The raised hint is heard within TMEM_CORE_HINT_RECHECK_PUTS puts (till
+  // then puts are refused without the lock, on the hint last read).
   host.SetAdmissionHint(TMEM_ADMIT_ALL);
   const TmemGuest::ObjectId sent = {999, 0, 0, 0, 0, 0};
-  guest->Put(pool, sent, 0, MakePage(7));
+  for (uint32_t i = 0; i <= TMEM_CORE_HINT_RECHECK_PUTS &&
+                       guest->counters().puts_sent == 0;
+       ++i) {
+    guest->Put(pool, sent, 0, MakePage(7));
+  }
   host.Step();
   EXPECT_EQ(guest->counters().puts_sent, 1u);
   EXPECT_TRUE(guest->Get(pool, sent, 0, out));
   EXPECT_EQ(out, MakePage(7));
   EXPECT_GT(guest->get_ns(), 0u);
   EXPECT_EQ(guest->counters().gets_miss, 500u);
+}
+
+// Issue 13: puts the hint refuses are decided without the lock when the
+// host cannot hold their key (put_refused_unlocked). Whatever the path, a
+// refused put of a key the host does hold must still kill the host's copy,
+// and keys never sent put nothing on the ring.
+TEST(CheapWhenOffTest, ARefusedPutOfAKeyTheHostHoldsStillKillsItsCopy) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(0)));
+  const int pool = *guest->InitFs();
+  host.Step();
+  const TmemGuest::ObjectId held = {5, 0, 0, 0, 0, 0};
+  const TmemGuest::ObjectId other = {6, 0, 0, 0, 0, 0};
+  guest->Put(pool, held, 3, MakePage(1));
+  host.Step();
+  guest->Poll();
+  ASSERT_EQ(host.page_count(), 1u);
+
+  host.SetAdmissionHint(0);
+  const uint32_t tail = Load(&host.header()->sq_tail.value);
+  for (uint64_t i = 0; i < 3 * TMEM_CORE_HINT_RECHECK_PUTS; ++i) {
+    guest->Put(pool, other, i, MakePage(i));
+  }
+  EXPECT_EQ(Load(&host.header()->sq_tail.value), tail)
+      << "a key never sent needs nothing on the ring";
+  EXPECT_EQ(guest->counters().puts_skipped_by_hint,
+            3 * TMEM_CORE_HINT_RECHECK_PUTS);
+
+  guest->Put(pool, held, 3, MakePage(2));  // evicted again, refused
+  host.Step();
+  guest->Poll();
+  EXPECT_EQ(host.page_count(), 0u) << "the host's older copy must die";
+  Page out{};
+  EXPECT_FALSE(guest->Get(pool, held, 3, out));
+  EXPECT_EQ(guest->counters().puts_sent, 1u);
 }
 
 // Issue 13: throttled by the valve (a sampling hint), a re-reader's few
@@ -395,6 +450,7 @@ TEST(AsideUnderSamplingTest, GetsWhileTheHostSamplesPutsDecideNothing) {
   EXPECT_GE(guest->counters().aside_samples_discarded, 8u);
 
   host.SetAdmissionHint(TMEM_ADMIT_ALL);
+  HearTheHint(*guest, pool);
   for (uint64_t i = 100; i < 116; ++i) {
     guest->Put(pool, kFile, i, MakePage(i));
   }

@@ -12,8 +12,8 @@
 # tmemtest_phases=without,with (bench: each workload once per phase, the
 # driver loaded at the first "with"),
 # tmemtest_round_s=S (ops: read at most S seconds waiting for the host);
-# profile=N (the kernel's tick profiler; bench: /proc/profile of each seq
-# and rand workload's measured passes is saved to /mnt/prof-<phase>-<workload>
+# profile=N (the kernel's tick profiler; bench: /proc/profile of each
+# workload's measured passes is saved to /mnt/prof-<phase>-<workload>
 # for vm-images/bench.sh --profile);
 # tmem_ivshmem.PARAM=VALUE words are passed to insmod as PARAM=VALUE.
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
@@ -194,8 +194,10 @@ if [ "$MODE" = bench ]; then
 				;;
 			stream)
 				counters $BN-start
+				profile_start
 				i=1
 				while [ $i -le "$SFILES" ]; do verify $BN-pass1-s$i /mnt/s$i $((700 + i)) "$SPAGES"; i=$((i + 1)); done
+				profile_save "$ph-$wl"
 				counters $BN-end
 				;;
 			esac
