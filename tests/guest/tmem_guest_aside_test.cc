@@ -368,8 +368,8 @@ TEST(CheapWhenOffTest, NothingSentDecidesWithoutTheClock) {
   // then puts are refused without the lock, on the hint last read).
   host.SetAdmissionHint(TMEM_ADMIT_ALL);
   const TmemGuest::ObjectId sent = {999, 0, 0, 0, 0, 0};
-  for (uint32_t i = 0; i <= TMEM_CORE_HINT_RECHECK_PUTS &&
-                       guest->counters().puts_sent == 0;
+  for (uint32_t i = 0;
+       i <= TMEM_CORE_HINT_RECHECK_PUTS && guest->counters().puts_sent == 0;
        ++i) {
     guest->Put(pool, sent, 0, MakePage(7));
   }
