@@ -399,13 +399,13 @@ TEST(CheapWhenOffTest, ARefusedPutOfAKeyTheHostHoldsStillKillsItsCopy) {
 
   host.SetAdmissionHint(0);
   const uint32_t tail = Load(&host.header()->sq_tail.value);
-  for (uint64_t i = 0; i < 3 * TMEM_CORE_HINT_RECHECK_PUTS; ++i) {
+  constexpr uint64_t kRefused = uint64_t{3} * TMEM_CORE_HINT_RECHECK_PUTS;
+  for (uint64_t i = 0; i < kRefused; ++i) {
     guest->Put(pool, other, i, MakePage(i));
   }
   EXPECT_EQ(Load(&host.header()->sq_tail.value), tail)
       << "a key never sent needs nothing on the ring";
-  EXPECT_EQ(guest->counters().puts_skipped_by_hint,
-            3 * TMEM_CORE_HINT_RECHECK_PUTS);
+  EXPECT_EQ(guest->counters().puts_skipped_by_hint, kRefused);
 
   guest->Put(pool, held, 3, MakePage(2));  // evicted again, refused
   host.Step();
