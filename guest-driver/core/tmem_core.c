@@ -1495,6 +1495,7 @@ void tmem_core_init(struct tmem_core *c, const struct tmem_core_ops *ops,
 	c->next_incarnation = 1;
 	c->last_get_pool = -1;
 	c->hint_seen = TMEM_ADMIT_ALL; /* nothing refused before a hint is read */
+	c->unsent_get_index = U64_MAX - 1; /* no page follows it */
 }
 
 int tmem_core_bind(struct tmem_core *c, u8 *shm, u64 size,
@@ -2234,10 +2235,22 @@ bool tmem_core_get_never_sent(struct tmem_core *c, int h, const u32 *oid,
 	 * released keeps a filter its platform may free (and a get of it is
 	 * no page cache's).
 	 */
-	if (READ_ONCE(c->private_sent) &&
-	    (READ_ONCE(c->pools[h].state) != POOL_READY ||
-	     sent_maybe_of(&c->pools[h], oid_mix(oid), index)))
-		return false;
+	if (READ_ONCE(c->private_sent)) {
+		u64 oid_h;
+
+		if (READ_ONCE(c->pools[h].state) != POOL_READY)
+			return false;
+		oid_h = oid_mix(oid);
+		if (sent_maybe_of(&c->pools[h], oid_h, index))
+			return false;
+		/*
+		 * For the locked path's sequential test: a hint, so racing
+		 * writers may leave either one's (the two words torn at worst:
+		 * one batch more or less).
+		 */
+		WRITE_ONCE(c->unsent_get_oid_hash, oid_h);
+		WRITE_ONCE(c->unsent_get_index, index);
+	}
 	tmem_core_counter_inc(&c->gets_skipped_nothing_sent);
 	return true;
 }
@@ -2286,15 +2299,14 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	lock(c, &flags);
 	/*
 	 * A file's first page starts a sequential read as often as not, and
-	 * so does the first page the host may hold after one it cannot: the
-	 * get of that one was decided without the lock (never sent), so it
-	 * left no trace in last_get_*.
+	 * so does the page after the last get decided without the lock (a
+	 * reader reaching a probe's block after pages never sent).
 	 */
 	sequential = index == 0 ||
 		     (c->last_get_pool == h && c->last_get_index + 1 == index &&
 		      !memcmp(c->last_get_oid, oid, sizeof(c->last_get_oid))) ||
-		     (valid_handle(c, h) && !c->pools[h].shared &&
-		      !host_may_hold(c, h, oid, index - 1));
+		     (READ_ONCE(c->unsent_get_index) + 1 == index &&
+		      READ_ONCE(c->unsent_get_oid_hash) == oid_hash(c, oid));
 	c->last_get_pool = h;
 	c->last_get_index = index;
 	memcpy(c->last_get_oid, oid, sizeof(c->last_get_oid));

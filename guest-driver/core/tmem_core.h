@@ -330,6 +330,8 @@ struct tmem_core {
 	 * tmem_core_read_counters, not in c.
 	 */
 	struct tmem_core_counter gets_skipped_nothing_sent;
+	/* The last get it decided by the filter: object hash and page. */
+	u64 unsent_get_oid_hash, unsent_get_index;
 	/*
 	 * Puts of private pools while standing aside, decided without the
 	 * lock: in puts_skipped_aside and puts_skipped_by_hint as read by
