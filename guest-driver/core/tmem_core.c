@@ -1473,12 +1473,16 @@ static bool put_refused_unlocked(struct tmem_core *c, int h, const u32 *oid,
 	refused = tmem_core_counter_read(&c->puts_refused_unlocked);
 	if (refused - READ_ONCE(c->hint_seen_at) >= HINT_RECHECK_PUTS)
 		return false;
+	/* Told "off" and holding nothing: no hash, no filter. */
+	if (hint == 0 && !READ_ONCE(c->private_sent))
+		goto refused;
 	oid_h = oid_mix(oid);
 	if (sent_maybe_of(p, oid_h, index))
 		return false;
 	epoch = admit_clock(c) / ADMIT_EPOCH_PUTS;
 	if (admits_block(hint, oid_h, index / TMEM_GET_BATCH_MAX, epoch))
 		return false;
+refused:
 	tmem_core_counter_inc(&c->puts_refused_unlocked);
 	return true;
 }
