@@ -188,7 +188,15 @@ TEST_F(AgentTest, AdmissionHintReachesTheGuestAndItStopsSending) {
   adaptive.mode = ValveMode::kAdaptive;
   ASSERT_TRUE(agent_->SetVmPolicy("g", adaptive).ok());
   ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
-  (*guest)->Put(*pool, TmemGuest::ObjectId{2}, 0, page);
+  // Heard within TMEM_CORE_HINT_RECHECK_PUTS puts: until the core reads
+  // the hint again under its lock, it refuses on the one it last read.
+  const uint64_t sent0 = (*guest)->counters().puts_sent;
+  for (uint32_t i = 0; i <= TMEM_CORE_HINT_RECHECK_PUTS &&
+                       (*guest)->counters().puts_sent == sent0;
+       ++i) {
+    (*guest)->Put(*pool, TmemGuest::ObjectId{2}, 0, page);
+  }
+  EXPECT_EQ((*guest)->counters().puts_sent, sent0 + 1);
   std::array<uint8_t, TMEM_PAGE_SIZE> out{};
   EXPECT_TRUE((*guest)->Get(*pool, TmemGuest::ObjectId{2}, 0, out));
   EXPECT_EQ(out, page);
