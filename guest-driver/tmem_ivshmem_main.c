@@ -398,9 +398,6 @@ static int tmem_get_page(int h, struct cleancache_filekey key, pgoff_t index,
 	 */
 	if (inode)
 		sample_miss_cost(inode);
-	/* The host cannot hold it: a miss, decided without the lock. */
-	if (tmem_core_get_never_sent(&core, h, key.u.key, index))
-		return -1;
 	/* A batch stops at the file's end: pages past it cannot be read. */
 	if (inode) {
 		end = DIV_ROUND_UP(i_size_read(inode), PAGE_SIZE);

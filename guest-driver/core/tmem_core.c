@@ -914,7 +914,6 @@ static u64 key_hash_of(u64 oid_h, u64 index)
 	return mix64(oid_h ^ (index * 0x9e3779b97f4a7c15ull));
 }
 
-
 /*
  * Where a key's bits lie in a pool's sent-keys filter. SENT_RUN_PAGES
  * consecutive pages of an object share one SENT_LINE_BITS line (a cache
@@ -1386,7 +1385,6 @@ static void invalidate(struct tmem_core *c, u8 opcode, int h, const u32 *oid,
  */
 #define ADMIT_EPOCH_PUTS 4096u
 #define PROBE_RUN_WINDOWS 8u
-#define HINT_RECHECK_PUTS TMEM_CORE_HINT_RECHECK_PUTS
 
 /*
  * Under the lock, attached: the host's hint, also kept for
@@ -1446,10 +1444,10 @@ static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 
 /*
  * A put the hint refuses, of a key the host cannot hold (the filter never
- * saw it): decided without the lock, like tmem_core_get_never_sent, on the
- * hint the locked path last read. A hint at most HINT_RECHECK_PUTS lockless
- * refusals old: then the locked path reads it again (a host that raised it
- * is heard within that many puts). Not while standing aside or probing
+ * saw it): decided without the lock, like get_never_sent_unlocked, on the
+ * hint the locked path last read, at most TMEM_CORE_HINT_RECHECK_PUTS
+ * lockless refusals old: then the locked path reads it again (a host that
+ * raised it is heard within that many puts). Not while standing aside or probing
  * (the locked path decides those), nor for shared pools. A stale view only
  * sends a put to the locked path or refuses one the host cannot hold, so
  * nothing is owed to the host either way. The kernel calls a put with the
@@ -1466,12 +1464,12 @@ static bool put_refused_unlocked(struct tmem_core *c, int h, const u32 *oid,
 	if (hint >= TMEM_ADMIT_ALL || h < 0 || h >= (int)TMEM_MAX_POOLS)
 		return false;
 	p = &c->pools[h];
-	/* A ready pool's filter only, as in tmem_core_get_never_sent. */
+	/* A ready pool's filter only, as in get_never_sent_unlocked. */
 	if (p->shared || READ_ONCE(p->state) != POOL_READY ||
 	    READ_ONCE(c->aside) || READ_ONCE(c->probing))
 		return false;
 	refused = tmem_core_counter_read(&c->puts_refused_unlocked);
-	if (refused - READ_ONCE(c->hint_seen_at) >= HINT_RECHECK_PUTS)
+	if (refused - READ_ONCE(c->hint_seen_at) >= TMEM_CORE_HINT_RECHECK_PUTS)
 		return false;
 	/* Told "off" and holding nothing: no hash, no filter. */
 	if (hint == 0 && !READ_ONCE(c->private_sent))
@@ -1656,7 +1654,7 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	/*
 	 * Standing aside, a private pool's put sends nothing (the pools were
 	 * wiped when it stood aside): decided without the lock, as
-	 * tmem_core_get_never_sent decides its gets. A put that reads a
+	 * get_never_sent_unlocked decides its gets. A put that reads a
 	 * stale true skips a page the host cannot hold an older copy of: a
 	 * copy put after the resume was put, then read back (a get, which
 	 * takes it from a private pool) before this eviction, and the page
@@ -2217,8 +2215,16 @@ static void publish_prefetch_counts(struct tmem_core *c)
 	WRITE_ONCE(hdr(c)->guest_prefetch_unused, c->c.prefetch_unused);
 }
 
-bool tmem_core_get_never_sent(struct tmem_core *c, int h, const u32 *oid,
-			      u64 index)
+/*
+ * A get of private pool h decided without the lock or the clock: true (a
+ * miss, counted) when the host cannot hold the key (no put reached a
+ * private pool since the host last forgot us, or the pool's sent-keys
+ * filter never saw this key) and the guest is not standing aside, so a
+ * frontend the host told "send nothing", or a streaming reader, costs next
+ * to nothing per page-cache miss.
+ */
+static bool get_never_sent_unlocked(struct tmem_core *c, int h, const u32 *oid,
+				    u64 index)
 {
 	/*
 	 * Lockless: private_sent and aside are written under the lock with
@@ -2281,7 +2287,7 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	u32 slot, count;
 	int id, served, win;
 
-	if (tmem_core_get_never_sent(c, h, oid, index))
+	if (get_never_sent_unlocked(c, h, oid, index))
 		return 0;
 	/*
 	 * Standing aside and still waiting: a miss, decided on one coarse

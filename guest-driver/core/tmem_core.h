@@ -320,12 +320,12 @@ struct tmem_core {
 
 	/*
 	 * A put reached a private pool since the host last forgot us. Read
-	 * without the lock by tmem_core_get_never_sent (written with
+	 * without the lock by tmem_core_get (written with
 	 * WRITE_ONCE, like aside).
 	 */
 	bool private_sent;
 	/*
-	 * Gets decided by tmem_core_get_never_sent, without the lock: in
+	 * Gets tmem_core_get decides without the lock: in
 	 * gets_miss, gets_miss_local and gets_skipped_never_sent as read by
 	 * tmem_core_read_counters, not in c.
 	 */
@@ -442,18 +442,6 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
  */
 int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		  u32 max_pages, void *page);
-/*
- * A get of private pool h decided without the lock or the clock: true (a
- * miss, counted) when the host cannot hold the key (no put reached a
- * private pool since the host last forgot us, or the pool's sent-keys
- * filter never saw this key) and the guest is not standing aside.
- * tmem_core_get asks it first; a platform asks it before its own per-get
- * work (the kernel: the block device's miss-cost sampling), so a frontend
- * the host told "send nothing", or a streaming reader, costs next to
- * nothing per page-cache miss.
- */
-bool tmem_core_get_never_sent(struct tmem_core *c, int h, const u32 *oid,
-			      u64 index);
 /*
  * A put the host's hint refuses is decided without the lock on the hint the
  * core last read under it; a change of the hint is heard within this many
