@@ -515,6 +515,7 @@ static void debugfs_setup(void)
 	COUNTER(stood_aside);
 	COUNTER(gets_skipped_aside);
 	COUNTER(puts_skipped_aside);
+	COUNTER(puts_refused_unlocked);
 	COUNTER(invalidates_skipped_aside);
 	COUNTER(aside_samples_discarded);
 	COUNTER(aside_cost_rose);

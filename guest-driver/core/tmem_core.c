@@ -1414,21 +1414,28 @@ static bool admits_block(u32 hint, u64 oid_h, u64 block_index, u64 epoch)
 	return (mix64(key_hash_of(oid_h, block_index) ^ epoch) >> 48) < hint;
 }
 
+/*
+ * The share of blocks admitted under hint, and the block's size in pages
+ * (*block): while probing, only aside_probe_share of it, in runs of
+ * PROBE_RUN_WINDOWS windows (read-ahead keeps going within a run, so the
+ * probe measures batches as a reader at full admission gets them, not one
+ * waited-for batch per block). Lockless callers pass what they read.
+ */
+static u32 admitted_share(struct tmem_core *c, u32 hint, bool probing,
+			  u64 *block)
+{
+	*block = TMEM_GET_BATCH_MAX;
+	if (!probing)
+		return hint;
+	*block = TMEM_GET_BATCH_MAX * PROBE_RUN_WINDOWS;
+	return min(hint, READ_ONCE(c->cfg->aside_probe_share));
+}
+
 static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
 {
-	u32 hint = read_hint(c);
-	u64 block = TMEM_GET_BATCH_MAX;
-	u64 epoch;
+	u64 block, epoch;
+	u32 hint = admitted_share(c, read_hint(c), c->probing, &block);
 
-	if (c->probing) {
-		hint = min(hint, READ_ONCE(c->cfg->aside_probe_share));
-		/*
-		 * Runs of PROBE_RUN_WINDOWS windows: read-ahead keeps going
-		 * within a run, so the probe measures batches as a reader at
-		 * full admission gets them, not one waited-for batch per block.
-		 */
-		block = TMEM_GET_BATCH_MAX * PROBE_RUN_WINDOWS;
-	}
 	/*
 	 * The choice of blocks moves on every ADMIT_EPOCH_PUTS puts: a page
 	 * evicted again and again gets its chance like any other, so a fixed
@@ -1447,8 +1454,11 @@ static bool admit(struct tmem_core *c, const u32 *oid, u64 index)
  * saw it): decided without the lock, like get_never_sent_unlocked, on the
  * hint the locked path last read, at most TMEM_CORE_HINT_RECHECK_PUTS
  * lockless refusals old: then the locked path reads it again (a host that
- * raised it is heard within that many puts). Not while standing aside or probing
- * (the locked path decides those), nor for shared pools. A stale view only
+ * raised it is heard within that many puts). While probing, on the probe's
+ * share as admit() takes it: a guest that stood aside probes for a pass of
+ * its re-read or more, and those evictions' locked refusals cost the real
+ * guest's seq row about 3%. Not while standing aside (the top of
+ * tmem_core_put decides those), nor for shared pools. A stale view only
  * sends a put to the locked path or refuses one the host cannot hold, so
  * nothing is owed to the host either way. The kernel calls a put with the
  * mapping's lock held and interrupts off, on every eviction: under TCG the
@@ -1458,15 +1468,17 @@ static bool put_refused_unlocked(struct tmem_core *c, int h, const u32 *oid,
 				 u64 index)
 {
 	const struct tmem_core_pool *p;
-	u32 hint = READ_ONCE(c->hint_seen);
-	u64 refused, oid_h, epoch;
+	u64 refused, oid_h, epoch, block;
+	u32 hint;
 
+	hint = admitted_share(c, READ_ONCE(c->hint_seen),
+			      READ_ONCE(c->probing), &block);
 	if (hint >= TMEM_ADMIT_ALL || h < 0 || h >= (int)TMEM_MAX_POOLS)
 		return false;
 	p = &c->pools[h];
 	/* A ready pool's filter only, as in get_never_sent_unlocked. */
 	if (p->shared || READ_ONCE(p->state) != POOL_READY ||
-	    READ_ONCE(c->aside) || READ_ONCE(c->probing))
+	    READ_ONCE(c->aside))
 		return false;
 	refused = tmem_core_counter_read(&c->puts_refused_unlocked);
 	if (refused - READ_ONCE(c->hint_seen_at) >= TMEM_CORE_HINT_RECHECK_PUTS)
@@ -1478,7 +1490,7 @@ static bool put_refused_unlocked(struct tmem_core *c, int h, const u32 *oid,
 	if (sent_maybe_of(p, oid_h, index))
 		return false;
 	epoch = admit_clock(c) / ADMIT_EPOCH_PUTS;
-	if (admits_block(hint, oid_h, index / TMEM_GET_BATCH_MAX, epoch))
+	if (admits_block(hint, oid_h, index / block, epoch))
 		return false;
 refused:
 	tmem_core_counter_inc(&c->puts_refused_unlocked);
@@ -2618,6 +2630,7 @@ void tmem_core_read_counters(const struct tmem_core *c,
 	out->puts_skipped_by_hint += aside;
 	out->gets_skipped_aside += aside_gets;
 	out->puts_skipped_by_hint += refused;
+	out->puts_refused_unlocked = refused;
 	out->drop_invalidates_avoided += refused;
 	out->gets_miss += aside_gets;
 	out->gets_miss_local += aside_gets;

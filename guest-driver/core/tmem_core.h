@@ -200,6 +200,7 @@ struct tmem_core_counters {
 	u64 stood_aside;		/* times the guest stood aside */
 	u64 gets_skipped_aside;		/* of gets_miss_local */
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
+	u64 puts_refused_unlocked;	/* of puts_skipped_by_hint, no lock */
 	u64 invalidates_skipped_aside;	/* private pools, nothing held */
 	u64 aside_samples_discarded;	/* under a sampling hint, or stale */
 	u64 aside_cost_rose;		/* resumed early: a miss costs 2x more */

@@ -284,6 +284,7 @@ void TmemGuest::SyncCounters() const {
   c.stood_aside = k.stood_aside;
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;
+  c.puts_refused_unlocked = k.puts_refused_unlocked;
   c.invalidates_skipped_aside = k.invalidates_skipped_aside;
   c.aside_cost_rose = k.aside_cost_rose;
   c.aside_samples_discarded = k.aside_samples_discarded;
