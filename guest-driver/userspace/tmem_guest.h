@@ -194,7 +194,7 @@ struct GuestCounters {
   uint64_t stood_aside = 0;                // times the guest stood aside
   uint64_t gets_skipped_aside = 0;         // of gets_miss_local
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
-  uint64_t puts_refused_unlocked = 0;  // of puts_skipped_by_hint, no lock
+  uint64_t puts_refused_unlocked = 0;      // of puts_skipped_by_hint, no lock
   uint64_t invalidates_skipped_aside = 0;  // private pools hold nothing
   uint64_t aside_samples_discarded = 0;    // under a hint, or stale
   uint64_t aside_cost_rose = 0;  // resumed early: a miss costs 2x more
