@@ -157,7 +157,7 @@ module_param_named(miss_cost_ns, tmem_cfg.miss_cost_ns, ullong, 0644);
 MODULE_PARM_DESC(miss_cost_ns,
 		 "what a page-cache miss costs without tmem; tmem stands aside when it costs more per page served (0: never)");
 module_param_cb(aside_probe_ms, &param_ops_ms, &tmem_cfg.aside_probe_ns, 0644);
-MODULE_PARM_DESC(aside_probe_ms, "after standing aside, measure again after this long (doubling to 64x)");
+MODULE_PARM_DESC(aside_probe_ms, "after standing aside, measure again after this long (doubling to 64x; 64x at once when no hit ratio would pay)");
 module_param_named(aside_sample_gets, tmem_cfg.aside_sample_gets, uint, 0644);
 MODULE_PARM_DESC(aside_sample_gets, "gets served by tmem per cost/benefit decision");
 module_param_named(aside_probe_share, tmem_cfg.aside_probe_share, uint, 0644);
@@ -513,6 +513,7 @@ static void debugfs_setup(void)
 	COUNTER(sqes_posted);
 	COUNTER(completions_reaped);
 	COUNTER(stood_aside);
+	COUNTER(stood_aside_longest);
 	COUNTER(gets_skipped_aside);
 	COUNTER(puts_skipped_aside);
 	COUNTER(puts_refused_unlocked);

@@ -1796,6 +1796,7 @@ out:
 	t0 = now(c) - t0;
 	c->c.put_ns += t0;
 	c->sample_put_ns += t0;
+	c->sample_puts++;
 	unlock(c, flags);
 }
 
@@ -2155,6 +2156,35 @@ static void sample_reset(struct tmem_core *c)
 }
 
 /*
+ * How long to stand aside after a sample that did not pay (base: the
+ * configured aside_probe_ns). Each time it still does not pay, twice as
+ * long, up to ASIDE_LONGEST_WAIT times base. But a sample whose gets and
+ * puts would cost more than the misses they save even if every get hit
+ * and every put came back once (the get's and the put's own cost against
+ * a miss's, with a quarter's margin) is a loss no workload turns: only
+ * costs can, and a miss that costs twice as much ends the wait at once
+ * (resume_if_cost_rose). It waits the longest at once. Each probe puts a
+ * share of the evictions for a pass of a re-read or more: under TCG, where
+ * a hit costs two page copies and a disk read none, a sequential re-read
+ * lost ~4% to the probe a second after the first verdict.
+ */
+#define ASIDE_LONGEST_WAIT 64
+
+static u64 aside_wait(struct tmem_core *c, u64 base, u64 per_hit)
+{
+	u64 best = c->sample_ns / max(c->sample_gets, 1u);
+
+	if (c->sample_puts)
+		best += c->sample_put_ns / c->sample_puts;
+	if (c->sample_hits && best > per_hit + per_hit / 4) {
+		c->c.stood_aside_longest++;
+		return base * ASIDE_LONGEST_WAIT;
+	}
+	return c->aside_backoff_ns ?
+	       min(c->aside_backoff_ns * 2, base * ASIDE_LONGEST_WAIT) : base;
+}
+
+/*
  * A get served by the host or a window took ns (single: a plain GET, not
  * a batch or window): close samples, decide.
  */
@@ -2188,6 +2218,7 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 	if (!c->sample_gets) {
 		c->sample_start_ns = now(c);
 		c->sample_put_ns = 0;
+		c->sample_puts = 0;
 	}
 	c->sample_ns += ns;
 	c->sample_hits += hit;
@@ -2206,9 +2237,7 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 	 * hit is paid for by a put as well as by its get).
 	 */
 	if (cost && c->sample_ns + c->sample_put_ns > c->sample_cost_ns) {
-		/* Each time it still does not pay, look again later. */
-		c->aside_backoff_ns = c->aside_backoff_ns ?
-				      min(c->aside_backoff_ns * 2, base * 64) : base;
+		c->aside_backoff_ns = aside_wait(c, base, per_hit);
 		c->aside_miss_ns = max(per_hit, 1ull);
 		stand_aside(c);
 	} else {

@@ -112,7 +112,9 @@ struct tmem_core_config {
 	 * When tmem costs more, the guest stands aside (INVAL_POOL of its
 	 * private pools, TMEM_GUEST_STANDING_ASIDE, then no puts, gets or
 	 * private invalidates) for aside_probe_ns, doubling up to 64x while
-	 * it keeps not paying, then resumes and measures again.
+	 * it keeps not paying, then resumes and measures again; 64x at once
+	 * when even a hit for every get and every put would not pay (a loss
+	 * only a change of costs can turn: see tmem_core_set_miss_cost).
 	 * miss_cost_ns 0: never stand aside. A platform that can measure what
 	 * a miss costs (the kernel: the block device's read time per page)
 	 * reports it with tmem_core_set_miss_cost(); that replaces this
@@ -198,6 +200,7 @@ struct tmem_core_counters {
 	u64 readahead_wait_ns;		/* of get_ns: those waits */
 	/* Standing aside (never slower). */
 	u64 stood_aside;		/* times the guest stood aside */
+	u64 stood_aside_longest;	/* of those: a loss no hit ratio turns */
 	u64 gets_skipped_aside;		/* of gets_miss_local */
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
 	u64 puts_refused_unlocked;	/* of puts_skipped_by_hint, no lock */
@@ -393,6 +396,7 @@ struct tmem_core {
 	u64 miss_cost_random_ns; /* tmem_core_set_random_miss_cost(); 0: none */
 	u64 sample_cost_ns;	/* what the sample's hits would cost from disk */
 	u64 sample_put_ns;	/* time in puts since the sample's first get */
+	u64 sample_puts;	/* the puts timed in sample_put_ns */
 	u64 aside_miss_ns;	/* the miss cost when it last stood aside */
 
 	struct tmem_core_counters c;

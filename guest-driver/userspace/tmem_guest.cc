@@ -282,6 +282,7 @@ void TmemGuest::SyncCounters() const {
   c.readahead_waits = k.readahead_waits;
   c.readahead_wait_ns = k.readahead_wait_ns;
   c.stood_aside = k.stood_aside;
+  c.stood_aside_longest = k.stood_aside_longest;
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;
   c.puts_refused_unlocked = k.puts_refused_unlocked;

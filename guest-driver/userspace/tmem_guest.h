@@ -118,7 +118,9 @@ struct TmemGuestOptions {
   // stands aside (invalidates its private pools, sets
   // TMEM_GUEST_STANDING_ASIDE, then sends no puts, gets or private-pool
   // invalidates) for aside_probe_interval, doubling up to 64x while it
-  // keeps not paying, then resumes and measures again. 0: never.
+  // keeps not paying, then resumes and measures again; 64x at once when
+  // even a hit for every get and every put would not pay (a miss that
+  // comes to cost twice as much ends the wait). 0: never.
   std::chrono::nanoseconds miss_cost{0};
   uint32_t aside_sample_gets = 1024;
   // Resumed after standing aside, puts go out for this share of the blocks
@@ -192,6 +194,7 @@ struct GuestCounters {
   uint64_t readahead_wait_ns = 0;  // time in those waits
   // Standing aside (TmemGuestOptions::miss_cost).
   uint64_t stood_aside = 0;                // times the guest stood aside
+  uint64_t stood_aside_longest = 0;        // of those: no hit ratio would pay
   uint64_t gets_skipped_aside = 0;         // of gets_miss_local
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
   uint64_t puts_refused_unlocked = 0;      // of puts_skipped_by_hint, no lock
@@ -244,6 +247,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("readahead_waits", c.readahead_waits);
   fn("readahead_wait_ns", c.readahead_wait_ns);
   fn("stood_aside", c.stood_aside);
+  fn("stood_aside_longest", c.stood_aside_longest);
   fn("gets_skipped_aside", c.gets_skipped_aside);
   fn("puts_skipped_aside", c.puts_skipped_aside);
   fn("puts_refused_unlocked", c.puts_refused_unlocked);

@@ -84,11 +84,18 @@ uint64_t Ops(const FakeHost& host) {
 }
 
 // A get round trip (tens of microseconds here) always costs more than a
-// 1 ns miss: after one sample of 8 gets the guest stands aside.
+// 1 ns miss: after one sample of 8 gets the guest stands aside, and since
+// that loss is the gets' own cost, no hit ratio turns it: it waits 64 probe
+// intervals (3.2 s here).
 class AsideTest : public ::testing::Test {
  protected:
+  virtual std::chrono::milliseconds ProbeInterval() const {
+    return std::chrono::milliseconds(50);
+  }
   void SetUp() override {
-    guest_ = MustCreate(&host_, Options(std::chrono::nanoseconds(1)));
+    TmemGuestOptions o = Options(std::chrono::nanoseconds(1));
+    o.aside_probe_interval = ProbeInterval();
+    guest_ = MustCreate(&host_, o);
     ASSERT_NE(guest_, nullptr);
     pool_ = *guest_->InitFs();
     for (uint64_t i = 0; i < 16; ++i) guest_->Put(pool_, kFile, i, MakePage(i));
@@ -141,7 +148,24 @@ TEST_F(AsideTest, AsideItSendsNothing) {
   EXPECT_EQ(c.invalidates_skipped_aside, 101u);
 }
 
-TEST_F(AsideTest, ResumesAfterTheProbeIntervalAndStaysExact) {
+// The same with a 1 ms probe interval: the longest wait is 64 ms.
+class AsideShortWaitTest : public AsideTest {
+ protected:
+  std::chrono::milliseconds ProbeInterval() const override {
+    return std::chrono::milliseconds(1);
+  }
+};
+
+TEST_F(AsideTest, ALossNoHitRatioTurnsWaitsTheLongestAtOnce) {
+  EXPECT_EQ(guest_->counters().stood_aside_longest, 1u);
+  // Twice the probe interval: a doubling backoff would have resumed by now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(120));
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 9, out_));
+  EXPECT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().gets_skipped_aside, 1u);
+}
+
+TEST_F(AsideShortWaitTest, ResumesAfterTheProbeIntervalAndStaysExact) {
   std::this_thread::sleep_for(std::chrono::milliseconds(80));
   // Keys put before standing aside were wiped: a miss, never stale.
   EXPECT_FALSE(guest_->Get(pool_, kFile, 9, out_));
@@ -232,6 +256,7 @@ TEST(AsideProbeTest, AProbePutsOnlyItsShareOfBlocks) {
   FakeHost host(Host());
   TmemGuestOptions o = Options(std::chrono::nanoseconds(1));
   o.aside_probe_share = TMEM_ADMIT_ALL / 8;
+  o.aside_probe_interval = std::chrono::milliseconds(1);  // waits 64 ms
   auto guest = MustCreate(&host, o);
   ASSERT_NE(guest, nullptr);
   const int pool = *guest->InitFs();
@@ -300,6 +325,26 @@ TEST(AsideDecisionTest, AHostThatNeverHitsIsNotWorthAskingFor) {
   for (uint64_t i = 0; i < 16; ++i)
     EXPECT_FALSE(guest->Get(pool, kFile, i, out));
   EXPECT_TRUE(guest->standing_aside());
+}
+
+// A loss that a better hit ratio would turn (the host kept none of the
+// pages: every get missed, each one cheap next to a 10 ms miss) waits one
+// probe interval, then measures again.
+TEST(AsideDecisionTest, ALossOfHitsWaitsOneProbeInterval) {
+  FakeHost host(Host());
+  auto guest = MustCreate(&host, Options(std::chrono::milliseconds(10)));
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  host.drop_puts = true;
+  for (uint64_t i = 0; i < 16; ++i) guest->Put(pool, kFile, i, MakePage(i));
+  Page out{};
+  for (uint64_t i = 0; i < 8; ++i)
+    EXPECT_FALSE(guest->Get(pool, kFile, i, out));
+  ASSERT_TRUE(guest->standing_aside());
+  EXPECT_EQ(guest->counters().stood_aside_longest, 0u);
+  std::this_thread::sleep_for(std::chrono::milliseconds(80));
+  EXPECT_FALSE(guest->Get(pool, kFile, 0, out));
+  EXPECT_FALSE(guest->standing_aside()) << "one probe interval (50 ms) passed";
 }
 
 TEST(AsideDecisionTest, SharedPoolsKeepTheirInvalidates) {
