@@ -384,6 +384,10 @@ int Main(int argc, char** argv) {
     TmemGuestOptions go;
     go.get_timeout = std::chrono::microseconds(o.get_timeout_us);
     go.sent_filter_bits = o.sent_filter_bits;
+    // Its page cache is all the RAM it has, and it says so as the kernel
+    // module does (totalram_pages): tmemd judges its reuse after twice that
+    // many evictions.
+    go.ram_pages = o.cache_pages;
     auto g = TmemGuest::Create(client.get(), go);
     if (!g.ok()) {
       std::fprintf(stderr, "tmem-scenario-guest: %s\n",
