@@ -138,7 +138,6 @@ struct Valve::VmState {
   double cpu_admission = kAdmitAll;  // what CPU alone would admit
   uint64_t last_cpu_used = 0;
   bool throttled = false;
-  bool changed_state = false;  // ever throttled (or restored) since AddVm
   int periods_in_state = 0;
   uint64_t clock_at_state = 0;  // `clock` at the last change of state
 
@@ -158,7 +157,6 @@ struct Valve::VmState {
   }
   void ChangeState(bool now_throttled) {
     throttled = now_throttled;
-    changed_state = true;
     periods_in_state = 0;
     clock_at_state = clock.load(std::memory_order_relaxed);
   }
@@ -654,18 +652,12 @@ bool Valve::ShowsNoReuse(const VmState& s, double puts, double useful,
   // Judged only on enough evidence: min_samples admitted puts in the
   // window, and a state held for min_dwell_periods. And only once its puts
   // could have come back (a re-read of more than the guest's RAM begins
-  // only after that many evictions). The dwell keeps states from flapping;
-  // the first judgement of a guest that said its RAM has no state to flap
-  // from, and its evictions are the evidence: a streamer that boots and
-  // reads at once was stored in full for min_dwell_periods (the scenario's
-  // 10-15k pages, its largest cost on a saturated host).
+  // only after that many evictions).
   const double ratio = puts > 0 ? useful / puts : 0;
-  const uint64_t judge_after = s.JudgeAfterEvictions();
-  const bool dwelt = s.periods_in_state >= o.min_dwell_periods ||
-                     (!s.changed_state && judge_after > 0);
   return puts >= static_cast<double>(o.min_samples) &&
-         ratio < o.throttle_below && dwelt &&
-         s.EvictionsInState() >= judge_after;
+         ratio < o.throttle_below &&
+         s.periods_in_state >= o.min_dwell_periods &&
+         s.EvictionsInState() >= s.JudgeAfterEvictions();
 }
 
 void Valve::JudgeAtThreshold(VmState* s) {

@@ -43,9 +43,7 @@
 //    evictions (the guest says its size, ABI v3), or its reach if less,
 //    since the last change of state. Before that, a guest re-reading a data
 //    set larger than its RAM has shown no reuse only because the re-read
-//    has not begun. A VM that said its RAM and never changed state is
-//    judged at that point without the dwell (nothing to flap from): a
-//    streamer is cut after that many puts, not after min_dwell_periods.
+//    has not begun.
 //  * Guest stand-aside (ABI v2): a guest that measured tmem costing it more
 //    than it saves says so; it is admitted nothing while it does.
 //  * Modes (per VM, or the host default): off drops every put and tells the

@@ -585,35 +585,6 @@ TEST(ValveTest, StreamerIsCutByThePutThatReachesItsThresholdNotAtTheTick) {
   EXPECT_EQ(reuse.AdmissionHint(1), kAll);
 }
 
-TEST(ValveTest, AFreshStreamerThatSaysItsRamIsCutBeforeTheDwell) {
-  // The dwell keeps a VM from flapping between states; a VM that has
-  // never changed state has nothing to flap from, and once it said its RAM
-  // its evictions are the evidence. A streamer that reads at once was
-  // stored in full for min_dwell_periods before (tmem-scenario's stream).
-  const ValveOptions o = TestOptions();  // min_dwell_periods 3
-  Valve v(o);
-  FakeHost host;
-  AddVmSayingItsRam(v, host, 1000);  // judged after 2000 evictions
-  uint64_t key = 0;
-  ReusePeriod(v, host, key, 500);  // one period in state
-  for (int i = 0; i < 1500; ++i) v.Decide(1, ++key, true);
-  EXPECT_TRUE(v.VmStatus(1).throttled) << "cut at 2000 evictions, 1 period";
-  EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
-
-  // Without its RAM said, only the dwell and min_samples guard a re-read
-  // that has not begun: it waits min_dwell_periods.
-  Valve unsaid(o);
-  unsaid.Tick(host.Advance(0, 0));
-  unsaid.AddVm(1, Policy());
-  key = 0;
-  ReusePeriod(unsaid, host, key, 2000);
-  EXPECT_FALSE(unsaid.VmStatus(1).throttled);
-  ReusePeriod(unsaid, host, key, 500);
-  EXPECT_FALSE(unsaid.VmStatus(1).throttled);
-  ReusePeriod(unsaid, host, key, 500);
-  EXPECT_TRUE(unsaid.VmStatus(1).throttled);
-}
-
 TEST(ValveTest, ReuseBetweenThresholdsDoesNotFlap) {
   const ValveOptions o = TestOptions();  // throttle < 0.02, restore > 0.08
   Valve v(o);
