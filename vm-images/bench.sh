@@ -15,6 +15,9 @@
 #                   the data set (8 MiB), valve mode adaptive
 #   stream-off      the same with the host's valve mode off
 #   seq-writeback   seq with cache=writeback (host page cache under the disk)
+#   seq-cloud       seq on a cloud volume: cache=none,aio=native throttled
+#                   to 3000 IOPS and 125 MB/s (QEMU block throttling)
+#   rand-cloud      rand on that cloud volume
 #   control         stream read twice without tmem (the method's error)
 #   control-writeback  seq-writeback's workload twice without tmem (that
 #                   row's own error: its disk is the host page cache)
@@ -28,8 +31,8 @@
 # without tmem: its ratio is the method's own error, order effects included.
 #
 # Usage: vm-images/bench.sh --tmemd PATH [--smoke] [--mem MIB]
-#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback,control,
-#                  control-writeback]
+#          [--rows seq,rand,stream-adaptive,stream-off,seq-writeback,seq-cloud,
+#                  rand-cloud,control,control-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
 #          [--repeat N] [--profile]
@@ -65,7 +68,7 @@ while (($#)); do
     --repeat) repeat="$2"; shift 2 ;;
     --profile) profile=1; shift ;;
     --sequential) die "--sequential: gone; a row's with and without now run in one guest, one row at a time" ;;
-    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -81,7 +84,7 @@ if ((smoke)); then
   seq_files=2 seq_pages=20480 rand_pages=40960 rand_reads=4000
   stream_files=2 stream_pages=24576
 else
-  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback,control,control-writeback}"
+  : "${rows:=seq,rand,stream-adaptive,stream-off,seq-writeback,seq-cloud,rand-cloud,control,control-writeback}"
   seq_files=2 seq_pages=24576 rand_pages=49152 rand_reads=16000
   # 6 x 128 MiB, six times the guest's RAM: one pass of 3 files (~1.7 s
   # at the disk's speed under TCG) was shorter than this machine's noise.
@@ -193,7 +196,7 @@ declare -A ratios targets files_with files_without
 # over OFF_PHASE's (with / without), the guest's counters of ON_PHASE.
 row() {
   local label="$1" boot="$2" wl="$3" target="$4" on_ph="${5:-with}" off_ph="${6:-without}"
-  local on_boot="${boot}" off_boot="${boot}" from to
+  local on_boot="${boot}" from to
   from="bench-${on_ph}-${wl}-warm" to="bench-${on_ph}-${wl}-end"
   [[ "${wl}" == stream ]] && from="bench-${on_ph}-${wl}-start"
   local on off puts gets hits local_miss put_ns get_ns sent rts rt_ns
@@ -236,6 +239,8 @@ for rep in $(seq "${repeat}"); do
   has_row stream-adaptive && boot stream-adaptive none stream without,with --memory-cap 8MiB --mode adaptive
   has_row stream-off && boot stream-off none stream without,with --memory-cap 8MiB --mode off
   has_row seq-writeback && boot wb writeback seq without,with
+  has_row seq-cloud && boot seqcloud cloud seq without,with
+  has_row rand-cloud && boot randcloud cloud rand without,with
   has_row control && boot control none stream without,without2 --memory-cap 8MiB --mode off
   has_row control-writeback && boot wbcontrol writeback seq without,without2
   grep -a 'CHECK .* FAIL' "${work}"/serial-*.log && { vmlog "a guest saw a wrong page or failed a step"; failed=1; }
@@ -245,6 +250,9 @@ for rep in $(seq "${repeat}"); do
   has_row stream-adaptive && row "stream once, cap 8 MiB, adaptive" stream-adaptive stream ">= 0.97"
   has_row stream-off && row "stream once, cap 8 MiB, mode off" stream-off stream ">= 0.99"
   has_row seq-writeback && row "seq re-read, cache=writeback" wb seq ">= 0.95"
+  # A disk slower than the TCG guest's own copies: tmem must pay here.
+  has_row seq-cloud && row "seq re-read, cloud volume (3000 IOPS, 125 MB/s)" seqcloud seq "> 1.0"
+  has_row rand-cloud && row "random 4 KiB re-read, cloud volume (3000 IOPS, 125 MB/s)" randcloud rand ">= 2.0"
   # The method's own error: the second of two passes without tmem over the
   # first (the with row's order).
   has_row control && row "control: stream twice without tmem, 2nd / 1st" control stream "0.97-1.03" without2 without

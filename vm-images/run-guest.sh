@@ -8,13 +8,15 @@
 #          [--mem MIB] [--smp N] [--append "ARGS"] [--serial FILE]
 #          [--timeout SECS] [--accel auto|tcg|kvm] [--monitor-pipe PATH]
 #          [--migratable] [--incoming unix:PATH] [--qmp PATH]
-#          [--disk-cache none|writeback]
+#          [--disk-cache none|writeback|cloud]
 # --migratable: the device is master=on (QEMU then migrates it); tmemd must
 # run with --host-peer-id 1 and the guest driver ring peer 1.
 # --incoming: start as a live-migration destination; --qmp: a QMP socket.
 # --disk-cache: none (default) is what production hosts run, cache=none,
 # aio=native (O_DIRECT to the host device, no host page cache under the
-# guest); writeback puts the host page cache under the guest's disk.
+# guest); writeback puts the host page cache under the guest's disk; cloud
+# is none throttled to 3000 IOPS and 125 MB/s (QEMU throttling), a cloud
+# volume's limits.
 # --monitor-pipe: HMP monitor on the FIFOs PATH.in / PATH.out (e.g. for
 # device_del tmem0 / chardev-add / device_add: hot re-plug of the device).
 # Without --serial the console is this terminal. Exits with QEMU's status
@@ -78,7 +80,10 @@ args=(-machine "pc,accel=${accel}" -m "${mem}" -smp "${smp}" -nographic -no-rebo
 case "${disk_cache}" in
   none) drive_cache="cache=none,aio=native" ;;
   writeback) drive_cache="cache=writeback" ;;
-  *) die "--disk-cache must be none or writeback, not '${disk_cache}'" ;;
+  # A cloud volume's limits (e.g. a general-purpose SSD volume: 3000 IOPS,
+  # 125 MB/s), enforced by QEMU's block throttling.
+  cloud) drive_cache="cache=none,aio=native,throttling.iops-total=3000,throttling.bps-total=125000000" ;;
+  *) die "--disk-cache must be none, writeback or cloud, not '${disk_cache}'" ;;
 esac
 if [[ -n "${disk}" ]]; then
   args+=(-drive "file=${disk},format=raw,if=virtio,${drive_cache}")
