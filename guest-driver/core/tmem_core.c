@@ -2141,11 +2141,18 @@ static u64 miss_cost_for(struct tmem_core *c, bool single)
 	return c->miss_cost_measured_ns ? COST_UNKNOWN : miss_cost(c);
 }
 
-/* The host admits every put of ours (not a sampling hint)? */
-static bool fully_admitted(struct tmem_core *c)
+/*
+ * The host admits at least the share of blocks a probe puts
+ * (aside_probe_share)? Then what comes back is as dense as a probe's and
+ * costs what a probe's does.
+ */
+static bool admitted_as_a_probe(struct tmem_core *c)
 {
+	u32 share = min_t(u32, READ_ONCE(c->cfg->aside_probe_share),
+			  TMEM_ADMIT_ALL);
+
 	return !(c->features & TMEM_FEAT_ADMISSION_HINT) ||
-	       READ_ONCE(hdr(c)->admission_hint) >= TMEM_ADMIT_ALL;
+	       READ_ONCE(hdr(c)->admission_hint) >= share;
 }
 
 static void sample_reset(struct tmem_core *c)
@@ -2211,12 +2218,16 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 		sample_reset(c);
 	}
 	/*
-	 * While the host samples our puts, the few pages it holds come back
-	 * one round trip each, never in batches: what that costs says
-	 * nothing about tmem at full admission, so it decides nothing. Nor
-	 * does a get whose alternative is not measured yet.
+	 * While the host samples our puts below a probe's share (a streamer
+	 * at 1/64), the few pages it holds come back too sparsely to say
+	 * what tmem costs a reader: it decides nothing. A host that cut us
+	 * less (its CPU budget's cut of a re-reader whose reuse has not shown
+	 * yet) leaves blocks as dense as a probe's: those decide, or a guest
+	 * probing under that cut never concluded (a real guest on a cloud
+	 * volume probed at 1/8 for its whole run). Nor does a get whose
+	 * alternative is not measured yet decide.
 	 */
-	if ((c->attached && !fully_admitted(c)) || cost == COST_UNKNOWN) {
+	if ((c->attached && !admitted_as_a_probe(c)) || cost == COST_UNKNOWN) {
 		c->c.aside_samples_discarded += c->sample_gets + 1;
 		sample_reset(c);
 		return;
