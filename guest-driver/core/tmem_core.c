@@ -2177,8 +2177,8 @@ static void sample_reset(struct tmem_core *c)
  * copies and a disk read none, a sequential re-read lost ~4% to the probe
  * a second after the first verdict. Not on a first loss: a first sample
  * carries what starting costs (a guest on a throttled cloud volume, for
- * which tmem pays, measured 15 us per hit in its first sample, ~3.5 us
- * after) and would have kept it aside for the longest wait.
+ * which tmem pays, measured 15 us per hit in its first sample, 3.9 us in
+ * its second) and would have kept it aside for the longest wait.
  */
 #define ASIDE_LONGEST_WAIT 64
 
