@@ -114,6 +114,16 @@ class ShardTable {
   }
 
   const PageEntry& entry(uint32_t id) const { return Slot(id); }
+  // Calls fn(entry number, entry) for every page, VM by VM, each VM's
+  // from least to most recently used. O(pages in this shard).
+  template <typename Fn>
+  void ForEachPage(Fn&& fn) const {
+    for (const LruList& list : lru_) {
+      for (uint32_t e = list.tail; e != kNoEntry; e = Slot(e).lru_prev) {
+        fn(e, Slot(e));
+      }
+    }
+  }
   const ObjectNode& object(uint32_t id) const { return Obj(id); }
   // Least recently used entry of a VM in this shard, or kNoEntry.
   uint32_t LruTail(uint16_t vm_slot) const;

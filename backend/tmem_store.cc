@@ -7,6 +7,8 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <span>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -648,15 +650,19 @@ class TmemStore::Impl {
         RemoveKeyLocked(shard, pool, oid, index);
         // The table may need metadata memory (an entry chunk, an index
         // doubling). A page removed from this same shard gives its entry
-        // and index slot back here, so evict locally first (targeted); what
-        // only budget can pay for (an object index, a pool slot, a VM's LRU
-        // head) is left to the host-wide eviction below.
+        // and index slot back here, so evict locally first (a few pages,
+        // while targeted); what only budget can pay for (an object node or
+        // index, a pool slot, a VM's LRU head, a shard emptied and
+        // shrunk) is left to the host-wide eviction below.
         uint32_t entry = kNoEntry;
-        for (;;) {
+        for (int in_shard = 0;; ++in_shard) {
           entry = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
                                          enc.kind, payload);
           stored = entry != kNoEntry;
-          if (stored || !targeted() || !EvictInShardLocked(shard)) break;
+          if (stored || in_shard == kInShardEvictions || !targeted() ||
+              !EvictInShardLocked(shard)) {
+            break;
+          }
           ++result.evicted;
         }
         if (stored) {
@@ -686,19 +692,23 @@ class TmemStore::Impl {
       // Cached empty slabs are charged; metadata cannot use them.
       if (!slot_missing) slabs_->TrimCache();
       // No slot of this size class and no free slab: while targeted, evict
-      // a page of that class (its slot is the room). Then plain fair-share
-      // order, which ends with room or with no page left to evict: every
-      // slab and table of an emptied store is given back (tmem_store.h).
-      if (!EvictForHost(slot_missing && targeted() ? SlotBytesOf(enc) : 0)) {
-        return refuse(RefuseReason::kNoMemory);
-      }
-      ++result.evicted;
+      // a page of that class (its slot is the room). Otherwise the room is
+      // budget bytes (a table's growth, or a fresh slab once no page of the
+      // class was near an LRU tail), which come back a whole slab at a
+      // time: evict from the emptiest slab. Either ends with room or with
+      // no page left to evict: every slab and table of an emptied store is
+      // given back (tmem_store.h).
+      const uint32_t evicted =
+          slot_missing && targeted()
+              ? EvictForHost(Room::kSlotOfClass, SlotBytesOf(enc))
+              : EvictForHost(Room::kWholeSlab);
+      if (evicted == 0) return refuse(RefuseReason::kNoMemory);
+      result.evicted += evicted;
+      // The slab that eviction emptied sits in the cache, still charged.
+      if (!slot_missing) slabs_->TrimCache();
     }
     // A lowered cap (SetMemoryCap racing with this put) is met here too.
-    if (budget_->OverCap()) slabs_->TrimCache();
-    while (budget_->OverCap() && EvictForHost()) {
-      ++result.evicted;
-    }
+    result.evicted += EvictUntilWithinCap();
     result.stored = true;
     result.kind = enc.kind;
     return result;
@@ -772,8 +782,9 @@ class TmemStore::Impl {
         // Room for the block first, as a put finds it: the raw slot it
         // replaces is freed only after the swap.
         blob = arena_.Store(block);
-        for (int tries = 0; !blob && tries < options_.max_evictions_per_put &&
-                            EvictForHost(BlobSlotBytes(block.size()));
+        for (int tries = 0;
+             !blob && tries < options_.max_evictions_per_put &&
+             EvictForHost(Room::kSlotOfClass, BlobSlotBytes(block.size())) > 0;
              ++tries) {
           blob = arena_.Store(block);
         }
@@ -1020,17 +1031,33 @@ class TmemStore::Impl {
   }
 
   // ----------------------------------------------------------- eviction
-  // Evicts the least recently used page of `vm` from the next shard (round
-  // robin) that holds one. Takes one shard lock at a time.
   // How far from the LRU tail a class-targeted eviction looks, per shard.
-  static constexpr int kClassScanDepth = 32;
+  static constexpr int kScanDepth = 32;
+  // Evictions from the put's own shard when its table lacks room: one frees
+  // an entry, or takes the page index back under its growth threshold; a
+  // missing object node or index growth needs room from the budget.
+  static constexpr int kInShardEvictions = 4;
 
-  // Evicts the least recently used page of `vm` from the next shard (round
-  // robin) that holds one. Takes one shard lock at a time. With
-  // `slot_bytes` set, prefers, within kClassScanDepth of each shard's LRU
-  // tail, a page whose blob has that slot size: freeing a slot of the class
-  // a put is waiting for makes room at once, where freeing other classes'
-  // slots only helps when a whole slab empties (size-class fragmentation).
+  // What an eviction is to free.
+  enum class Room {
+    kSlotOfClass,  // a slot of one size class, which a put takes at once
+    // Budget bytes (a table's growth, a fresh slab, a lowered cap). A freed
+    // slot returns none until its whole 64 KiB slab is empty, so a whole
+    // slab is emptied, the one with the fewest live blobs. In plain LRU
+    // order a put that needed tens of bytes for an index evicted 878-1,359
+    // pages of ~2,000 before any slab emptied.
+    kWholeSlab,
+  };
+
+  static bool HoldsBlob(StorageKind kind) {
+    return kind == StorageKind::kLz4 || kind == StorageKind::kRaw;
+  }
+
+  // Evicts one page of `vm`; false if it holds none. The least recently
+  // used page of the next shard (round robin) that holds one; with
+  // `slot_bytes`, first a page within kScanDepth of a shard's LRU tail
+  // whose blob has that slot size (freeing other classes' slots only helps
+  // when a whole slab empties: size-class fragmentation).
   bool EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes = 0) {
     const auto n = static_cast<uint32_t>(shards_.size());
     const uint32_t start =
@@ -1040,16 +1067,11 @@ class TmemStore::Impl {
         Shard& shard = *shards_[(start + i) % n];
         MutexLock lock(&shard.mu);
         uint32_t e = shard.table.LruTail(vm.slot);
-        for (int depth = 0; e != kNoEntry && depth < kClassScanDepth; ++depth) {
+        for (int depth = 0; e != kNoEntry && depth < kScanDepth; ++depth) {
           const PageEntry& entry = shard.table.entry(e);
-          if ((entry.kind == StorageKind::kLz4 ||
-               entry.kind == StorageKind::kRaw) &&
+          if (HoldsBlob(entry.kind) &&
               BlobRef::Unpack(entry.payload).slot_bytes() == slot_bytes) {
-            NotifyEvictionLocked(shard, e);
-            Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
-                                           CompactionSkip::kEvicted);
-            vm.counters.Inc(reason);
-            pool.counters.Inc(reason);
+            EvictLocked(shard, e, vm, reason);
             return true;
           }
           e = entry.lru_prev;
@@ -1061,14 +1083,82 @@ class TmemStore::Impl {
       MutexLock lock(&shard.mu);
       const uint32_t e = shard.table.LruTail(vm.slot);
       if (e == kNoEntry) continue;
-      NotifyEvictionLocked(shard, e);
-      Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
-                                     CompactionSkip::kEvicted);
-      vm.counters.Inc(reason);
-      pool.counters.Inc(reason);
+      EvictLocked(shard, e, vm, reason);
       return true;
     }
     return false;
+  }
+
+  void EvictLocked(Shard& shard, uint32_t e, Vm& owner, Counter reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    NotifyEvictionLocked(shard, e);
+    Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
+                                   CompactionSkip::kEvicted);
+    owner.counters.Inc(reason);
+    pool.counters.Inc(reason);
+  }
+
+  // Evicts the pages of the slab with the fewest live blobs among the
+  // slabs that hold only pages of VMs marked in `evictable` (by VM slot),
+  // so that slab goes back to the pool; the number evicted (0: no such
+  // slab). Two passes over every page, one shard lock at a time: one to
+  // choose the slab, one to evict what is still in it. O(pages held): run
+  // only when budget bytes are needed, and each run frees a slab.
+  uint32_t EvictEmptiestSlab(const std::vector<bool>& evictable) {
+    const uint64_t slabs = slabs_->high_water();
+    // Per slab: pages that may go, and whether a page that may not pins it.
+    std::vector<uint32_t> movable(slabs, 0);
+    std::vector<bool> pinned(slabs, false);
+    uint64_t walked = 0;
+    for (const auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      walked += 2 * shard->table.pages();
+      shard->table.ForEachPage([&](uint32_t, const PageEntry& page) {
+        if (!HoldsBlob(page.kind)) return;
+        const uint32_t slab = BlobRef::Unpack(page.payload).slab;
+        if (evictable[page.vm_slot]) {
+          ++movable[slab];
+        } else {
+          pinned[slab] = true;
+        }
+      });
+    }
+    uint32_t target = SlabPool::kNoSlab;
+    for (uint32_t slab = 0; slab < slabs; ++slab) {
+      if (movable[slab] == 0 || pinned[slab]) continue;
+      if (target == SlabPool::kNoSlab || movable[slab] < movable[target]) {
+        target = slab;
+      }
+    }
+    if (target == SlabPool::kNoSlab) {
+      slab_choice_pages_walked_.fetch_add(walked / 2,
+                                          std::memory_order_relaxed);
+      return 0;
+    }
+    slab_choice_pages_walked_.fetch_add(walked, std::memory_order_relaxed);
+    uint32_t evicted = 0;
+    std::vector<uint32_t> in_target;
+    for (const auto& shard : shards_) {
+      MutexLock lock(&shard->mu);
+      in_target.clear();
+      shard->table.ForEachPage([&](uint32_t e, const PageEntry& page) {
+        if (HoldsBlob(page.kind) && evictable[page.vm_slot] &&
+            BlobRef::Unpack(page.payload).slab == target) {
+          in_target.push_back(e);
+        }
+      });
+      for (const uint32_t e : in_target) {
+        Vm* owner = slots_[shard->table.entry(e).vm_slot].load(
+            std::memory_order_acquire);
+        if (owner == nullptr) continue;  // being forgotten: it frees it
+        EvictLocked(*shard, e, *owner, Counter::kEvictionsHostCap);
+        ++evicted;
+      }
+    }
+    if (evicted > 0) {
+      slabs_emptied_for_room_.fetch_add(1, std::memory_order_relaxed);
+    }
+    return evicted;
   }
 
   // Share inputs of every live VM, for victim choice.
@@ -1104,31 +1194,69 @@ class TmemStore::Impl {
     const int victim = PickEvictionVictim(inputs);
     if (victim < 0) return false;
     Vm& vm = *vms[victim];
-    NotifyEvictionLocked(shard, shard.table.LruTail(vm.slot));
-    Pool& pool =
-        RemoveEntryLocked(shard, shard.table.LruTail(vm.slot),
-                          /*keep_blob=*/false, CompactionSkip::kEvicted);
-    vm.counters.Inc(Counter::kEvictionsHostCap);
-    pool.counters.Inc(Counter::kEvictionsHostCap);
+    EvictLocked(shard, shard.table.LruTail(vm.slot), vm,
+                Counter::kEvictionsHostCap);
     return true;
   }
 
-  // Evicts one page from the VM furthest over its weighted fair share.
-  bool EvictForHost(size_t slot_bytes = 0) {
+  // Evicts for `room`; the number of pages evicted (0: none left).
+  // kSlotOfClass: a page of the class of the VM furthest over its weighted
+  // fair share, if one is in reach, else that VM's LRU page. kWholeSlab:
+  // every page of the emptiest slab whose pages all belong to VMs within a
+  // slab (64 KiB) of their fair share or over it (the one furthest over
+  // always counts): a VM further within its share is never robbed while
+  // another is over, and one near its share loses at most about a slab's
+  // worth, the step its charge moves in anyway. With no such slab, the LRU
+  // page of the VM furthest over.
+  uint32_t EvictForHost(Room room, size_t slot_bytes = 0) {
     std::vector<Vm*> vms;
     std::vector<ShareInput> inputs;
     CollectShares(vms, inputs);
+    if (room == Room::kWholeSlab) {
+      const int furthest = PickEvictionVictim(inputs);
+      if (furthest < 0) return 0;
+      std::vector<bool> evictable(kMaxVms, false);
+      const uint64_t cap = budget_->cap();
+      for (size_t i = 0; i < vms.size(); ++i) {
+        const uint64_t charged = inputs[i].charged_bytes;
+        if (static_cast<int>(i) == furthest ||
+            (charged > 0 &&
+             charged + kSlabBytes >=
+                 FairShareBytes(cap, inputs, static_cast<int>(i)))) {
+          evictable[vms[i]->slot] = true;
+        }
+      }
+      if (const uint32_t evicted = EvictEmptiestSlab(evictable)) {
+        return evicted;
+      }
+    }
     // A VM whose charge is only an in-flight reservation has nothing to
     // evict; skip it and try the next furthest over.
     for (size_t tries = 0; tries < vms.size(); ++tries) {
       const int victim = PickEvictionVictim(inputs);
-      if (victim < 0) return false;
-      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap, slot_bytes)) {
-        return true;
+      if (victim < 0) return 0;
+      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap,
+                      room == Room::kSlotOfClass ? slot_bytes : 0)) {
+        return 1;
       }
       inputs[victim].charged_bytes = 0;
     }
-    return false;
+    return 0;
+  }
+
+  // Evicts until the budget is within a (lowered) cap or nothing is left to
+  // evict; the number evicted. Each emptied slab is handed back at once:
+  // cached, it would still be charged.
+  uint32_t EvictUntilWithinCap() {
+    uint32_t evicted = 0;
+    while (budget_->OverCap()) {
+      slabs_->TrimCache();
+      if (!budget_->OverCap()) break;
+      const uint32_t now = EvictForHost(Room::kWholeSlab);
+      if (now == 0) break;
+      evicted += now;
+    }
+    return evicted;
   }
 
   // --------------------------------------------------------------- host
@@ -1143,8 +1271,7 @@ class TmemStore::Impl {
     }
     budget_->set_cap(cap);
     slabs_->TrimCache();
-    while (budget_->OverCap() && EvictForHost()) {
-    }
+    EvictUntilWithinCap();
     return absl::OkStatus();
   }
 
@@ -1161,6 +1288,10 @@ class TmemStore::Impl {
     s.uptime_nanos = clock_->NowNanos() - start_nanos_;
     s.pool_scan_objects_visited =
         pool_scan_objects_visited_.load(std::memory_order_relaxed);
+    s.slabs_emptied_for_room =
+        slabs_emptied_for_room_.load(std::memory_order_relaxed);
+    s.slab_choice_pages_walked =
+        slab_choice_pages_walked_.load(std::memory_order_relaxed);
     s.unknown_vm_ids_refused =
         unknown_vm_ids_refused_.load(std::memory_order_relaxed);
     MutexLock lock(&vms_mu_);
@@ -1215,6 +1346,8 @@ class TmemStore::Impl {
   std::array<std::atomic<Vm*>, kMaxVms> slots_;
   std::atomic<int> max_slot_{-1};
   std::atomic<uint64_t> pool_scan_objects_visited_{0};
+  std::atomic<uint64_t> slabs_emptied_for_room_{0};
+  std::atomic<uint64_t> slab_choice_pages_walked_{0};
 
   mutable std::atomic<uint64_t> unknown_vm_ids_refused_{0};
 

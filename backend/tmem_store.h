@@ -48,13 +48,23 @@
 // found no page left to evict, i.e. every page other than those of puts in
 // flight on other threads is gone; never while an evictable page is held.
 // The room a put lacks may be a slot of its size class, a fresh 64 KiB slab
-// or a table's growth. Its first max_evictions_per_put evictions are chosen
-// for the room they free (a page of its size class, a page of its own
-// shard); such a page frees a slot or an entry, which is not always that
-// room (a slab is given back only when all its slots are free). After that
-// it evicts in plain fair-share order until the room is there; that order
-// ends with room or with an empty store, which gives back every slab and
-// every table beyond each shard's first chunk.
+// or a table's growth. Evictions are chosen for that room:
+//  * a slot: a page of its size class near the victim's LRU tails (its slot
+//    is the room at once), for the first max_evictions_per_put evictions;
+//  * a table's entry: up to 4 pages of the put's own shard;
+//  * budget bytes (a table's growth; a fresh slab once no page of the class
+//    was in reach; a lowered cap): a freed slot returns none until its whole
+//    slab is empty, so every page of the slab with the fewest live blobs
+//    goes, among slabs holding only pages of VMs over their fair share or
+//    within one slab of it (the one furthest over always counts). So a put
+//    that needs a few bytes of index evicts one slab's pages, not the ~half
+//    of the store that LRU order took before some slab happened to empty.
+//    Finding that slab walks every page (two passes, one shard lock at a
+//    time): it runs only when budget bytes are short. With no such slab,
+//    plain fair-share order.
+// Every step evicts a page, so it ends with room or with an empty store,
+// which gives back every slab and every table beyond each shard's first
+// chunk.
 //
 // Deferred compression (PutMode::kDefer, with a compaction_queue): the put
 // stores the page raw, marks it pending with its put's stamp and queues a
@@ -207,6 +217,10 @@ struct HostStats {
   // Object nodes looked at by pool-wide removals (invalidate pool, destroy
   // pool): grows with the pools' own objects only, never with other VMs'.
   uint64_t pool_scan_objects_visited = 0;
+  // Slabs emptied whole to free budget bytes, and the pages walked to
+  // choose and empty them ("Eviction when the host is full").
+  uint64_t slabs_emptied_for_room = 0;
+  uint64_t slab_choice_pages_walked = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };

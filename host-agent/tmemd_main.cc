@@ -62,6 +62,8 @@ void LogStats(const Agent& agent, std::string_view event) {
        {"gets_miss", C(h.counters, Counter::kGetsMiss)},
        {"evictions", C(h.counters, Counter::kEvictionsHostCap) +
                          C(h.counters, Counter::kEvictionsQuota)},
+       {"slabs_emptied_for_room", h.slabs_emptied_for_room},
+       {"slab_choice_pages_walked", h.slab_choice_pages_walked},
        {"compression_ratio", CompressionRatio(h.counters)},
        {"host_busy", st.valve.host_busy_fraction},
        {"agent_busy", st.valve.agent_busy_fraction},

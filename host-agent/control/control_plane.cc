@@ -241,11 +241,14 @@ v1::HostStatus ControlPlane::Status() const {
   out.set_workers(st.workers);
   out.set_vms(static_cast<int32_t>(agent_->VmNames().size()));
   AddStoreCounters(st.store.counters, out.mutable_counters());
-  // Host-only store figures (issue 15): what isolation tests and operators
-  // watch for a VM reaching beyond its own data or ids.
+  // Host-only store figures: what isolation tests and operators watch for
+  // a VM reaching beyond its own data or ids (issue 15), and what choosing
+  // whole slabs to empty costs.
   const std::pair<const char*, uint64_t> host_counters[] = {
       {"pool_scan_objects_visited", st.store.pool_scan_objects_visited},
-      {"unknown_vm_ids_refused", st.store.unknown_vm_ids_refused}};
+      {"unknown_vm_ids_refused", st.store.unknown_vm_ids_refused},
+      {"slabs_emptied_for_room", st.store.slabs_emptied_for_room},
+      {"slab_choice_pages_walked", st.store.slab_choice_pages_walked}};
   for (const auto& [name, value] : host_counters) {
     v1::Counter* m = out.add_counters();
     m->set_name(name);

@@ -146,6 +146,12 @@ constexpr MetricFamily kVms{"tmem_vms", kGauge, "VMs the store knows."};
 constexpr MetricFamily kUnknownVmIds{
     "tmem_unknown_vm_ids_refused_total", kCounter,
     "Store calls refused because their VM id names no live VM."};
+constexpr MetricFamily kSlabsEmptiedForRoom{
+    "tmem_slabs_emptied_for_room_total", kCounter,
+    "Slabs the store emptied whole because it needed budget bytes."};
+constexpr MetricFamily kSlabChoicePagesWalked{
+    "tmem_slab_choice_pages_walked_total", kCounter,
+    "Pages walked to choose and empty those slabs."};
 constexpr MetricFamily kCpuBudget{
     "tmem_cpu_budget_ratio", kGauge,
     "tmemd's current CPU budget, as a share of the whole host (0..1)."};
@@ -393,6 +399,8 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
   out.Add(kMemoryMetadataBytes, {}, st.store.metadata_bytes);
   out.Add(kVms, {}, st.store.vms);
   out.Add(kUnknownVmIds, {}, st.store.unknown_vm_ids_refused);
+  out.Add(kSlabsEmptiedForRoom, {}, st.store.slabs_emptied_for_room);
+  out.Add(kSlabChoicePagesWalked, {}, st.store.slab_choice_pages_walked);
   out.Add(kCpuBudget, {}, st.valve.budget_fraction);
   out.Add(kAgentBusy, {}, st.valve.agent_busy_fraction);
   out.Add(kHostBusy, {}, st.valve.host_busy_fraction);

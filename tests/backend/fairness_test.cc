@@ -1,6 +1,7 @@
 // Weighted fair sharing of a full host (tmem_store.h "Eviction when the host
 // is full"): VMs converge to cap x weight / sum of weights, and a VM within
 // its share is never robbed while another is over.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -67,7 +68,9 @@ class FairnessTest : public ::testing::Test {
                                   n, TaggedPage(vm.id, n), PutMode::kRaw)
                             .value();
     ASSERT_TRUE(r.stored) << RefuseReasonName(r.reason);
+    max_evicted_ = std::max(max_evicted_, r.evicted);
   }
+  uint32_t max_evicted_ = 0;  // by one put
   CounterValues Counters(const Vm& vm) {
     return store_->GetVmStats(vm.id).value().counters;
   }
@@ -127,6 +130,12 @@ TEST_F(FairnessTest, FullHostIsSharedByWeight) {
     }
   }
   EXPECT_GT(checks, 10);
+  // A put that needs table room or a fresh slab empties a whole slab (16
+  // raw pages here), the emptiest (tmem_store.h). In 1,500 runs the most
+  // one put evicted was 49; when it evicted in plain LRU order until some
+  // slab happened to empty, 17% of runs had a put evict over 100 pages and
+  // 0.3% over 878 (of ~2,000 held), which also broke the share checks.
+  EXPECT_LE(max_evicted_, 64u);
   for (const Vm& vm : vms) {
     EXPECT_GT(Get(Counters(vm), Counter::kEvictionsHostCap), 0u)
         << "every VM was over its share at some point while filling";

@@ -343,6 +343,49 @@ TEST_F(QuotaCapTest, LoweringTheHostCapEvictsUnderIt) {
   EXPECT_LE(host.memory_used_bytes, 8 * kMiB);
 }
 
+// Budget bytes come back a whole 64 KiB slab at a time, so evicting for
+// them empties the slab with the fewest live blobs, not the least recently
+// used pages (tmem_store.h "Eviction when the host is full"). Raw pages of
+// one size class are put in order, 16 to a slab; then every slab but the
+// first 24 keeps one page. The oldest pages sit in full slabs: in LRU order
+// 16 evictions empty a slab, choosing the slab one does.
+TEST_F(QuotaCapTest, EvictingForBudgetEmptiesTheEmptiestSlab) {
+  Open(8 * kMiB, 1);
+  const VmId vm = AddVm("alpha");
+  const PoolId pool = store_->NewPool(vm, nullptr).value();
+  constexpr int kPagesPerSlab = kSlabBytes / kPageSize;
+  constexpr int kSlabs = 48;
+  for (int i = 0; i < kSlabs * kPagesPerSlab; ++i) {
+    ASSERT_TRUE(Put(vm, pool, i / 64, i, RandomPage(i), PutMode::kRaw).stored);
+  }
+  for (int i = 24 * kPagesPerSlab; i < kSlabs * kPagesPerSlab; ++i) {
+    if (i % kPagesPerSlab != 0) {
+      store_->InvalidatePage(vm, pool, ObjectId::FromInode(i / 64), i)
+          .IgnoreError();
+    }
+  }
+  const HostStats before = store_->GetHostStats();
+  ASSERT_EQ(before.slab_bytes, uint64_t{kSlabs} * kSlabBytes)
+      << "a slab emptied while fragmenting";
+  const uint64_t evictions_before = HostCounter(Counter::kEvictionsHostCap);
+
+  // One byte below what is used: one slab has to go.
+  ASSERT_TRUE(store_->SetMemoryCap(before.memory_used_bytes - 1).ok());
+  const HostStats after = store_->GetHostStats();
+  EXPECT_LE(after.memory_used_bytes, after.memory_cap_bytes);
+  EXPECT_EQ(after.slab_bytes, before.slab_bytes - kSlabBytes);
+  EXPECT_EQ(HostCounter(Counter::kEvictionsHostCap) - evictions_before, 1u)
+      << "one slab held one page";
+  EXPECT_EQ(after.slabs_emptied_for_room, before.slabs_emptied_for_room + 1);
+  // Two passes over what was held: 24 full slabs and 24 with one page.
+  EXPECT_EQ(after.slab_choice_pages_walked - before.slab_choice_pages_walked,
+            2u * (24 * kPagesPerSlab + 24));
+  for (int i = 0; i < kPagesPerSlab; ++i) {
+    EXPECT_TRUE(Hit(vm, pool, i / 64, i, RandomPage(i)))
+        << "page " << i << ", the least recently used, was evicted";
+  }
+}
+
 TEST_F(QuotaCapTest, LoweringTheHostCapAfterAMetadataOnlyFlood) {
   // Entry chunks and indexes are memory too: after a flood of zero pages a
   // lowered cap must still be met.
