@@ -513,6 +513,14 @@ TEST(ConcurrencyTest, MixedOperationsNeverReturnWrongBytes) {
         quotas[w] = policy.quota_bytes;
       }
 
+      // The cap lowered to 3/4 and raised back, in turns: a lowered cap
+      // empties whole slabs while the workers put, get and evict.
+      if (control_rounds % 8 == 0) {
+        const uint64_t cap = control_rounds % 16 == 0 ? kCap : kCap / 4 * 3;
+        const absl::Status s = store->SetMemoryCap(cap);
+        if (!s.ok()) failures.Add("SetMemoryCap: " + s.ToString());
+      }
+
       // One life of the separate VM.
       ++generation;
       absl::StatusOr<VmId> vm = store->AddVm("churn", {});
@@ -615,6 +623,10 @@ TEST(ConcurrencyTest, MixedOperationsNeverReturnWrongBytes) {
           host.counters[static_cast<int>(Counter::kEvictionsQuota)]));
   RecordProperty("ops", static_cast<int>(total_ops));
   RecordProperty("control_rounds", static_cast<int>(control_rounds));
+  EXPECT_GT(host.slabs_emptied_for_room, 0u)
+      << "the lowered cap emptied slabs while the workers ran";
+  RecordProperty("slabs_emptied_for_room",
+                 static_cast<int>(host.slabs_emptied_for_room));
   RecordProperty("churn_hits", static_cast<int>(churn_hits));
 }
 
