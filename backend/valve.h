@@ -36,7 +36,9 @@
 //    memory: a guest re-reading a data set far larger than the cap is a
 //    streaming guest, and its far ghost hits count apart). A VM below
 //    throttle_below (with enough samples) is throttled to min_admission,
-//    a sampling rate that lets it recover once its pages return; above
+//    a sampling rate that lets it recover once its pages return (the
+//    sample is kept as ghosts, never stored: a ghost hit shows reuse as
+//    well as a hit, at no copy, compression or eviction); above
 //    restore_above it gets full admission again. The gap between the two and
 //    min_dwell_periods keep it from flapping. A VM is judged only once its
 //    puts had a chance to come back: after twice the guest's RAM in

@@ -382,10 +382,21 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
   EXPECT_EQ(v.AdmissionHint(1), o.min_admission);
   EXPECT_EQ(Count(v, 1, ValveCounter::kThrottleEvents), 1u);
 
-  // The sampled puts start coming back: restored after the dwell time.
+  // The sampled puts start coming back. Throttled, the VM stores none of
+  // them: each is a ghost, and a get of it (a miss) is a ghost hit, which
+  // counts as reuse: restored after the dwell time.
   for (int period = 0; period < 6; ++period) {
-    ReusePeriod(v, host, key, 20, /*hit_every=*/1);
+    for (int i = 0; i < 20; ++i) {
+      const bool throttled = v.VmStatus(1).throttled;
+      const PutMode put = v.Decide(1, ++key, true);
+      if (throttled) {
+        EXPECT_EQ(put, PutMode::kDrop);
+      }
+      v.RecordGet(1, key, put != PutMode::kDrop);
+    }
+    v.Tick(host.Advance(0, 0));
   }
+  EXPECT_GT(Count(v, 1, ValveCounter::kGhostHits), 0u);
   st = v.VmStatus(1);
   EXPECT_FALSE(st.throttled);
   EXPECT_EQ(st.admission, kAll);
@@ -618,7 +629,11 @@ TEST(ValveTest, FewSamplesNeverThrottle) {
   EXPECT_FALSE(v.VmStatus(1).throttled);
 }
 
-TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
+// A VM throttled for no reuse stores nothing: the sample its guest still
+// sends (or the valve takes, for a guest that ignores the hint) becomes a
+// ghost, which shows reuse as well as a stored page would, and the rest is
+// dropped too. Every put is counted as dropped for reuse.
+TEST(ValveTest, AThrottledVmStoresNothingWhetherOrNotItsGuestSamples) {
   const ValveOptions o = TestOptions();
   Valve v(o);
   FakeHost host;
@@ -627,16 +642,23 @@ TEST(ValveTest, HostSamplesAGuestThatIgnoresTheHint) {
   uint64_t key = 0;
   for (int period = 0; period < 6; ++period) ReusePeriod(v, host, key, 500);
   ASSERT_TRUE(v.VmStatus(1).throttled);
-  int admitted = 0;
+  const uint64_t dropped_before = Count(v, 1, ValveCounter::kDroppedReuse);
+  const uint64_t stored_before =
+      Count(v, 1, ValveCounter::kCompressed) + Count(v, 1, ValveCounter::kRaw);
   const int n = 64 * 100;
   for (int i = 0; i < n; ++i) {
-    if (v.Decide(1, ++key, /*guest_applies_hint=*/false) != PutMode::kDrop) {
-      ++admitted;
-    }
+    EXPECT_EQ(v.Decide(1, ++key, /*guest_applies_hint=*/i % 2 == 0),
+              PutMode::kDrop);
   }
-  EXPECT_EQ(admitted, n / (kAll / o.min_admission));
-  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedReuse),
-            static_cast<uint64_t>(n - admitted));
+  EXPECT_EQ(Count(v, 1, ValveCounter::kDroppedReuse) - dropped_before,
+            static_cast<uint64_t>(n));
+  EXPECT_EQ(
+      Count(v, 1, ValveCounter::kCompressed) + Count(v, 1, ValveCounter::kRaw),
+      stored_before)
+      << "nothing stored";
+  v.RecordGet(1, key, false);
+  EXPECT_EQ(Count(v, 1, ValveCounter::kGhostHits), 1u)
+      << "the dropped sample is a ghost";
 }
 
 TEST(ValveTest, GetOfADroppedKeyIsAGhostHitAndCountsAsReuse) {

@@ -292,6 +292,9 @@ TEST_F(TmemdE2eTest, ValveThrottlesTheStreamerButNotTheRereader) {
   EXPECT_LT(LogValue(log, "vm_stats", "streamer", "sqe_processed"),
             std::stoll(streamed) / 4)
       << log;
+  // The sample it still sends is kept as ghosts, never stored (valve.cc).
+  EXPECT_GT(LogValue(log, "vm_stats", "streamer", "valve_dropped_reuse"), 0)
+      << log;
   // Rereader: admitted at the end, and its pages came back (every hit the
   // guest saw is one tmemd served).
   EXPECT_EQ(LogValue(log, "vm_stats", "rereader", "admission"), 65536) << log;
