@@ -1116,6 +1116,8 @@ class TmemStore::Impl {
       shard->table.ForEachPage([&](uint32_t, const PageEntry& page) {
         if (!HoldsBlob(page.kind)) return;
         const uint32_t slab = BlobRef::Unpack(page.payload).slab;
+        // A put may have taken a fresh slab since `slabs` was read.
+        if (slab >= slabs) return;
         if (evictable[page.vm_slot]) {
           ++movable[slab];
         } else {
