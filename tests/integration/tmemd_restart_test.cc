@@ -146,7 +146,8 @@ class TmemdRestartTest : public ::testing::Test {
         [&] { return LogValue(tmemd.Log(), "vm_stats", vm, "gets_hit") > 0; },
         30000))
         << "no hit served by the restarted tmemd\n"
-        << tmemd.Log();
+        << tmemd.Log() << "\nthe guest (running: " << guest.Running() << "):\n"
+        << guest.Log();
     EXPECT_EQ(guest.Wait(), 0) << guest.Log();
     const std::string report = guest.Log();
     EXPECT_EQ(JsonValue(report, "mismatches"), 0) << report;
@@ -214,7 +215,9 @@ TEST_F(TmemdRestartTest, SigkillRestartRecoversChannelsAndDropsGoneVms) {
   auto next = StartTmemd({"a"}, /*pass_store=*/true);
   const std::string log = next->Log();
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "restored"), 2) << log;
-  EXPECT_EQ(LogValue(log, "restart_recovered", "", "guests_kept"), 1) << log;
+  EXPECT_EQ(LogValue(log, "restart_recovered", "", "guests_kept"), 1)
+      << log << "\nthe guest (running: " << guest->Running() << "):\n"
+      << guest->Log();
   EXPECT_EQ(LogValue(log, "restart_recovered", "", "vms_gone"), 1) << log;
   EXPECT_FALSE(PathExists(Sock("gone")));
   EXPECT_FALSE(systemd_.Has("gone/shm"));
