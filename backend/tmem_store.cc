@@ -476,8 +476,7 @@ class TmemStore::Impl {
         shard.table.object(shard.table.entry(e).object).pool_key);
     const RemovedPage gone = shard.table.RemovePage(e);
     const PageEntry& removed = gone.entry;
-    if (!keep_blob && (removed.kind == StorageKind::kLz4 ||
-                       removed.kind == StorageKind::kRaw)) {
+    if (!keep_blob && HoldsBlob(removed.kind)) {
       arena_.Free(BlobRef::Unpack(removed.payload));
     }
     const auto charge = static_cast<int64_t>(ChargeOf(removed));
@@ -866,8 +865,7 @@ class TmemStore::Impl {
     }
     if (taken) {
       corrupt = !DecodeEntry(*taken, out);
-      if (taken->kind == StorageKind::kLz4 ||
-          taken->kind == StorageKind::kRaw) {
+      if (HoldsBlob(taken->kind)) {
         arena_.Free(BlobRef::Unpack(taken->payload));
       }
     }
@@ -931,8 +929,7 @@ class TmemStore::Impl {
         corrupt = true;
         hits &= ~(uint64_t{1} << k);
       }
-      if (taken[k].kind == StorageKind::kLz4 ||
-          taken[k].kind == StorageKind::kRaw) {
+      if (HoldsBlob(taken[k].kind)) {
         arena_.Free(BlobRef::Unpack(taken[k].payload));
       }
     }
@@ -1112,7 +1109,7 @@ class TmemStore::Impl {
     uint64_t walked = 0;
     for (const auto& shard : shards_) {
       MutexLock lock(&shard->mu);
-      walked += 2 * shard->table.pages();
+      walked += shard->table.pages();
       shard->table.ForEachPage([&](uint32_t, const PageEntry& page) {
         if (!HoldsBlob(page.kind)) return;
         const uint32_t slab = BlobRef::Unpack(page.payload).slab;
@@ -1132,16 +1129,12 @@ class TmemStore::Impl {
         target = slab;
       }
     }
-    if (target == SlabPool::kNoSlab) {
-      slab_choice_pages_walked_.fetch_add(walked / 2,
-                                          std::memory_order_relaxed);
-      return 0;
-    }
-    slab_choice_pages_walked_.fetch_add(walked, std::memory_order_relaxed);
     uint32_t evicted = 0;
     std::vector<uint32_t> in_target;
     for (const auto& shard : shards_) {
+      if (target == SlabPool::kNoSlab) break;
       MutexLock lock(&shard->mu);
+      walked += shard->table.pages();
       in_target.clear();
       shard->table.ForEachPage([&](uint32_t e, const PageEntry& page) {
         if (HoldsBlob(page.kind) && evictable[page.vm_slot] &&
@@ -1157,6 +1150,7 @@ class TmemStore::Impl {
         ++evicted;
       }
     }
+    slab_choice_pages_walked_.fetch_add(walked, std::memory_order_relaxed);
     if (evicted > 0) {
       slabs_emptied_for_room_.fetch_add(1, std::memory_order_relaxed);
     }

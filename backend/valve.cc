@@ -107,8 +107,8 @@ struct Valve::VmState {
   std::atomic<uint32_t> weight{100};
   std::atomic<uint32_t> admission{kAdmitAll};
   std::atomic<bool> standing_aside{false};
-  // `throttled`, for the hot path (written under the valve's mutex).
-  std::atomic<bool> reuse_throttled{false};
+  // Throttled for no reuse (changed under the valve's mutex).
+  std::atomic<bool> throttled{false};
   std::atomic<uint64_t> clock{0};  // guest evictions seen, x kClockUnit
   // The clock at which this VM's reuse may first be judged, armed by Tick
   // while that point lies ahead (UINT64_MAX: not armed). The put that
@@ -139,7 +139,6 @@ struct Valve::VmState {
   double demand_ns = 0;  // smoothed CPU per period it used or wanted
   double cpu_admission = kAdmitAll;  // what CPU alone would admit
   uint64_t last_cpu_used = 0;
-  bool throttled = false;
   int periods_in_state = 0;
   uint64_t clock_at_state = 0;  // `clock` at the last change of state
 
@@ -158,8 +157,7 @@ struct Valve::VmState {
     return std::min(twice, reach_pages.load(std::memory_order_relaxed));
   }
   void ChangeState(bool now_throttled) {
-    throttled = now_throttled;
-    reuse_throttled.store(now_throttled, std::memory_order_relaxed);
+    throttled.store(now_throttled, std::memory_order_relaxed);
     periods_in_state = 0;
     clock_at_state = clock.load(std::memory_order_relaxed);
   }
@@ -341,7 +339,7 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
     }
   }
   s->admitted_puts.fetch_add(1, std::memory_order_relaxed);
-  if (s->reuse_throttled.load(std::memory_order_relaxed)) {
+  if (s->throttled.load(std::memory_order_relaxed)) {
     // The sample a VM throttled for no reuse still sends is there to show
     // whether its pages start coming back. A ghost shows it as well as a
     // stored page (a get of the key within the VM's reach counts as reuse)
@@ -576,15 +574,14 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     s->win_useful = s->win_useful * o.reuse_window_decay + useful;
     ++s->periods_in_state;
     if (mode != ValveMode::kAdaptive) {
-      s->throttled = false;
-      s->reuse_throttled.store(false, std::memory_order_relaxed);
+      s->throttled.store(false, std::memory_order_relaxed);
       s->judge_clock.store(UINT64_MAX, std::memory_order_relaxed);
       s->admission.store(mode == ValveMode::kOff ? 0 : kAdmitAll,
                          std::memory_order_relaxed);
       continue;
     }
     const double ratio = s->ReuseRatio();
-    if (!s->throttled) {
+    if (!s->throttled.load(std::memory_order_relaxed)) {
       if (ShowsNoReuse(*s, s->win_puts, s->win_useful, o)) {
         s->ChangeState(true);
         s->Count(ValveCounter::kThrottleEvents);
@@ -598,7 +595,8 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
     // the ticks judge.
     const uint64_t judge_after = s->JudgeAfterEvictions();
     s->judge_clock.store(
-        !s->throttled && judge_after > 0 && s->EvictionsInState() < judge_after
+        !s->throttled.load(std::memory_order_relaxed) && judge_after > 0 &&
+                s->EvictionsInState() < judge_after
             ? s->clock_at_state + judge_after * VmState::kClockUnit
             : UINT64_MAX,
         std::memory_order_relaxed);
@@ -647,7 +645,9 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
       s->cpu_admission =
           std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
     }
-    const uint32_t reuse_admission = s->throttled ? o.min_admission : kAdmitAll;
+    const uint32_t reuse_admission =
+        s->throttled.load(std::memory_order_relaxed) ? o.min_admission
+                                                     : kAdmitAll;
     s->admission.store(
         std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
         std::memory_order_relaxed);
@@ -688,7 +688,8 @@ void Valve::JudgeAtThreshold(VmState* s) {
   const double useful =
       s->win_useful +
       static_cast<double>(s->useful_gets.load(std::memory_order_relaxed));
-  if (!s->throttled && ShowsNoReuse(*s, puts, useful, options_)) {
+  if (!s->throttled.load(std::memory_order_relaxed) &&
+      ShowsNoReuse(*s, puts, useful, options_)) {
     s->ChangeState(true);
     s->Count(ValveCounter::kThrottleEvents);
     s->admission.store(std::min(options_.min_admission,
@@ -732,7 +733,7 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
       out.mode == ValveMode::kDefault ? options_.default_mode : out.mode;
   out.weight = s->weight.load(std::memory_order_relaxed);
   out.admission = AdmissionHint(vm);
-  out.throttled = s->throttled;
+  out.throttled = s->throttled.load(std::memory_order_relaxed);
   out.standing_aside = s->standing_aside.load(std::memory_order_relaxed);
   out.reach_pages = s->reach_pages.load(std::memory_order_relaxed);
   out.guest_ram_pages = s->guest_ram_pages.load(std::memory_order_relaxed);
