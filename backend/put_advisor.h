@@ -32,6 +32,9 @@ class PutAdvisor {
   // The admission rate to publish in the VM's shared header, out of 65536
   // (TMEM_ADMIT_ALL).
   virtual uint32_t AdmissionHint(uint32_t /*vm*/) const { return 65536; }
+  // How many of the VM's evictions a page it puts can stay (its share of
+  // the cap in pages), published beside the hint; 0: not known.
+  virtual uint64_t ReachPages(uint32_t /*vm*/) const { return 0; }
 };
 
 }  // namespace tmem

@@ -713,6 +713,13 @@ uint32_t Valve::AdmissionHint(VmId vm) const {
   return s->admission.load(std::memory_order_relaxed);
 }
 
+uint64_t Valve::ReachPages(VmId vm) const {
+  VmState* s = Find(vm);
+  if (s == nullptr) return 0;
+  const uint64_t reach = s->reach_pages.load(std::memory_order_relaxed);
+  return reach == UINT64_MAX ? 0 : reach;
+}
+
 void Valve::OnGuestStandingAside(uint32_t vm, bool aside) {
   VmState* s = Find(vm);
   if (s != nullptr) s->standing_aside.store(aside, std::memory_order_relaxed);

@@ -224,6 +224,8 @@ class Valve final : public PutAdvisor, public EvictionListener {
   void Tick(const CpuSample& sample, const MemorySample& memory = {});
 
   uint32_t AdmissionHint(VmId vm) const override;
+  // reach_pages as the last Tick set it; 0 before one, or without a store.
+  uint64_t ReachPages(VmId vm) const override;
   ValveVmStatus VmStatus(VmId vm) const;
   ValveHostStatus HostStatus() const;
 

@@ -78,6 +78,7 @@ static struct tmem_core_config tmem_cfg = {
 	.aside_probe_ns = 1000 * NSEC_PER_MSEC,
 	.aside_sample_gets = 1024,
 	.aside_probe_share = TMEM_ADMIT_ALL / 8,
+	.aside_unused_evictions = 8192,
 	.skip_unsent_gets = true,
 };
 
@@ -163,6 +164,9 @@ MODULE_PARM_DESC(aside_sample_gets, "gets served by tmem per cost/benefit decisi
 module_param_named(aside_probe_share, tmem_cfg.aside_probe_share, uint, 0644);
 MODULE_PARM_DESC(aside_probe_share,
 		 "after standing aside, puts go out for this share of blocks (of 65536) until tmem pays");
+module_param_named(aside_unused_evictions, tmem_cfg.aside_unused_evictions, ullong, 0644);
+MODULE_PARM_DESC(aside_unused_evictions,
+		 "while the host admits less than aside_probe_share of the puts, stand aside after this many evictions with no get of a page it may hold (0: never)");
 module_param_named(doorbell_batch, tmem_cfg.doorbell_batch, uint, 0444);
 MODULE_PARM_DESC(doorbell_batch,
 		 "puts/invalidates posted to a sleeping host before one doorbell (0: min(sq, slots)/16)");
@@ -514,6 +518,7 @@ static void debugfs_setup(void)
 	COUNTER(completions_reaped);
 	COUNTER(stood_aside);
 	COUNTER(stood_aside_longest);
+	COUNTER(stood_aside_unused);
 	COUNTER(gets_skipped_aside);
 	COUNTER(puts_skipped_aside);
 	COUNTER(puts_refused_unlocked);

@@ -235,7 +235,15 @@ struct tmem_shm_header {
 	tmem_u32 admission_hint;     /* 0 .. TMEM_ADMIT_ALL */
 	tmem_u32 resets;             /* channel resets so far (for the guest) */
 	tmem_u64 flush_done_seq;
-	tmem_u8 pad1[40];
+	/*
+	 * v3, host-written, informational (0: not said): how many of this
+	 * VM's evictions a page it puts can stay on the host (its share of
+	 * the cap), so a re-read further away than this cannot come back. A
+	 * guest that the host samples (a low admission_hint) looks at least
+	 * this far for its pages to come back before it stands aside.
+	 */
+	tmem_u64 reach_pages;
+	tmem_u8 pad1[32];
 
 	/* Guest-written. */
 	tmem_u64 guest_generation;

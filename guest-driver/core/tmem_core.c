@@ -25,6 +25,8 @@ enum need { NEED_PUT, NEED_GET, NEED_CONTROL, NEED_INVALIDATE };
 
 static void windows_reset(struct tmem_core *c);
 static void sample_reset(struct tmem_core *c);
+static bool sampled_for_nothing(struct tmem_core *c, int h);
+static void stand_aside_unused(struct tmem_core *c);
 static void batch_completed(struct tmem_core *c, struct tmem_core_pending *p,
 			    s32 status, u32 result);
 
@@ -1685,6 +1687,8 @@ void tmem_core_put(struct tmem_core *c, int h, const u32 *oid, u64 index,
 	if (put_refused_unlocked(c, h, oid, index))
 		return;
 	lock(c, &flags);
+	if (sampled_for_nothing(c, h))
+		stand_aside_unused(c);
 	/*
 	 * Told to send nothing and holding nothing: decided before the clock
 	 * is read, so a frontend told "off" costs the guest a lock and a few
@@ -2099,6 +2103,7 @@ static void resume(struct tmem_core *c)
 	 */
 	WRITE_ONCE(c->probing, true);
 	sample_reset(c);
+	c->unused_from = admit_clock(c);
 	if (c->attached)
 		st_release(&hdr(c)->guest_flags, 0);
 }
@@ -2264,6 +2269,52 @@ static void account_get(struct tmem_core *c, u64 ns, bool hit, bool single)
 	sample_reset(c);
 }
 
+/*
+ * Sampled for nothing (cfg->aside_unused_evictions): under a hint below a
+ * probe's share, the host keeps our puts' keys to notice reuse, which
+ * shows as a get of a page it may hold. With none for that many evictions
+ * (or the host's reach_pages, if more: a page re-read further away than
+ * that cannot come back), every eviction and page-cache miss still pays a
+ * hash and a filter test, and a sampled put a copy, for nothing: in the
+ * scenario's stream (a CPU-saturated host) a throttled streamer read at
+ * 0.94x of no tmem with a sample of 1/64 and at 0.94x with none at all,
+ * where one told "off" (nothing sent, so no filter to test) read at
+ * 0.98-1.0x. Standing aside wipes the pools, so the filter's tests go too.
+ * The wait doubles while it goes on, up to UNUSED_LONGEST_WAIT probe
+ * intervals: a reader whose pages start coming back waits that long at
+ * most, then the probe's sample shows it. Told "off" with nothing sent,
+ * it already costs what aside does.
+ */
+#define UNUSED_LONGEST_WAIT 8
+
+static bool sampled_for_nothing(struct tmem_core *c, int h)
+{
+	u64 limit = READ_ONCE(c->cfg->aside_unused_evictions);
+	u64 clock = admit_clock(c);
+
+	if (!limit || c->aside || !valid_handle(c, h) || c->pools[h].shared ||
+	    !c->attached || c->broken || host_changed(c) ||
+	    admitted_as_a_probe(c) ||
+	    (holds_nothing_private(c, h) && read_hint(c) == 0)) {
+		c->unused_from = clock;
+		return false;
+	}
+	/* Where the host could still hold a page, it may yet come back. */
+	limit = max(limit, (u64)READ_ONCE(hdr(c)->reach_pages));
+	return clock - c->unused_from >= limit;
+}
+
+static void stand_aside_unused(struct tmem_core *c)
+{
+	u64 base = max(READ_ONCE(c->cfg->aside_probe_ns), 1ull);
+
+	c->aside_backoff_ns = c->aside_backoff_ns ?
+		min(c->aside_backoff_ns * 2, base * UNUSED_LONGEST_WAIT) : base;
+	c->aside_miss_ns = 0; /* not a matter of cost: no cost rise ends it */
+	c->c.stood_aside_unused++;
+	stand_aside(c);
+}
+
 /* The guest's own view, for the host to show (never trusted there). */
 static void publish_prefetch_counts(struct tmem_core *c)
 {
@@ -2414,6 +2465,8 @@ int tmem_core_get(struct tmem_core *c, int h, const u32 *oid, u64 index,
 		c->c.gets_skipped_never_sent++;
 		goto miss_local;
 	}
+	/* A page the host may hold was read again: what a sample is for. */
+	c->unused_from = admit_clock(c);
 	if (!ensure_attached(c))
 		goto miss_local;
 	reap(c); /* frees slots, completes barriers and pool creations */

@@ -131,6 +131,15 @@ struct tmem_core_config {
 	 * a probe of a guest for which tmem does not pay costs that share.
 	 */
 	u32 aside_probe_share;
+	/*
+	 * Sampled for nothing: while the host admits less than a probe's
+	 * share of the puts (its valve found no reuse, or is short of CPU),
+	 * this many evictions with no get of a page the host may hold make
+	 * the guest stand aside as above (aside_probe_ns, doubling up to 8x),
+	 * where a page-cache event costs what it does when told "off".
+	 * 0: never.
+	 */
+	u64 aside_unused_evictions;
 	bool skip_unsent_gets;	 /* filter says never sent: local miss */
 	u64 ram_pages;		 /* told to the host (guest_ram_pages); 0: not */
 };
@@ -201,6 +210,7 @@ struct tmem_core_counters {
 	/* Standing aside (never slower). */
 	u64 stood_aside;		/* times the guest stood aside */
 	u64 stood_aside_longest;	/* of those: a loss no hit ratio turns */
+	u64 stood_aside_unused;		/* of those: sampled for nothing */
 	u64 gets_skipped_aside;		/* of gets_miss_local */
 	u64 puts_skipped_aside;		/* of puts_skipped_by_hint */
 	u64 puts_refused_unlocked;	/* of puts_skipped_by_hint, no lock */
@@ -385,6 +395,7 @@ struct tmem_core {
 	bool aside;
 	bool probing;		/* resumed, not yet shown to pay */
 	u64 admit_puts;		/* puts that asked admit(): its epoch clock */
+	u64 unused_from;	/* admit_clock() at the last sign of use */
 	u64 aside_until_ns;
 	u64 aside_backoff_ns;
 	u64 sample_ns;		/* guest time in gets served by host or window */

@@ -195,6 +195,7 @@ TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
   config_.miss_cost_ns = Ns(options.miss_cost);
   config_.aside_sample_gets = options.aside_sample_gets;
   config_.aside_probe_share = options.aside_probe_share;
+  config_.aside_unused_evictions = options.aside_unused_evictions;
   config_.ram_pages = options.ram_pages;
   config_.aside_probe_ns = Ns(options.aside_probe_interval);
   tmem_core_init(&core_, &kOps, device, &config_);
@@ -283,6 +284,7 @@ void TmemGuest::SyncCounters() const {
   c.readahead_wait_ns = k.readahead_wait_ns;
   c.stood_aside = k.stood_aside;
   c.stood_aside_longest = k.stood_aside_longest;
+  c.stood_aside_unused = k.stood_aside_unused;
   c.gets_skipped_aside = k.gets_skipped_aside;
   c.puts_skipped_aside = k.puts_skipped_aside;
   c.puts_refused_unlocked = k.puts_refused_unlocked;

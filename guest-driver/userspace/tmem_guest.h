@@ -127,6 +127,12 @@ struct TmemGuestOptions {
   // (of TMEM_ADMIT_ALL) until a sample says tmem pays.
   uint32_t aside_probe_share = TMEM_ADMIT_ALL / 8;
   std::chrono::milliseconds aside_probe_interval{1000};
+  // Sampled for nothing (the kernel module's aside_unused_evictions): while
+  // the host admits less than aside_probe_share of the puts, this many
+  // evictions with no Get of a page the host may hold make the guest stand
+  // aside as above (aside_probe_interval, doubling up to 8x), whatever
+  // miss_cost says. 0: never.
+  uint64_t aside_unused_evictions = 8192;
   // The guest's RAM in pages, told to the host (guest_ram_pages): it judges
   // this VM's reuse only after about twice that many evictions. 0: unsaid.
   uint64_t ram_pages = 0;
@@ -195,6 +201,7 @@ struct GuestCounters {
   // Standing aside (TmemGuestOptions::miss_cost).
   uint64_t stood_aside = 0;                // times the guest stood aside
   uint64_t stood_aside_longest = 0;        // of those: no hit ratio would pay
+  uint64_t stood_aside_unused = 0;         // of those: sampled for nothing
   uint64_t gets_skipped_aside = 0;         // of gets_miss_local
   uint64_t puts_skipped_aside = 0;         // of puts_skipped_by_hint
   uint64_t puts_refused_unlocked = 0;      // of puts_skipped_by_hint, no lock
@@ -248,6 +255,7 @@ void ForEachCounter(Counters& c, Fn&& fn) {
   fn("readahead_wait_ns", c.readahead_wait_ns);
   fn("stood_aside", c.stood_aside);
   fn("stood_aside_longest", c.stood_aside_longest);
+  fn("stood_aside_unused", c.stood_aside_unused);
   fn("gets_skipped_aside", c.gets_skipped_aside);
   fn("puts_skipped_aside", c.puts_skipped_aside);
   fn("puts_refused_unlocked", c.puts_refused_unlocked);

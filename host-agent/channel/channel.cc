@@ -197,6 +197,7 @@ void Channel::PublishAdmissionHint() {
     advisor_->OnGuestRamPages(vm_, ram_pages);
   }
   region_->PublishAdmissionHint(advisor_->AdmissionHint(vm_));
+  region_->PublishReachPages(advisor_->ReachPages(vm_));
 }
 
 }  // namespace tmem

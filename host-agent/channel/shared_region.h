@@ -81,6 +81,13 @@ class SharedRegion {
       __atomic_store_n(field, hint, __ATOMIC_RELAXED);
     }
   }
+  // reach_pages, likewise.
+  void PublishReachPages(uint64_t pages) {
+    uint64_t* field = &header()->reach_pages;
+    if (__atomic_load_n(field, __ATOMIC_RELAXED) != pages) {
+      __atomic_store_n(field, pages, __ATOMIC_RELAXED);
+    }
+  }
   // Ring indices and the flush ack (the ring consumer). Release: the CQE
   // (and a get's slot bytes) before the tail that hands them over; the copy
   // of an SQE done before the head lets the guest reuse it; the CQEs up to

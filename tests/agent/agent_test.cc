@@ -169,6 +169,17 @@ TEST_F(AgentTest, AdmissionHintReachesTheGuestAndItStopsSending) {
     return __atomic_load_n(&header->admission_hint, __ATOMIC_RELAXED);
   };
   ASSERT_TRUE(Eventually([&] { return hint() == TMEM_ADMIT_ALL; }));
+  // Beside it, how far away a page of this VM can still come back (its
+  // share of the cap in pages, set by the valve's tick): a sampled guest
+  // looks that far. (The valve's first tick only takes its first sample.)
+  ASSERT_TRUE(agent_->TickValve().ok());
+  ASSERT_TRUE(agent_->TickValve().ok());
+  const auto reach = [&] {
+    return __atomic_load_n(&header->reach_pages, __ATOMIC_RELAXED);
+  };
+  ASSERT_TRUE(Eventually([&] {
+    return reach() > 0 && reach() == agent_->GetVm("g")->valve.reach_pages;
+  })) << reach();
 
   // Mode off: the worker publishes 0 and the guest skips every put.
   VmPolicy off;

@@ -552,11 +552,15 @@ TEST(ValveTest, StreamerThatSaysItsRamIsThrottledOnceThatManyEvictionsPass) {
   absl::StatusOr<VmId> vm = store->AddVm("liar", Policy());
   ASSERT_TRUE(vm.ok());
   capped.AddVm(*vm, Policy());
+  EXPECT_EQ(capped.ReachPages(*vm), 0u) << "not known before a tick";
   capped.OnGuestRamPages(*vm, uint64_t{1} << 40);
   capped.Tick(host.Advance(0, 0), SampleStoreMemory(*store));
   const ValveVmStatus st = capped.VmStatus(*vm);
   EXPECT_LE(st.judge_after_evictions, st.reach_pages);
   EXPECT_LT(st.judge_after_evictions, uint64_t{1} << 20);
+  // What the guest is told (tmem_abi.h reach_pages): the same reach.
+  EXPECT_GT(capped.ReachPages(*vm), 0u);
+  EXPECT_EQ(capped.ReachPages(*vm), st.reach_pages);
 }
 
 TEST(ValveTest, StreamerIsCutByThePutThatReachesItsThresholdNotAtTheTick) {

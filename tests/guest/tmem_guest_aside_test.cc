@@ -578,5 +578,154 @@ TEST(AsideUnderSamplingTest, AHintAtLeastTheProbesShareDecides) {
   }
 }
 
+// Sampled for nothing (TmemGuestOptions::aside_unused_evictions): a guest
+// the host samples below a probe's share (a streamer its valve cut to 1/64)
+// and that never reads back a page the host may hold stands aside, with or
+// without a miss cost, and then costs what a guest told "off" costs.
+class AsideUnusedTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kLimit = 2048;
+  // Below the probe's share (1/8), dense enough to send a few blocks of 32
+  // pages per kLimit evictions (a valve's 1/64 would send one or two).
+  static constexpr uint32_t kSample = TMEM_ADMIT_ALL / 16;
+  void SetUp() override {
+    TmemGuestOptions o = Options(std::chrono::nanoseconds(0));  // no cost rule
+    o.aside_unused_evictions = kLimit;
+    o.aside_probe_interval = std::chrono::milliseconds(30);
+    o.aside_probe_share = TMEM_ADMIT_ALL / 8;
+    guest_ = MustCreate(&host_, o);
+    ASSERT_NE(guest_, nullptr);
+    pool_ = *guest_->InitFs();
+    host_.Step();
+  }
+  // Evicts n pages of files never read back, 32-page blocks of new objects.
+  void Stream(uint64_t n) {
+    for (uint64_t i = 0; i < n; ++i, ++next_) {
+      const TmemGuest::ObjectId oid = {
+          static_cast<uint32_t>(1000 + next_ / 256), 9, 0, 0, 0, 0};
+      guest_->Put(pool_, oid, next_ % 256, MakePage(next_));
+      if (next_ % 32 == 31) {
+        host_.Step();
+        guest_->Poll();
+      }
+    }
+  }
+  FakeHost host_{Host()};
+  std::unique_ptr<TmemGuest> guest_;
+  int pool_ = -1;
+  uint64_t next_ = 0;
+  Page out_{};
+};
+
+TEST_F(AsideUnusedTest, AGuestSampledForNothingStandsAside) {
+  host_.SetAdmissionHint(kSample);
+  Stream(kLimit / 2);
+  EXPECT_FALSE(guest_->standing_aside()) << "before the limit";
+  EXPECT_GT(guest_->counters().puts_sent, 0u) << "the host's sample";
+  Stream(kLimit);
+  ASSERT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside, 1u);
+  EXPECT_EQ(guest_->counters().stood_aside_unused, 1u);
+  EXPECT_EQ(guest_->counters().stood_aside_longest, 0u);
+  host_.Step();
+  EXPECT_EQ(Load(&host_.header()->guest_flags), TMEM_GUEST_STANDING_ASIDE);
+  EXPECT_EQ(host_.op_count(TMEM_OP_INVAL_POOL), 1u) << "its sample wiped";
+  // Aside: nothing more reaches the host, no filter is tested.
+  const uint64_t ops = Ops(host_);
+  const uint64_t skipped = guest_->counters().puts_skipped_aside;
+  Stream(1000);
+  for (uint64_t i = 0; i < 100; ++i) {
+    EXPECT_FALSE(guest_->Get(pool_, kFile, i, out_));
+  }
+  host_.Step();
+  EXPECT_EQ(Ops(host_), ops);
+  EXPECT_EQ(guest_->counters().puts_skipped_aside, skipped + 1000);
+}
+
+// After the probe interval the guest samples again; still unused, it stands
+// aside again.
+TEST_F(AsideUnusedTest, ResumesAndStandsAsideAgainWhileUnused) {
+  host_.SetAdmissionHint(kSample);
+  Stream(kLimit + 64);
+  ASSERT_TRUE(guest_->standing_aside());
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_FALSE(guest_->Get(pool_, kFile, 0, out_));  // resumes: probing
+  ASSERT_FALSE(guest_->standing_aside());
+  Stream(kLimit + 64);
+  ASSERT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside_unused, 2u);
+  EXPECT_EQ(host_.op_count(TMEM_OP_INVAL_POOL), 2u);
+}
+
+// A page read back that the host may hold is the use the sample looks for:
+// a guest whose sampled pages come back stays.
+TEST_F(AsideUnusedTest, AGuestWhoseSampleComesBackStays) {
+  host_.SetAdmissionHint(kSample);
+  uint64_t remote_gets = 0;
+  for (int round = 0; round < 8; ++round) {
+    const uint64_t first = next_;
+    Stream(kLimit / 2);
+    const uint64_t local = guest_->counters().gets_miss_local;
+    for (uint64_t k = first; k < next_; ++k) {
+      const TmemGuest::ObjectId oid = {
+          static_cast<uint32_t>(1000 + k / 256), 9, 0, 0, 0, 0};
+      guest_->Get(pool_, oid, k % 256, out_);
+    }
+    remote_gets += kLimit / 2 - (guest_->counters().gets_miss_local - local);
+  }
+  EXPECT_GT(remote_gets, 0u) << "no sampled page was read back";
+  EXPECT_FALSE(guest_->standing_aside()) << "its pages came back";
+  EXPECT_EQ(guest_->counters().stood_aside_unused, 0u);
+}
+
+// The host says how far away one of its pages can still come back
+// (reach_pages): a sampled guest looks at least that far before it stands
+// aside, so a re-read further away than aside_unused_evictions is seen.
+TEST_F(AsideUnusedTest, LooksAsFarAsTheHostCanHoldAPage) {
+  __atomic_store_n(&host_.header()->reach_pages, uint64_t{4 * kLimit},
+                   __ATOMIC_RELAXED);
+  host_.SetAdmissionHint(kSample);
+  Stream(3 * kLimit);
+  EXPECT_FALSE(guest_->standing_aside()) << "within the host's reach";
+  Stream(kLimit + 64);
+  EXPECT_TRUE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside_unused, 1u);
+}
+
+// A guest at full admission, or at a probe's share, is not being sampled:
+// a re-reader's first pass (nothing read back yet) must never stand aside.
+TEST_F(AsideUnusedTest, NotSampledNeverStandsAsideForIt) {
+  for (const uint32_t hint : {TMEM_ADMIT_ALL, TMEM_ADMIT_ALL / 8}) {
+    SCOPED_TRACE(hint);
+    host_.SetAdmissionHint(hint);
+    Stream(4 * kLimit);
+    EXPECT_FALSE(guest_->standing_aside());
+  }
+  EXPECT_EQ(guest_->counters().stood_aside, 0u);
+}
+
+// 0 turns it off.
+TEST(AsideUnusedOffTest, ZeroNeverStandsAside) {
+  FakeHost host(Host());
+  TmemGuestOptions o = Options(std::chrono::nanoseconds(0));
+  o.aside_unused_evictions = 0;
+  auto guest = MustCreate(&host, o);
+  ASSERT_NE(guest, nullptr);
+  const int pool = *guest->InitFs();
+  host.Step();
+  host.SetAdmissionHint(TMEM_ADMIT_ALL / 64);
+  for (uint64_t i = 0; i < 20000; ++i) {
+    const TmemGuest::ObjectId oid = {
+        static_cast<uint32_t>(1 + i / 256), 0, 0, 0, 0, 0};
+    guest->Put(pool, oid, i % 256, MakePage(i));
+    if (i % 32 == 31) {
+      host.Step();
+      guest->Poll();
+    }
+  }
+  EXPECT_FALSE(guest->standing_aside());
+  EXPECT_EQ(guest->counters().stood_aside, 0u);
+}
+
 }  // namespace
 }  // namespace tmem
