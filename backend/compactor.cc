@@ -139,7 +139,9 @@ void Compactor::Run(int index) {
     }
     // Every lock is taken at normal priority (thread_priority.h).
     if (idle) idle = !SetPriority(ThreadPriority::kNormal);
-    const size_t n = queue_->PopBatch(batch);
+    size_t n = queue_->PopBatch(batch);
+    if (n == 0) continue;
+    n = SkipNoReuse(std::span<CompactionTicket>(batch.data(), n));
     if (n == 0) continue;
     // Pages deferred only to spare a neighbour (PutMode::kDeferIdle) stay
     // at SCHED_IDLE under pressure too: compressing them at normal priority
@@ -154,6 +156,26 @@ void Compactor::Run(int index) {
     const bool pressure = !use_idle_ || (tight && !idle_only);
     Compact(std::span<const CompactionTicket>(batch.data(), n), pressure);
   }
+}
+
+size_t Compactor::SkipNoReuse(std::span<CompactionTicket> batch) {
+  if (!options_.expects_no_reuse) return batch.size();
+  size_t kept = 0;
+  for (const CompactionTicket& t : batch) {
+    if (!options_.expects_no_reuse(t.vm)) {
+      batch[kept++] = t;
+      continue;
+    }
+    // Settled as raw (an empty block): the store stops tracking it as
+    // pending, exactly as for a page LZ4 could not shrink.
+    const DeferredOutcome outcome = store_->CompleteDeferred(t, {});
+    if (outcome == DeferredOutcome::kKeptRaw) {
+      skipped_no_reuse_.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      stale_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return kept;
 }
 
 void Compactor::Compact(std::span<const CompactionTicket> batch,
@@ -271,6 +293,7 @@ CompactorStats Compactor::Stats() const {
   CompactorStats s;
   s.compressed = compressed_.load(std::memory_order_relaxed);
   s.kept_raw = kept_raw_.load(std::memory_order_relaxed);
+  s.skipped_no_reuse = skipped_no_reuse_.load(std::memory_order_relaxed);
   s.stale = stale_.load(std::memory_order_relaxed);
   s.no_room = no_room_.load(std::memory_order_relaxed);
   s.idle_cpu_ns = idle_cpu_ns_.load(std::memory_order_relaxed);

@@ -720,6 +720,12 @@ uint64_t Valve::ReachPages(VmId vm) const {
   return reach == UINT64_MAX ? 0 : reach;
 }
 
+bool Valve::ExpectsNoReuse(VmId vm) const {
+  VmState* s = Find(vm);
+  return s != nullptr && (s->throttled.load(std::memory_order_relaxed) ||
+                          s->standing_aside.load(std::memory_order_relaxed));
+}
+
 void Valve::OnGuestStandingAside(uint32_t vm, bool aside) {
   VmState* s = Find(vm);
   if (s != nullptr) s->standing_aside.store(aside, std::memory_order_relaxed);

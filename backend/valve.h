@@ -226,6 +226,9 @@ class Valve final : public PutAdvisor, public EvictionListener {
   uint32_t AdmissionHint(VmId vm) const override;
   // reach_pages as the last Tick set it; 0 before one, or without a store.
   uint64_t ReachPages(VmId vm) const override;
+  // Its pages are not expected back: throttled for no reuse, or its guest
+  // stands aside. Lock-free; any thread.
+  bool ExpectsNoReuse(VmId vm) const;
   ValveVmStatus VmStatus(VmId vm) const;
   ValveHostStatus HostStatus() const;
 

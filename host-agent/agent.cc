@@ -78,6 +78,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   compactor.charge_cpu = [raw](VmId vm, int64_t ns) {
     raw->valve_->ChargeCpu(vm, ns);
   };
+  compactor.expects_no_reuse = [raw](VmId vm) {
+    return raw->valve_->ExpectsNoReuse(vm);
+  };
   compactor.on_priority_error = [](const absl::Status& s) {
     Log(LogLevel::kWarn, "compactor_priority_failed", {{"error", s.message()}});
   };

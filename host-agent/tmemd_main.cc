@@ -78,6 +78,7 @@ void LogStats(const Agent& agent, std::string_view event) {
       {{"deferred", st.valve.options.deferred_compression},
        {"compressed", k.compressed},
        {"kept_raw", k.kept_raw},
+       {"skipped_no_reuse", k.skipped_no_reuse},
        {"stale", k.stale},
        {"no_room", k.no_room},
        {"queue_length", k.queue.length},

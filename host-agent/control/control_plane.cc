@@ -45,6 +45,7 @@ void AddCompactorCounters(const CompactorStats& k,
   };
   add("compactor_compressed", k.compressed, false);
   add("compactor_kept_raw", k.kept_raw, false);
+  add("compactor_skipped_no_reuse", k.skipped_no_reuse, false);
   add("compactor_stale", k.stale, false);
   add("compactor_no_room", k.no_room, false);
   add("compactor_queue_length", k.queue.length, true);

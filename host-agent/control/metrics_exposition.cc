@@ -25,6 +25,10 @@ constexpr MetricFamily kCompactorCompressed{
 constexpr MetricFamily kCompactorKeptRaw{
     "tmem_compactor_kept_raw_total", kCounter,
     "Queued pages the compactor left raw (they did not compress)."};
+constexpr MetricFamily kCompactorSkippedNoReuse{
+    "tmem_compactor_skipped_no_reuse_total", kCounter,
+    "Queued pages left raw unread: their VM showed no reuse (throttled by "
+    "the valve, or its guest stands aside)."};
 constexpr MetricFamily kCompactorStale{
     "tmem_compactor_stale_total", kCounter,
     "Queued pages gone before their turn (read, invalidated, evicted or "
@@ -410,6 +414,7 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
     const CompactorStats& k = st.compactor;
     out.Add(kCompactorCompressed, {}, k.compressed);
     out.Add(kCompactorKeptRaw, {}, k.kept_raw);
+    out.Add(kCompactorSkippedNoReuse, {}, k.skipped_no_reuse);
     out.Add(kCompactorStale, {}, k.stale);
     out.Add(kCompactorQueueLength, {}, k.queue.length);
     out.Add(kCompactorQueueOverflows, {}, k.queue.overflows);
