@@ -588,9 +588,10 @@ class AsideUnusedTest : public ::testing::Test {
   // Below the probe's share (1/8), dense enough to send a few blocks of 32
   // pages per kLimit evictions (a valve's 1/64 would send one or two).
   static constexpr uint32_t kSample = TMEM_ADMIT_ALL / 16;
+  virtual uint64_t Limit() const { return kLimit; }
   void SetUp() override {
     TmemGuestOptions o = Options(std::chrono::nanoseconds(0));  // no cost rule
-    o.aside_unused_evictions = kLimit;
+    o.aside_unused_evictions = Limit();
     o.aside_probe_interval = std::chrono::milliseconds(30);
     o.aside_probe_share = TMEM_ADMIT_ALL / 8;
     guest_ = MustCreate(&host_, o);
@@ -705,26 +706,16 @@ TEST_F(AsideUnusedTest, NotSampledNeverStandsAsideForIt) {
 }
 
 // 0 turns it off.
-TEST(AsideUnusedOffTest, ZeroNeverStandsAside) {
-  FakeHost host(Host());
-  TmemGuestOptions o = Options(std::chrono::nanoseconds(0));
-  o.aside_unused_evictions = 0;
-  auto guest = MustCreate(&host, o);
-  ASSERT_NE(guest, nullptr);
-  const int pool = *guest->InitFs();
-  host.Step();
-  host.SetAdmissionHint(TMEM_ADMIT_ALL / 64);
-  for (uint64_t i = 0; i < 20000; ++i) {
-    const TmemGuest::ObjectId oid = {
-        static_cast<uint32_t>(1 + i / 256), 0, 0, 0, 0, 0};
-    guest->Put(pool, oid, i % 256, MakePage(i));
-    if (i % 32 == 31) {
-      host.Step();
-      guest->Poll();
-    }
-  }
-  EXPECT_FALSE(guest->standing_aside());
-  EXPECT_EQ(guest->counters().stood_aside, 0u);
+class AsideUnusedOffTest : public AsideUnusedTest {
+ protected:
+  uint64_t Limit() const override { return 0; }
+};
+
+TEST_F(AsideUnusedOffTest, ZeroNeverStandsAside) {
+  host_.SetAdmissionHint(TMEM_ADMIT_ALL / 64);
+  Stream(10 * kLimit);
+  EXPECT_FALSE(guest_->standing_aside());
+  EXPECT_EQ(guest_->counters().stood_aside, 0u);
 }
 
 }  // namespace
