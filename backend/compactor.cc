@@ -139,9 +139,8 @@ void Compactor::Run(int index) {
     }
     // Every lock is taken at normal priority (thread_priority.h).
     if (idle) idle = !SetPriority(ThreadPriority::kNormal);
-    size_t n = queue_->PopBatch(batch);
-    if (n == 0) continue;
-    n = SkipNoReuse(std::span<CompactionTicket>(batch.data(), n));
+    const size_t n = SkipNoReuse(
+        std::span<CompactionTicket>(batch.data(), queue_->PopBatch(batch)));
     if (n == 0) continue;
     // Pages deferred only to spare a neighbour (PutMode::kDeferIdle) stay
     // at SCHED_IDLE under pressure too: compressing them at normal priority

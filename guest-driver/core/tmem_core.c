@@ -2187,6 +2187,13 @@ static void sample_reset(struct tmem_core *c)
  */
 #define ASIDE_LONGEST_WAIT 64
 
+/* The wait after another loss: twice the last, up to longest x base. */
+static u64 next_backoff(struct tmem_core *c, u64 base, u64 longest)
+{
+	return c->aside_backoff_ns ?
+	       min(c->aside_backoff_ns * 2, base * longest) : base;
+}
+
 static u64 aside_wait(struct tmem_core *c, u64 base, u64 per_hit)
 {
 	u64 best = c->sample_ns / max(c->sample_gets, 1u);
@@ -2198,8 +2205,7 @@ static u64 aside_wait(struct tmem_core *c, u64 base, u64 per_hit)
 		c->c.stood_aside_longest++;
 		return base * ASIDE_LONGEST_WAIT;
 	}
-	return c->aside_backoff_ns ?
-	       min(c->aside_backoff_ns * 2, base * ASIDE_LONGEST_WAIT) : base;
+	return next_backoff(c, base, ASIDE_LONGEST_WAIT);
 }
 
 /*
@@ -2295,7 +2301,7 @@ static bool sampled_for_nothing(struct tmem_core *c, int h)
 	if (!limit || c->aside || !valid_handle(c, h) || c->pools[h].shared ||
 	    !c->attached || c->broken || host_changed(c) ||
 	    admitted_as_a_probe(c) ||
-	    (holds_nothing_private(c, h) && read_hint(c) == 0)) {
+	    (!c->private_sent && READ_ONCE(hdr(c)->admission_hint) == 0)) {
 		c->unused_from = clock;
 		return false;
 	}
@@ -2308,8 +2314,7 @@ static void stand_aside_unused(struct tmem_core *c)
 {
 	u64 base = max(READ_ONCE(c->cfg->aside_probe_ns), 1ull);
 
-	c->aside_backoff_ns = c->aside_backoff_ns ?
-		min(c->aside_backoff_ns * 2, base * UNUSED_LONGEST_WAIT) : base;
+	c->aside_backoff_ns = next_backoff(c, base, UNUSED_LONGEST_WAIT);
 	c->aside_miss_ns = 0; /* not a matter of cost: no cost rise ends it */
 	c->c.stood_aside_unused++;
 	stand_aside(c);
