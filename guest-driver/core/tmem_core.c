@@ -1870,15 +1870,18 @@ static bool get_done_locked(void *arg)
 
 /*
  * Without the lock: spin, then sleep, until done(arg), or the deadline
- * (returns true). A get spins get_spin_ns per page it waits for: a batch
- * keeps the host longer, and sleeping costs an interrupt and a wake-up,
- * which under emulation cost more than the host's whole batch.
+ * (returns true). A get spins get_spin_ns per page it waits for, and at
+ * least get_spin_min_ns: a batch keeps the host longer, a worker asleep
+ * wakes late, and sleeping costs an interrupt and a wake-up, which under
+ * emulation cost more than the host's whole batch.
  */
 static bool wait_for(struct tmem_core *c, bool (*done)(void *arg), void *arg,
 		     u32 pages, u32 *interrupt_waits)
 {
 	u64 t_now = now(c);
-	u64 spin_until = t_now + READ_ONCE(c->cfg->get_spin_ns) * max(pages, 1u);
+	u64 spin_until = t_now +
+			 max(READ_ONCE(c->cfg->get_spin_ns) * max(pages, 1u),
+			     READ_ONCE(c->cfg->get_spin_min_ns));
 	u64 deadline = t_now + READ_ONCE(c->cfg->get_timeout_ns);
 
 	for (;;) {

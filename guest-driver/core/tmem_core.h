@@ -72,7 +72,13 @@ struct tmem_core_ops {
 
 /* Tunables, read at every use (the kernel maps module parameters here). */
 struct tmem_core_config {
-	u64 get_spin_ns;	 /* a get spins this long, then sleeps */
+	u64 get_spin_ns;	 /* a get spins this long per page, then sleeps */
+	/*
+	 * ... but never less than this: a host worker woken by the doorbell
+	 * answers a single get later than get_spin_ns, and a guest that went
+	 * to sleep pays an interrupt and a wake-up on top (bench/RESULTS.md).
+	 */
+	u64 get_spin_min_ns;
 	u64 get_timeout_ns;	 /* then it is a miss */
 	u64 pool_create_timeout_ns;
 	u64 pool_retry_ns;	 /* after a refused NEW_POOL */

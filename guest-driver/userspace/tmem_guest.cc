@@ -179,6 +179,7 @@ const tmem_core_ops TmemGuest::kOps = {
 TmemGuest::TmemGuest(GuestDevice* device, const TmemGuestOptions& options)
     : device_(device), options_(options) {
   config_.get_spin_ns = Ns(options.get_spin);
+  config_.get_spin_min_ns = Ns(options.get_spin_min);
   config_.get_timeout_ns = Ns(options.get_timeout);
   config_.pool_create_timeout_ns = Ns(options.pool_create_timeout);
   config_.pool_retry_ns = Ns(options.pool_retry_interval);

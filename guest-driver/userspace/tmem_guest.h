@@ -64,8 +64,12 @@ namespace tmem {
 
 struct TmemGuestOptions {
   // A Get first spins reaping the CQ (the host is usually polling and fast),
-  // then sleeps on the completion interrupt; past get_timeout it is a miss.
+  // get_spin per page it waits for and at least get_spin_min, then sleeps
+  // on the completion interrupt; past get_timeout it is a miss. The kernel
+  // module spins at least 80 us (a guest vCPU that sleeps pays an interrupt
+  // and its wake-up); here a sleep is a ppoll, so no minimum by default.
   std::chrono::microseconds get_spin{20};
+  std::chrono::microseconds get_spin_min{0};
   std::chrono::microseconds get_timeout{50'000};
   // Create() waits this long for the host to publish READY.
   std::chrono::milliseconds attach_timeout{2000};

@@ -329,6 +329,41 @@ TEST(TmemGuestDoorbellTest, GetSleepsOnTheInterruptWithAThreadedHost) {
   EXPECT_EQ(guest->counters().gets_timeout, 0u);
 }
 
+// A get answered while it still spins takes no interrupt wait. The host
+// answers 20 ms after the get is posted: with get_spin_min far above that
+// the get spins through it; with none it sleeps on the interrupt.
+uint64_t InterruptWaitsOfAGetAnsweredAfter20Ms(
+    std::chrono::microseconds get_spin_min) {
+  FakeHost host;
+  TmemGuestOptions o = FastOptions();
+  o.get_spin = std::chrono::microseconds(0);
+  o.get_spin_min = get_spin_min;
+  o.get_timeout = std::chrono::seconds(10);
+  auto guest = MustCreate(&host, o);
+  const int pool = *guest->InitFs();
+  const Page in = MakePage(6);
+  guest->Put(pool, kFile, 1, in);
+  guest->Poll();
+  host.paused = true;
+  std::thread answer([&host] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    host.paused = false;
+    host.Step();
+  });
+  Page out{};
+  EXPECT_TRUE(guest->Get(pool, kFile, 1, out));
+  answer.join();
+  EXPECT_EQ(out, in);
+  EXPECT_EQ(guest->counters().gets_timeout, 0u);
+  return guest->counters().interrupt_waits;
+}
+
+TEST(TmemGuestDoorbellTest, AGetSpinsAtLeastGetSpinMinBeforeSleeping) {
+  EXPECT_EQ(InterruptWaitsOfAGetAnsweredAfter20Ms(std::chrono::seconds(5)), 0u);
+  EXPECT_GE(InterruptWaitsOfAGetAnsweredAfter20Ms(std::chrono::microseconds(0)),
+            1u);
+}
+
 // ---------------------------------------------------------------------------
 // Slots and a full ring
 
