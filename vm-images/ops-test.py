@@ -10,7 +10,7 @@ keeps reading and verifying every page while the host restarts tmemd:
 This script plays systemd (NOTIFY_SOCKET fd store, LISTEN_FDS on restart).
 The guest must see each new host generation, stay attached (no re-plug),
 put and hit again, and verify every page; tmemd must log guests_kept=1.
-The guest driver rings peer 0, so tmemd runs with --host-peer-id 0 here.
+tmemd runs as ivshmem peer 1 (its default), so the device is master=on.
 
 Usage: vm-images/ops-test.py --tmemd PATH [--pages N] [--files N] [--mem MIB]
 Prints BENCH lines: signal to the first request the new tmemd served.
@@ -129,7 +129,7 @@ def main():
     subprocess.run(["mkfs.ext4", "-q", "-F", disk], check=True)
     tmemd_argv = [args.tmemd, "--vm", "guest", "--socket-dir", work,
                   "--control-socket", "", "--stats-interval", "2",
-                  "--mode", "always", "--host-peer-id", "0"]
+                  "--mode", "always"]
     logs = []
 
     def start(pass_store):

@@ -7,10 +7,12 @@
 # Usage: vm-images/run-guest.sh [--socket DIR/NAME.sock] [--disk IMG]
 #          [--mem MIB] [--smp N] [--append "ARGS"] [--serial FILE]
 #          [--timeout SECS] [--accel auto|tcg|kvm] [--monitor-pipe PATH]
-#          [--migratable] [--incoming unix:PATH] [--qmp PATH]
+#          [--peer-mode] [--incoming unix:PATH] [--qmp PATH]
 #          [--disk-cache none|writeback|cloud]
-# --migratable: the device is master=on (QEMU then migrates it); tmemd must
-# run with --host-peer-id 1 and the guest driver ring peer 1.
+# The device is master=on, which QEMU migrates; the VM must then be ivshmem
+# peer 0, so tmemd runs as peer 1 (its default). --peer-mode starts the
+# device without master=on (QEMU refuses to migrate it), for a tmemd run
+# with --host-peer-id 0. --migratable is accepted and is the default.
 # --incoming: start as a live-migration destination; --qmp: a QMP socket.
 # --disk-cache: none (default) is what production hosts run, cache=none,
 # aio=native (O_DIRECT to the host device, no host page cache under the
@@ -25,7 +27,7 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 socket="" disk="" mem=160 smp=1 append="" serial="" timeout_s=0 disk_cache=none
-accel="${TMEM_VM_ACCEL:-auto}" monpipe="" master="" incoming="" qmp=""
+accel="${TMEM_VM_ACCEL:-auto}" monpipe="" master=",master=on" incoming="" qmp=""
 while (($#)); do
   case "$1" in
     --socket) socket="$2"; shift 2 ;;
@@ -38,10 +40,11 @@ while (($#)); do
     --accel) accel="$2"; shift 2 ;;
     --monitor-pipe) monpipe="$2"; shift 2 ;;
     --migratable) master=",master=on"; shift ;;
+    --peer-mode) master=""; shift ;;
     --incoming) incoming="$2"; shift 2 ;;
     --qmp) qmp="$2"; shift 2 ;;
     --disk-cache) disk_cache="$2"; shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
