@@ -3,7 +3,7 @@
  * tmem_ivshmem - cleancache frontend for tmemd over ivshmem-doorbell.
  *
  * Binds to the QEMU ivshmem-doorbell PCI device (1af4:1110) that tmemd
- * serves. The ring protocol of proto/tmem_abi.h lives in core/tmem_core.c,
+ * serves. The ring protocol of proto/tmem_abi.h lives in core/ (tmem_core*.c),
  * the same code the userspace guest library runs; this file is only what
  * is kernel-specific: the platform ops the core calls (spinlock, clock,
  * doorbell register, wait queue, page copies), cleancache ops, PCI/MSI-X
@@ -75,7 +75,7 @@ static struct tmem_core_config tmem_cfg = {
 	.batch_pages = TMEM_GET_BATCH_MAX,
 	.prefetch_windows = 8,
 	.readahead_windows = 2,
-	.miss_cost_ns = 18 * NSEC_PER_USEC, /* virtio disk + readahead, facts.md */
+	.miss_cost_ns = 18 * NSEC_PER_USEC, /* a virtio disk's, with readahead */
 	.aside_probe_ns = 1000 * NSEC_PER_MSEC,
 	.aside_sample_gets = 1024,
 	.aside_probe_share = TMEM_ADMIT_ALL / 8,

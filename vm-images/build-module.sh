@@ -8,9 +8,11 @@ source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 kdir="$("${VM_DIR}/build-kernel.sh")"
 repo="$(cd "${VM_DIR}/.." && pwd)"
+# The guest core is every C file and header in guest-driver/core/ (Kbuild
+# names its objects; CMake checks it builds the same ones).
+core=("${repo}"/guest-driver/core/*.[ch])
 srcs=("${repo}/guest-driver/tmem_ivshmem_main.c" "${repo}/guest-driver/Kbuild"
-      "${repo}/guest-driver/core/tmem_core.c" "${repo}/guest-driver/core/tmem_core.h"
-      "${repo}/guest-driver/core/tmem_core_compat.h" "${repo}/proto/tmem_abi.h")
+      "${core[@]}" "${repo}/proto/tmem_abi.h")
 key="$(basename "${kdir}")-$(cat "${srcs[@]}" | sha256sum | cut -c1-12)"
 out="${CACHE_DIR}/module-${key}"
 if [[ -f "${out}/tmem_ivshmem.ko" ]]; then
@@ -21,13 +23,11 @@ fi
 rm -rf "${out}.tmp"
 mkdir -p "${out}.tmp/guest-driver/core" "${out}.tmp/proto"
 cp "${repo}/guest-driver/tmem_ivshmem_main.c" "${repo}/guest-driver/Kbuild" "${out}.tmp/guest-driver/"
-cp "${repo}/guest-driver/core/tmem_core.c" "${repo}/guest-driver/core/tmem_core.h" \
-  "${repo}/guest-driver/core/tmem_core_compat.h" "${out}.tmp/guest-driver/core/"
+cp "${core[@]}" "${out}.tmp/guest-driver/core/"
 cp "${repo}/proto/tmem_abi.h" "${out}.tmp/proto/"
 vmlog "checkpatch.pl --no-tree -f on the module and the guest core"
 perl "${kdir}/linux/scripts/checkpatch.pl" --no-tree --terse -f \
-  "${out}.tmp/guest-driver/tmem_ivshmem_main.c" "${out}.tmp/guest-driver/core/tmem_core.c" \
-  "${out}.tmp/guest-driver/core/tmem_core.h" "${out}.tmp/guest-driver/core/tmem_core_compat.h" \
+  "${out}.tmp/guest-driver/tmem_ivshmem_main.c" "${out}.tmp"/guest-driver/core/*.[ch] \
   >&2 || die "checkpatch found style problems"
 vmlog "building tmem_ivshmem.ko against $(basename "${kdir}")"
 make -C "${kdir}/linux" M="${out}.tmp/guest-driver" W=1 modules \

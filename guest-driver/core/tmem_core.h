@@ -153,7 +153,7 @@ struct tmem_core_config {
 #define TMEM_CORE_MAX_WINDOWS 16u
 #define TMEM_CORE_MAX_DEFERRED_INVALIDATES 128u
 
-/* An INVAL_PAGE waiting for ring room (tmem_core.c: deferred invalidates). */
+/* An INVAL_PAGE waiting for ring room (tmem_core_flush.c: deferred invalidates). */
 struct tmem_core_deferred_invalidate {
 	u64 index;
 	u64 incarnation;	/* of its pool when it was deferred */

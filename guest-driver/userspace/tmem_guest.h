@@ -1,9 +1,9 @@
 // TmemGuest: the cleancache-like guest frontend of tmemd's data plane, in
 // userspace: a thin C++ wrapper over the guest protocol core
-// (guest-driver/core/tmem_core.c) that the kernel module runs too, over a
+// (guest-driver/core/) that the kernel module runs too, over a
 // GuestDevice (IvshmemClient for a real tmemd, a fake in tests).
 //
-// Contract (cleancache semantics, facts.md; ABI in proto/tmem_abi.h):
+// Contract (cleancache semantics; ABI in proto/tmem_abi.h):
 //  * Put never blocks and may be dropped. Get may wait, at most
 //    get_timeout, and a timeout is a miss; after a run of timeouts without
 //    host progress (a dead tmemd leaves READY behind) Gets miss at once
@@ -324,7 +324,7 @@ class TmemGuest {
 
   // The core's counters as of now. Read on demand, not after every call:
   // a copy per Get and Put was a measurable share of a streaming guest's
-  // CPU per page (issue 13). A reference held across later calls is stale
+  // CPU per page. A reference held across later calls is stale
   // until counters() is called again.
   const GuestCounters& counters() const {
     SyncCounters();

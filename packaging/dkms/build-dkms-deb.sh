@@ -25,8 +25,8 @@ install -d "${src}/guest-driver/core" "${src}/proto" "${doc}" "${root}/DEBIAN"
 
 install -m 0644 "${repo}/guest-driver/Kbuild" "${repo}/guest-driver/tmem_ivshmem_main.c" \
   "${src}/guest-driver/"
-install -m 0644 "${repo}/guest-driver/core/tmem_core.c" "${repo}/guest-driver/core/tmem_core.h" \
-  "${repo}/guest-driver/core/tmem_core_compat.h" "${src}/guest-driver/core/"
+# The guest core: every C file and header of guest-driver/core/.
+install -m 0644 "${repo}"/guest-driver/core/*.[ch] "${src}/guest-driver/core/"
 install -m 0644 "${repo}/proto/tmem_abi.h" "${src}/proto/"
 subst() { sed "s/@VERSION@/${version}/g" "$1"; }
 subst "${here}/dkms.conf.in" >"${src}/dkms.conf"

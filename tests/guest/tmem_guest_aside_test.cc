@@ -85,9 +85,9 @@ uint64_t Ops(const FakeHost& host) {
 
 // Puts 16 pages and gets 8 of them back (all hits) until the guest stands
 // aside: true once it does. A sample left open longer than the probe
-// interval starts over (tmem_core.c, account_get), so with a 1 ms interval
-// a preemption during the 8 gets (CI runs tests side by side on 2 cores)
-// discards it and the next round samples again. Round r > 0 uses indices
+// interval starts over (tmem_core_aside.c, tmem_account_get), so with a 1 ms
+// interval a preemption during the 8 gets (CI runs tests side by side on 2
+// cores) discards it and the next round samples again. Round r > 0 uses indices
 // 1000 r + i, clear of the keys the tests use afterwards.
 bool StandAside(FakeHost& host, TmemGuest& guest, int pool) {
   constexpr int kRounds = 100;
@@ -248,7 +248,8 @@ TEST(AsideCostTest, AMissCostingTwiceAsMuchEndsTheWaitAtOnce) {
 // A random reader's plain gets are weighed against a small read's cost,
 // never against readahead's per-page cost: with only the sequential cost
 // measured they decide nothing; once a random read's cost is measured they
-// do (issue 13: a random row stood aside on the sequential warm-up's 5 us).
+// do (else a random reader stands aside on what a sequential warm-up's
+// readahead cost per page, a few us).
 TEST(AsideCostTest, PlainGetsAreJudgedByTheRandomReadCost) {
   FakeHost host(Host());
   auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(1)));
@@ -382,8 +383,9 @@ TEST(AsideDecisionTest, SharedPoolsKeepTheirInvalidates) {
   EXPECT_EQ(host.op_count(TMEM_OP_INVAL_POOL), 1u) << "only the private pool";
 }
 
-// Issue 13: with the host's valve off (admission hint 0) a streaming guest
-// sent 98k invalidates. Keys it never sent need no invalidate and no get.
+// With the host's valve off (admission hint 0), keys a guest never sent need
+// no invalidate and no get: else a streaming guest sends an invalidate per
+// eviction.
 TEST(CheapWhenOffTest, HintZeroSendsNothingForKeysNeverSent) {
   FakeHost host(Host());
   host.SetAdmissionHint(0);
@@ -409,7 +411,7 @@ TEST(CheapWhenOffTest, HintZeroSendsNothingForKeysNeverSent) {
   EXPECT_EQ(c.invalidates_skipped_never_sent, 1010u);
 }
 
-// Issue 13: a frontend told "off" must cost next to nothing per page-cache
+// A frontend told "off" must cost next to nothing per page-cache
 // event. Until a put reaches a private pool, a get is decided by two flags,
 // without the lock or the clock (so get_ns stays 0), and a put the hint 0
 // refuses without reading the clock (put_ns stays 0); the counters still
@@ -453,8 +455,8 @@ TEST(CheapWhenOffTest, NothingSentDecidesWithoutTheClock) {
   EXPECT_EQ(guest->counters().gets_miss, 500u);
 }
 
-// Issue 13: puts the hint refuses are decided without the lock when the
-// host cannot hold their key (put_refused_unlocked). Whatever the path, a
+// Puts the hint refuses are decided without the lock when the host cannot
+// hold their key (tmem_put_refused_unlocked). Whatever the path, a
 // refused put of a key the host does hold must still kill the host's copy,
 // and keys never sent put nothing on the ring.
 TEST(CheapWhenOffTest, ARefusedPutOfAKeyTheHostHoldsStillKillsItsCopy) {
@@ -488,10 +490,10 @@ TEST(CheapWhenOffTest, ARefusedPutOfAKeyTheHostHoldsStillKillsItsCopy) {
   EXPECT_EQ(guest->counters().puts_sent, 1u);
 }
 
-// Issue 13: throttled by the valve (a sampling hint), a re-reader's few
-// admitted pages came back one round trip each and the guest stood aside,
-// wiping what it had. Gets under a sampling hint are a reuse probe: they
-// decide nothing; at full admission the same cost decides again.
+// Throttled by the valve (a sampling hint), a re-reader's few admitted pages
+// come back one round trip each: were those to decide, the guest would stand
+// aside and wipe what it had. Gets under a sampling hint are a reuse probe:
+// they decide nothing; at full admission the same cost decides again.
 TEST(AsideUnderSamplingTest, GetsWhileTheHostSamplesPutsDecideNothing) {
   FakeHost host(Host());
   auto guest = MustCreate(&host, Options(std::chrono::nanoseconds(1)));

@@ -1,5 +1,5 @@
 // Live migration and a vanishing host, seen from the guest core
-// (guest-driver/core/tmem_core.c, shared with the kernel module): the
+// (guest-driver/core/, shared with the kernel module): the
 // destination tmemd resets the foreign region it received under a running
 // guest whose entries are still in flight, and a source that stops
 // consuming must never hold the guest past its configured bounds.

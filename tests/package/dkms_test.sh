@@ -41,21 +41,23 @@ dpkg-deb --ctrl-tarfile "${deb}" | tar -tf - | sort | xargs >"${work}/control-fi
 src="/usr/src/tmem-ivshmem-${version}"
 dpkg-deb -c "${deb}" | awk '$1 !~ /^d/ {print $1, $2, $6}' | sort >"${work}/files"
 cat "${work}/files"
-expected="$(printf '%s\n' \
-  "-rw-r--r-- root/root ./usr/share/doc/tmem-ivshmem-dkms/changelog.Debian.gz" \
-  "-rw-r--r-- root/root ./usr/share/doc/tmem-ivshmem-dkms/copyright" \
-  "-rw-r--r-- root/root .${src}/dkms.conf" \
-  "-rw-r--r-- root/root .${src}/guest-driver/Kbuild" \
-  "-rw-r--r-- root/root .${src}/guest-driver/core/tmem_core.c" \
-  "-rw-r--r-- root/root .${src}/guest-driver/core/tmem_core.h" \
-  "-rw-r--r-- root/root .${src}/guest-driver/core/tmem_core_compat.h" \
-  "-rw-r--r-- root/root .${src}/guest-driver/tmem_ivshmem_main.c" \
-  "-rw-r--r-- root/root .${src}/proto/tmem_abi.h" | sort)"
+# The module's sources: Kbuild, the kernel part, every C file and header of
+# the guest core, and the ABI.
+module_srcs=(guest-driver/Kbuild guest-driver/tmem_ivshmem_main.c proto/tmem_abi.h)
+for f in "${source_dir}"/guest-driver/core/*.[ch]; do
+  module_srcs+=("guest-driver/core/$(basename "${f}")")
+done
+expected="$( {
+  printf '%s\n' \
+    "-rw-r--r-- root/root ./usr/share/doc/tmem-ivshmem-dkms/changelog.Debian.gz" \
+    "-rw-r--r-- root/root ./usr/share/doc/tmem-ivshmem-dkms/copyright" \
+    "-rw-r--r-- root/root .${src}/dkms.conf"
+  printf -- "-rw-r--r-- root/root .${src}/%s\n" "${module_srcs[@]}"
+} | sort)"
 [[ "$(cat "${work}/files")" == "${expected}" ]] || die "files differ from: ${expected}"
 dpkg-deb -x "${deb}" "${work}/root"
 tree="${work}/root${src}"
-for f in guest-driver/Kbuild guest-driver/tmem_ivshmem_main.c guest-driver/core/tmem_core.c \
-         guest-driver/core/tmem_core.h guest-driver/core/tmem_core_compat.h proto/tmem_abi.h; do
+for f in "${module_srcs[@]}"; do
   cmp "${source_dir}/${f}" "${tree}/${f}" || die "${f} differs from the repository's"
 done
 echo "sources identical to the repository's"
@@ -72,7 +74,7 @@ want="tmem-ivshmem|${version}|tmem_ivshmem|guest-driver/|/updates/dkms|make -C /
 [[ "${conf}" == "${want}" ]] || die "dkms.conf says [${conf}], expected [${want}]"
 # Every object of the module (Kbuild's tmem_ivshmem-y) has its source, and
 # the ABI header is where ccflags-y looks (../proto from guest-driver/).
-objs="$(sed -n 's/^tmem_ivshmem-y := //p' "${tree}/guest-driver/Kbuild")"
+objs="$(sed -n 's/^tmem_ivshmem-y [:+]= //p' "${tree}/guest-driver/Kbuild")"
 [[ -n "${objs}" ]] || die "Kbuild has no tmem_ivshmem-y line"
 for o in ${objs}; do
   [[ -f "${tree}/guest-driver/${o%.o}.c" ]] || die "Kbuild object ${o} has no source"
