@@ -344,8 +344,9 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
     // whether its pages start coming back. A ghost shows it as well as a
     // stored page (a get of the key within the VM's reach counts as reuse)
     // and costs the host no copy, no compression and no eviction. Storing
-    // it cost a streamer ~12 us of tmemd per put, ~1,000 puts/s, mostly on
-    // the streamer's own core: 3-5% of its throughput on a saturated host.
+    // it would cost tmemd ~12 us per put of a streamer, mostly on the
+    // streamer's own core: a few percent of its throughput on a saturated
+    // host.
     s->GhostInsert(key_hash);
     s->Count(ValveCounter::kDroppedReuse);
     return PutMode::kDrop;
@@ -421,15 +422,44 @@ void Valve::ChargeCpu(VmId vm, int64_t nanos) {
                         std::memory_order_relaxed);
 }
 
+// What the host and tmemd used since the previous sample.
+struct Valve::CpuDelta {
+  int64_t dt;        // wall time
+  uint64_t d_total;  // host CPU time, all cores
+  uint64_t d_busy;   // of it, busy
+  uint64_t d_agent;  // tmemd's
+};
+
+// An adaptive VM's claim on the period's token budget.
+struct Valve::Claim {
+  VmState* s;
+  double used;
+  double want;
+  double weight;
+  double give = 0;
+};
+
 void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
   MutexLock lock(&mu_);
-  const ValveOptions& o = options_;
   host_.num_cpus = std::max(sample.num_cpus, 1);
   ++host_.ticks;
+  const std::optional<CpuDelta> delta = TakeCpuDelta(sample);
+  if (!delta) return;
+  UpdateUtilization(sample, *delta);
+  UpdateBudget(sample);
+  const double period_budget_ns = UpdateTokenBudget(*delta);
+  UpdateMemoryHeadroom(memory);
+  UpdateReach(memory);
+  std::vector<Claim> claims = CollectClaims(period_budget_ns);
+  WaterFill(claims, period_budget_ns);
+  for (const Claim& c : claims) ApplyClaim(c);
+}
+
+std::optional<Valve::CpuDelta> Valve::TakeCpuDelta(const CpuSample& sample) {
   if (!have_sample_) {
     last_sample_ = sample;
     have_sample_ = true;
-    return;
+    return std::nullopt;
   }
   const int64_t dt = sample.wall_nanos - last_sample_.wall_nanos;
   const uint64_t d_total =
@@ -437,7 +467,7 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
   if (dt <= 0 || d_total == 0 ||
       sample.host_total_nanos < last_sample_.host_total_nanos) {
     last_sample_ = sample;
-    return;
+    return std::nullopt;
   }
   const uint64_t d_busy =
       sample.host_busy_nanos >= last_sample_.host_busy_nanos
@@ -447,24 +477,31 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
                                ? sample.agent_nanos - last_sample_.agent_nanos
                                : 0;
   last_sample_ = sample;
+  return CpuDelta{dt, d_total, d_busy, d_agent};
+}
 
+void Valve::UpdateUtilization(const CpuSample& sample, const CpuDelta& d) {
   // Host utilization, and tmemd's part of it, as shares of the whole host.
   const double busy = std::clamp(
-      static_cast<double>(d_busy) / static_cast<double>(d_total), 0.0, 1.0);
-  const double agent = std::clamp(
-      static_cast<double>(d_agent) / (static_cast<double>(dt) * host_.num_cpus),
-      0.0, 1.0);
-  const double a = o.smoothing;
+      static_cast<double>(d.d_busy) / static_cast<double>(d.d_total), 0.0, 1.0);
+  const double agent =
+      std::clamp(static_cast<double>(d.d_agent) /
+                     (static_cast<double>(d.dt) * host_.num_cpus),
+                 0.0, 1.0);
+  const double a = options_.smoothing;
   const bool first = host_.ticks <= 2;
   host_.host_busy_fraction =
       first ? busy : a * busy + (1 - a) * host_.host_busy_fraction;
   host_.agent_busy_fraction =
       first ? agent : a * agent + (1 - a) * host_.agent_busy_fraction;
   host_.cpu_pressure = sample.has_pressure ? sample.pressure_some_avg10 : 0;
+}
 
+void Valve::UpdateBudget(const CpuSample& sample) {
   // Budget: what the host does not use for anything but tmemd, scaled by
   // spare_cpu_fraction, capped by cpu_budget_percent, and shrunk when tasks
   // queue for CPU.
+  const ValveOptions& o = options_;
   const double others =
       std::max(0.0, host_.host_busy_fraction - host_.agent_busy_fraction);
   double budget = std::min(o.cpu_budget_percent / 100.0,
@@ -475,9 +512,12 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
                                 (o.cpu_pressure_full - o.cpu_pressure_start));
   }
   host_.budget_fraction = std::max(o.cpu_floor_percent / 100.0, budget);
+}
 
+double Valve::UpdateTokenBudget(const CpuDelta& d) {
   // tmemd's CPU that no VM was charged for comes out of the budget first,
   // so the budget bounds all of tmemd, not only its ring batches.
+  const ValveOptions& o = options_;
   uint64_t charged_ns = 0;
   for (const auto& owned : owned_) {
     charged_ns += owned->cpu_used.load(std::memory_order_relaxed);
@@ -486,72 +526,71 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
       charged_ns >= last_charged_ns_ ? charged_ns - last_charged_ns_ : 0;
   last_charged_ns_ = charged_ns;
   const double overhead = std::clamp(
-      (static_cast<double>(d_agent) - static_cast<double>(d_charged)) /
-          (static_cast<double>(dt) * host_.num_cpus),
+      (static_cast<double>(d.d_agent) - static_cast<double>(d_charged)) /
+          (static_cast<double>(d.dt) * host_.num_cpus),
       0.0, 1.0);
+  const double a = o.smoothing;
+  const bool first = host_.ticks <= 2;
   host_.overhead_fraction =
       first ? overhead : a * overhead + (1 - a) * host_.overhead_fraction;
   host_.token_fraction =
       std::max(o.cpu_floor_percent / 100.0,
                host_.budget_fraction - host_.overhead_fraction);
-  const double period_budget_ns =
-      host_.token_fraction * host_.num_cpus * static_cast<double>(dt);
+  return host_.token_fraction * host_.num_cpus * static_cast<double>(d.dt);
+}
 
+void Valve::UpdateMemoryHeadroom(const MemorySample& memory) {
   // Memory headroom (host-wide).
   if (memory.cap_bytes != 0) {
     const double free_fraction =
         1.0 - static_cast<double>(memory.used_bytes) /
                   static_cast<double>(memory.cap_bytes);
-    memory_tight_.store(free_fraction < o.memory_headroom_fraction,
+    memory_tight_.store(free_fraction < options_.memory_headroom_fraction,
                         std::memory_order_relaxed);
   }
+}
 
+void Valve::UpdateReach(const MemorySample& memory) {
   // Reach per VM: the pages its weighted share of the cap holds at what its
   // pages cost it now (raw pages until it holds enough to tell), or what
   // it holds, if more (others leave their share unused).
-  if (memory.cap_bytes != 0) {
-    const uint64_t cap = memory.cap_bytes;
-    double weights = 0;
-    for (const auto& owned : owned_) {
-      weights += owned->weight.load(std::memory_order_relaxed);
-    }
-    for (const auto& owned : owned_) {
-      VmState* s = owned.get();
-      auto page_bytes = static_cast<double>(kPageSize + kPageEntryCharge);
-      uint64_t held = 0;
-      if (auto use = memory.vms.find(s->id); use != memory.vms.end()) {
-        held = use->second.pages_held;
-        const uint64_t charged = use->second.charged_bytes;
-        if (held >= kMinPagesForCost) {
-          page_bytes = static_cast<double>(charged) / static_cast<double>(held);
-        }
-      }
-      const double share = static_cast<double>(cap) *
-                           s->weight.load(std::memory_order_relaxed) /
-                           std::max(weights, 1.0);
-      const auto reach = static_cast<uint64_t>(share / page_bytes);
-      // Within the headroom of its share counts as holding it (a cap that
-      // is full to the headroom leaves every VM that much short).
-      s->fair_pages.store(
-          static_cast<uint64_t>(static_cast<double>(reach) *
-                                (1.0 - o.memory_headroom_fraction)),
-          std::memory_order_relaxed);
-      s->held_pages.store(held, std::memory_order_relaxed);
-      s->reach_pages.store(std::max(reach, held), std::memory_order_relaxed);
-    }
+  if (memory.cap_bytes == 0) return;
+  const uint64_t cap = memory.cap_bytes;
+  double weights = 0;
+  for (const auto& owned : owned_) {
+    weights += owned->weight.load(std::memory_order_relaxed);
   }
+  for (const auto& owned : owned_) {
+    VmState* s = owned.get();
+    auto page_bytes = static_cast<double>(kPageSize + kPageEntryCharge);
+    uint64_t held = 0;
+    if (auto use = memory.vms.find(s->id); use != memory.vms.end()) {
+      held = use->second.pages_held;
+      const uint64_t charged = use->second.charged_bytes;
+      if (held >= kMinPagesForCost) {
+        page_bytes = static_cast<double>(charged) / static_cast<double>(held);
+      }
+    }
+    const double share = static_cast<double>(cap) *
+                         s->weight.load(std::memory_order_relaxed) /
+                         std::max(weights, 1.0);
+    const auto reach = static_cast<uint64_t>(share / page_bytes);
+    // Within the headroom of its share counts as holding it (a cap that
+    // is full to the headroom leaves every VM that much short).
+    s->fair_pages.store(
+        static_cast<uint64_t>(static_cast<double>(reach) *
+                              (1.0 - options_.memory_headroom_fraction)),
+        std::memory_order_relaxed);
+    s->held_pages.store(held, std::memory_order_relaxed);
+    s->reach_pages.store(std::max(reach, held), std::memory_order_relaxed);
+  }
+}
 
+std::vector<Valve::Claim> Valve::CollectClaims(double period_budget_ns) {
   // Demand per adaptive VM: what it used, or "everything" if it ran out of
-  // tokens this period. Then water-fill the budget by weight: VMs that want
-  // less than their weighted share get what they want, the rest is split
-  // among the others (lending).
-  struct Claim {
-    VmState* s;
-    double used;
-    double want;
-    double weight;
-    double give = 0;
-  };
+  // tokens this period; WaterFill then splits the budget by it.
+  const ValveOptions& o = options_;
+  const double a = o.smoothing;
   std::vector<Claim> claims;
   const auto default_mode =
       static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
@@ -580,32 +619,44 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
                          std::memory_order_relaxed);
       continue;
     }
-    const double ratio = s->ReuseRatio();
-    if (!s->throttled.load(std::memory_order_relaxed)) {
-      if (ShowsNoReuse(*s, s->win_puts, s->win_useful, o)) {
-        s->ChangeState(true);
-        s->Count(ValveCounter::kThrottleEvents);
-      }
-    } else if (ratio > o.restore_above &&
-               s->periods_in_state >= o.min_dwell_periods) {
-      s->ChangeState(false);
-      s->Count(ValveCounter::kRestoreEvents);
-    }
-    // Arm the early judgement while the threshold lies ahead; past it,
-    // the ticks judge.
-    const uint64_t judge_after = s->JudgeAfterEvictions();
-    s->judge_clock.store(
-        !s->throttled.load(std::memory_order_relaxed) && judge_after > 0 &&
-                s->EvictionsInState() < judge_after
-            ? s->clock_at_state + judge_after * VmState::kClockUnit
-            : UINT64_MAX,
-        std::memory_order_relaxed);
+    JudgeReuse(s);
     claims.push_back(
         {s, used,
          starved ? period_budget_ns
                  : s->demand_ns * 1.25 + 0.01 * period_budget_ns,
          static_cast<double>(s->weight.load(std::memory_order_relaxed))});
   }
+  return claims;
+}
+
+void Valve::JudgeReuse(VmState* s) {
+  const ValveOptions& o = options_;
+  const double ratio = s->ReuseRatio();
+  if (!s->throttled.load(std::memory_order_relaxed)) {
+    if (ShowsNoReuse(*s, s->win_puts, s->win_useful, o)) {
+      s->ChangeState(true);
+      s->Count(ValveCounter::kThrottleEvents);
+    }
+  } else if (ratio > o.restore_above &&
+             s->periods_in_state >= o.min_dwell_periods) {
+    s->ChangeState(false);
+    s->Count(ValveCounter::kRestoreEvents);
+  }
+  // Arm the early judgement while the threshold lies ahead; past it,
+  // the ticks judge.
+  const uint64_t judge_after = s->JudgeAfterEvictions();
+  s->judge_clock.store(
+      !s->throttled.load(std::memory_order_relaxed) && judge_after > 0 &&
+              s->EvictionsInState() < judge_after
+          ? s->clock_at_state + judge_after * VmState::kClockUnit
+          : UINT64_MAX,
+      std::memory_order_relaxed);
+}
+
+void Valve::WaterFill(std::vector<Claim>& claims, double period_budget_ns) {
+  // Water-fill the budget by weight: VMs that want less than their
+  // weighted share get what they want, the rest is split among the others
+  // (lending).
   double left = period_budget_ns;
   std::vector<Claim*> open;
   for (Claim& c : claims) open.push_back(&c);
@@ -628,38 +679,39 @@ void Valve::Tick(const CpuSample& sample, const MemorySample& memory) {
   double wsum = 0;
   for (Claim* c : open) wsum += c->weight;
   for (Claim* c : open) c->give = std::max(left, 0.0) * c->weight / wsum;
-  for (Claim& c : claims) {
-    const auto give = static_cast<int64_t>(c.give);
-    c.s->share.store(give, std::memory_order_relaxed);
-    // CPU admission: a VM spending more than its share is told to send
-    // less (multiplicative decrease, at most halving per period); one well
-    // within it gets admission back (multiplicative increase).
-    VmState* s = c.s;
-    const double reuse = s->ReuseRatio();
-    if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
-      const double factor =
-          std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
-      s->cpu_admission =
-          std::max<double>(o.min_admission, s->cpu_admission * factor);
-    } else if (c.used < c.give * 0.8 || reuse >= kCpuCutExemptReuse) {
-      s->cpu_admission =
-          std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
-    }
-    const uint32_t reuse_admission =
-        s->throttled.load(std::memory_order_relaxed) ? o.min_admission
-                                                     : kAdmitAll;
-    s->admission.store(
-        std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
-        std::memory_order_relaxed);
-    // Refill, but never bank more than one period's share: an idle VM must
-    // not save up a burst that blows the budget later. Debt carries over.
-    int64_t cur = c.s->tokens.load(std::memory_order_relaxed);
-    int64_t next;
-    do {
-      next = std::min(cur + give, give);
-    } while (!c.s->tokens.compare_exchange_weak(cur, next,
-                                                std::memory_order_relaxed));
+}
+
+void Valve::ApplyClaim(const Claim& c) {
+  const ValveOptions& o = options_;
+  const auto give = static_cast<int64_t>(c.give);
+  c.s->share.store(give, std::memory_order_relaxed);
+  // CPU admission: a VM spending more than its share is told to send
+  // less (multiplicative decrease, at most halving per period); one well
+  // within it gets admission back (multiplicative increase).
+  VmState* s = c.s;
+  const double reuse = s->ReuseRatio();
+  if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
+    const double factor = std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
+    s->cpu_admission =
+        std::max<double>(o.min_admission, s->cpu_admission * factor);
+  } else if (c.used < c.give * 0.8 || reuse >= kCpuCutExemptReuse) {
+    s->cpu_admission =
+        std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
   }
+  const uint32_t reuse_admission = s->throttled.load(std::memory_order_relaxed)
+                                       ? o.min_admission
+                                       : kAdmitAll;
+  s->admission.store(
+      std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
+      std::memory_order_relaxed);
+  // Refill, but never bank more than one period's share: an idle VM must
+  // not save up a burst that blows the budget later. Debt carries over.
+  int64_t cur = c.s->tokens.load(std::memory_order_relaxed);
+  int64_t next;
+  do {
+    next = std::min(cur + give, give);
+  } while (
+      !c.s->tokens.compare_exchange_weak(cur, next, std::memory_order_relaxed));
 }
 
 bool Valve::ShowsNoReuse(const VmState& s, double puts, double useful,

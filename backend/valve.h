@@ -68,6 +68,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -234,7 +235,40 @@ class Valve final : public PutAdvisor, public EvictionListener {
 
  private:
   struct VmState;
+  struct CpuDelta;
+  struct Claim;
   VmState* Find(VmId vm) const;
+
+  // Tick's steps, in the order Tick runs them (all under mu_).
+  // The CPU used since the last sample; none on the first sample, or when
+  // the host's clocks did not move forward (then only remembered).
+  std::optional<CpuDelta> TakeCpuDelta(const CpuSample& sample)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Smoothed host and tmemd utilization, CPU pressure.
+  void UpdateUtilization(const CpuSample& sample, const CpuDelta& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // tmemd's budget from what the others leave and the pressure.
+  void UpdateBudget(const CpuSample& sample) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The budget less tmemd's uncharged CPU; returns the period's token
+  // budget in CPU-nanoseconds.
+  double UpdateTokenBudget(const CpuDelta& d)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateMemoryHeadroom(const MemorySample& memory)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Each VM's reach, fair share and holding, from the memory sample.
+  void UpdateReach(const MemorySample& memory)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Per VM: demand and the reuse window; non-adaptive VMs get their fixed
+  // admission, adaptive ones are judged (JudgeReuse) and claim tokens.
+  std::vector<Claim> CollectClaims(double period_budget_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Throttle or restore for reuse; arms the early judgement.
+  void JudgeReuse(VmState* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits the token budget over the claims by weight, with lending.
+  static void WaterFill(std::vector<Claim>& claims, double period_budget_ns);
+  // A VM's share, CPU admission, admission hint and token refill.
+  void ApplyClaim(const Claim& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // The throttle rule for a VM at full reuse admission, on a window of
   // `puts` admitted puts of which `useful` came back.
   static bool ShowsNoReuse(const VmState& s, double puts, double useful,
