@@ -13,9 +13,9 @@ namespace {
 const std::string& ArmedStep() {
   // Read once: the first call comes from the worker after startup, when
   // nothing sets the environment any more.
-  // NOLINTNEXTLINE(concurrency-mt-unsafe)
   static const std::string* const step = [] {
-    const char* v = std::getenv(kFaultPointEnv);
+    const char* v =
+        std::getenv(kFaultPointEnv);  // NOLINT(concurrency-mt-unsafe)
     return new std::string(v == nullptr ? "" : v);
   }();
   return *step;
