@@ -42,6 +42,7 @@ struct Pending {
   int shm = -1;
   int listen = -1;
   int client = -1;
+  int attaching = -1;
   std::map<int, int> doorbells;   // vector -> fd
   std::map<int, int> interrupts;  // vector -> fd
   std::vector<int> all;
@@ -77,6 +78,8 @@ bool File(std::map<std::string, Pending>& vms, const std::string& name,
     ok = put(&p.listen);
   } else if (kind == "client") {
     ok = put(&p.client);
+  } else if (kind == "attaching") {
+    ok = put(&p.attaching);
   } else if (int v = VectorOf(kind, "db"); v >= 0) {
     ok = p.doorbells.emplace(v, fd).second;
   } else if (int v = VectorOf(kind, "irq"); v >= 0) {
@@ -98,18 +101,21 @@ std::unique_ptr<SystemdFdStore> SystemdFdStore::FromEnvironment() {
   return std::unique_ptr<SystemdFdStore>(new SystemdFdStore());
 }
 
-void SystemdFdStore::Store(const std::string& name, int fd) {
+bool SystemdFdStore::Store(const std::string& name, int fd) {
   const std::string msg = absl::StrCat("FDSTORE=1\nFDNAME=", name);
+  // The datagram is in systemd's queue when this returns: from then on a
+  // crash of ours cannot lose the descriptor.
   const int r = sd_pid_notify_with_fds(0, 0, msg.c_str(), &fd, 1);
   if (r > 0) {
     stored_.fetch_add(1);
-    return;
+    return true;
   }
   failures_.fetch_add(1);
   Log(LogLevel::kWarn, "fd_store_failed",
       {{"name", name},
        {"error", r < 0 ? std::string(std::strerror(-r))
                        : std::string("NOTIFY_SOCKET not set")}});
+  return false;
 }
 
 void SystemdFdStore::Remove(const std::string& name) {
@@ -188,6 +194,7 @@ InheritedChannels TakeInheritedChannels() {
     c.shm = p.shm;
     c.listen = p.listen;
     c.client = p.client;
+    c.attaching = p.attaching;
     for (const auto& [v, fd] : p.doorbells) c.doorbells.push_back(fd);
     for (const auto& [v, fd] : p.interrupts) c.interrupts.push_back(fd);
     out.vms.emplace(vm, std::move(c));

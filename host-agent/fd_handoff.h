@@ -4,7 +4,8 @@
 //
 // Each channel is a set of named descriptors, "VM/KIND" with KIND one of
 // shm (the region memfd), listen (the ivshmem socket), client (QEMU's
-// connection), dbN and irqN (doorbell and interrupt eventfds of vector N).
+// connection), attaching (a connection stored before its handshake, see
+// channel.h), dbN and irqN (doorbell and interrupt eventfds of vector N).
 // VM names never hold '/', ':', ';' or '=' (ValidateVmName), so the names
 // are valid systemd FDNAMEs and parse back unambiguously.
 //
@@ -46,12 +47,13 @@ struct NamedFd {
   int fd = -1;
 };
 
-// Where tmemd keeps descriptors for its successor. Calls never fail the
-// caller: a store that refuses is logged and counted by the implementation.
+// Where tmemd keeps descriptors for its successor. A store that refuses is
+// logged and counted by the implementation; Store says whether the
+// descriptor was handed over (once it returns true, a crash cannot lose it).
 class FdStore {
  public:
   virtual ~FdStore() = default;
-  virtual void Store(const std::string& name, int fd) = 0;
+  virtual bool Store(const std::string& name, int fd) = 0;
   virtual void Remove(const std::string& name) = 0;
 };
 
@@ -60,7 +62,7 @@ class SystemdFdStore final : public FdStore {
  public:
   // nullptr when $NOTIFY_SOCKET is not set (not run by systemd).
   static std::unique_ptr<SystemdFdStore> FromEnvironment();
-  void Store(const std::string& name, int fd) override;
+  bool Store(const std::string& name, int fd) override;
   void Remove(const std::string& name) override;
   uint64_t stored() const { return stored_.load(); }
   uint64_t failures() const { return failures_.load(); }

@@ -134,6 +134,7 @@ void Worker::Attach(Channel* ch) {
 
 void Worker::Detach(Channel* ch) {
   Unregister(ch->server().listen_fd());
+  listen_backoff_.erase(ch);
   for (int v = 0; v < ch->server().vectors(); ++v) {
     Unregister(ch->server().doorbell_fd(v));
   }
@@ -145,6 +146,56 @@ void Worker::Detach(Channel* ch) {
   channels_.erase(std::remove(channels_.begin(), channels_.end(), ch),
                   channels_.end());
   reset_log_.erase(ch);
+}
+
+void Worker::OnListenEvent(Channel* ch) {
+  // The server may close the attached client (a dead predecessor found
+  // when a newcomer connects) and the next accept may reuse its number:
+  // out of the epoll set first, back in below if still attached.
+  auto it = client_fd_of_.find(ch);
+  if (it != client_fd_of_.end()) {
+    Unregister(it->second);
+    client_fd_of_.erase(it);
+  }
+  IvshmemServer& server = ch->server();
+  server.OnListenReadable();
+  if (server.connected()) {
+    client_fd_of_[ch] = server.client_fd();
+    Register(server.client_fd(), ch, FdKind::kClient);
+  }
+  if (!server.accept_blocked()) {
+    listen_backoff_.erase(ch);
+    return;
+  }
+  // Still readable, nothing acceptable: stop polling it for a while.
+  ListenBackoff& b = listen_backoff_[ch];
+  b.delay_ms =
+      std::clamp(b.delay_ms * 2, kMinAcceptBackoffMs, kMaxAcceptBackoffMs);
+  b.retry_at_us = NowMicros() + b.delay_ms * 1000;
+  epoll_event ev{};
+  ev.events = 0;  // registered, but reports nothing until re-armed
+  ev.data.fd = server.listen_fd();
+  epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, server.listen_fd(), &ev);
+  // Every stop is counted; the log has the 1st, 2nd, 4th, 8th...
+  const uint64_t n = server.accept_backoffs();
+  if ((n & (n - 1)) == 0) {
+    Log(LogLevel::kWarn, "ivshmem_accept_backoff",
+        {{"vm", ch->name()},
+         {"reason", "no descriptor for a queued guest connection"},
+         {"backoffs", n},
+         {"retry_ms", b.delay_ms}});
+  }
+}
+
+void Worker::RearmListeners(int64_t now_us) {
+  for (auto& [ch, b] : listen_backoff_) {
+    if (b.retry_at_us == 0 || now_us < b.retry_at_us) continue;
+    b.retry_at_us = 0;  // the delay stays until an accept succeeds
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = ch->server().listen_fd();
+    epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, ch->server().listen_fd(), &ev);
+  }
 }
 
 void Worker::ApplyCommands() {
@@ -344,26 +395,18 @@ void Worker::Loop() {
           ApplyCommands();
           break;
         }
-        case FdKind::kListen: {
-          Channel* ch = target.channel;
-          if (ch->server().OnListenReadable()) {
-            client_fd_of_[ch] = ch->server().client_fd();
-            Register(ch->server().client_fd(), ch, FdKind::kClient);
-            ch->OnGuestAttached();
-            Log(LogLevel::kInfo, "guest_attached", {{"vm", ch->name()}});
-          }
+        case FdKind::kListen:
+          OnListenEvent(target.channel);
           break;
-        }
         case FdKind::kClient: {
           Channel* ch = target.channel;
           // Unregister before the server closes the fd: a closed fd number
           // may be reused at once by the next accept.
           Unregister(fd);
           client_fd_of_.erase(ch);
-          if (ch->server().OnClientEvent()) {
-            ch->OnGuestDetached();
-            Log(LogLevel::kInfo, "guest_detached", {{"vm", ch->name()}});
-          } else {
+          // A guest that left went through the channel's detach (fd
+          // store, pools, region) inside OnClientEvent.
+          if (!ch->server().OnClientEvent()) {
             client_fd_of_[ch] = fd;
             Register(fd, ch, FdKind::kClient);
           }
@@ -382,6 +425,7 @@ void Worker::Loop() {
     if (!running_) break;
     const bool work = DrainAll(rung);
     const int64_t now = NowMicros();
+    if (!listen_backoff_.empty()) RearmListeners(now);
     if (work) {
       last_work_us = now;
       if (!polling_) {

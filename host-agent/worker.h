@@ -12,6 +12,11 @@
 // re-checks every ring anyway, so a guest that forgets a doorbell is slow,
 // never stuck.
 //
+// A listening socket that cannot accept (out of descriptors, see
+// IvshmemServer) stays readable: the worker stops polling it and looks
+// again after a back-off that doubles up to kMaxAcceptBackoffMs, logging
+// each stop (the server counts them), instead of spinning on it.
+//
 // Thread-safety: AddChannel/RemoveChannel/Stop may be called from any
 // thread; everything else runs on the worker thread.
 #ifndef TMEMD_HOST_AGENT_WORKER_H_
@@ -43,6 +48,9 @@ struct WorkerOptions {
 
 class Worker {
  public:
+  static constexpr int64_t kMinAcceptBackoffMs = 10;
+  static constexpr int64_t kMaxAcceptBackoffMs = 1000;
+
   explicit Worker(const WorkerOptions& options);
   ~Worker();  // stops and joins
   Worker(const Worker&) = delete;
@@ -81,6 +89,11 @@ class Worker {
   void RunCommand(Channel* channel, bool add) ABSL_LOCKS_EXCLUDED(mu_);
   void Register(int fd, Channel* channel, FdKind kind);
   void Unregister(int fd);
+  // The listening socket's events: attach, detach of a dead predecessor,
+  // and the back-off when accept cannot get a descriptor.
+  void OnListenEvent(Channel* channel);
+  // Polls again every listening socket whose back-off has passed.
+  void RearmListeners(int64_t now_us);
   void Attach(Channel* channel);
   void Detach(Channel* channel);
   class ActiveRings;
@@ -112,6 +125,11 @@ class Worker {
   std::vector<Channel*> channels_;
   std::unordered_map<int, FdTarget> fds_;
   std::unordered_map<Channel*, int> client_fd_of_;
+  struct ListenBackoff {
+    int64_t retry_at_us = 0;  // 0: polled
+    int64_t delay_ms = 0;     // the last back-off
+  };
+  std::unordered_map<Channel*, ListenBackoff> listen_backoff_;
   bool polling_ = false;
   struct ResetLogState {
     int64_t last_log_us = -1000000000;

@@ -44,6 +44,10 @@ struct Options {
   // After the workload, stay attached (pools and stored pages kept) until
   // SIGTERM or SIGINT: a guest whose pages outlive its workload.
   bool hold = false;
+  // SIGTERM or SIGINT end the workload early (then report and exit): a
+  // guest that runs for as long as a test needs it, whatever the machine's
+  // speed.
+  bool stop_on_signal = false;
 };
 
 // Set by SIGTERM/SIGINT while holding (a lock-free atomic: signal-safe).
@@ -117,7 +121,8 @@ void RunGuest(const Options& opt, const WorkloadConfig& config, GuestRun* run,
   WorkloadConfig checked = config;
   IvshmemClient* c = client->get();
   checked.health_check = [c] { return c->PollServer(); };
-  run->result = RunWorkload(**guest, checked, progress);
+  run->result = RunWorkload(**guest, checked, progress,
+                            opt.stop_on_signal ? &g_release : nullptr);
   run->status = run->result.status;
   // Let in-flight completions land so the counters are final.
   for (int i = 0; i < 100 && (*guest)->in_flight() > 0; ++i) {
@@ -300,6 +305,9 @@ int Main(int argc, char** argv) {
   app.add_option("--progress-ms", opt.progress_ms,
                  "progress line on stderr every this many ms (0: none)")
       ->check(CLI::NonNegativeNumber);
+  app.add_flag("--stop-on-signal", opt.stop_on_signal,
+               "SIGTERM (or SIGINT) ends the workload early; then report and "
+               "exit");
   app.add_flag("--hold", opt.hold,
                "after the workload stay attached, pages kept, until SIGTERM "
                "(or SIGINT); then report and exit");
@@ -309,7 +317,13 @@ int Main(int argc, char** argv) {
     const int rc = app.exit(e);
     return rc == 0 ? 0 : 2;
   }
-  if (opt.hold) {
+  if (opt.hold && opt.stop_on_signal) {
+    std::fprintf(stderr,
+                 "tmem-guestsim: --hold and --stop-on-signal both want "
+                 "SIGTERM; pick one\n");
+    return 2;
+  }
+  if (opt.hold || opt.stop_on_signal) {
     struct sigaction sa {};
     sa.sa_handler = OnReleaseSignal;
     sigemptyset(&sa.sa_mask);

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "host-agent/fault_point.h"
 #include "host-agent/log.h"
 
 namespace tmem {
@@ -42,6 +43,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
       IvshmemServer::Listen(options.server, ch->region_->fd(), &ch->metrics_);
   if (!server.ok()) return server.status();
   ch->server_ = std::move(*server);
+  ch->server_->SetObserver(ch.get());
   ch->region_->SetHostPeerId(
       static_cast<uint32_t>(options.server.host_peer_id));
   ch->StoreFds();
@@ -53,7 +55,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     TmemStore* store, uint64_t host_generation, PutAdvisor* advisor) {
   absl::StatusOr<VmId> vm = store->AddVm(options.vm_name, options.policy);
   if (!vm.ok()) {
-    for (int fd : {fds.listen, fds.shm, fds.client}) {
+    for (int fd : {fds.listen, fds.shm, fds.client, fds.attaching}) {
       if (fd >= 0) close(fd);
     }
     for (int fd : fds.doorbells) close(fd);
@@ -62,6 +64,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
   }
   std::unique_ptr<Channel> ch(new Channel(options, store, *vm));
   const bool had_client = fds.client >= 0;
+  const bool had_attaching = fds.attaching >= 0;
   // The region needs its own descriptor of the memfd: the server keeps one
   // to send QEMU at each handshake.
   const int shm_for_region =
@@ -73,9 +76,20 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     return server.status();  // ~Channel forgets the VM
   }
   ch->server_ = std::move(*server);
+  ch->server_->SetObserver(ch.get());
   if (had_client && !ch->server_->connected() && options.fd_store != nullptr) {
     // QEMU hung up while no tmemd watched: its stored end is dead too.
     options.fd_store->Remove(ChannelFdName(options.vm_name, "client"));
+  }
+  if (had_attaching && !had_client) {
+    // The predecessor died between storing a connection and recording its
+    // handshake: Adopt kept it if the handshake provably went out, else
+    // refused it.
+    Log(LogLevel::kWarn, "handshake_interrupted",
+        {{"vm", options.vm_name},
+         {"action", ch->server_->connected()
+                        ? "kept: the guest got its whole handshake"
+                        : "refused: the guest may connect again"}});
   }
   absl::StatusOr<std::unique_ptr<SharedRegion>> region =
       SharedRegion::Adopt(shm_for_region, options.ring_entries, host_generation,
@@ -91,6 +105,10 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
   // From systemd's store they are stored already, and storing a name again
   // is harmless; after an exec they must be (re)stored for the next crash.
   ch->StoreFds();
+  // After the client is stored under its own name (StoreFds), never before.
+  if (had_attaching && options.fd_store != nullptr) {
+    options.fd_store->Remove(ChannelFdName(options.vm_name, "attaching"));
+  }
   return ch;
 }
 
@@ -122,10 +140,40 @@ void Channel::KeepForSuccessor() {
   if (server_ != nullptr) server_->KeepSocketPath();
 }
 
-void Channel::OnGuestAttached() {
-  if (options_.fd_store == nullptr || server_->client_fd() < 0) return;
-  options_.fd_store->Store(ChannelFdName(options_.vm_name, "client"),
-                           server_->client_fd());
+bool Channel::BeforeHandshake(int fd) {
+  FaultPoint("attach_accepted");
+  if (options_.fd_store != nullptr &&
+      !options_.fd_store->Store(ChannelFdName(options_.vm_name, "attaching"),
+                                fd)) {
+    // Answering a guest that a crash would lose is worse than refusing it
+    // now: QEMU reports the refused connection; a lost one it never
+    // notices.
+    Log(LogLevel::kWarn, "guest_refused",
+        {{"vm", options_.vm_name},
+         {"reason", "its connection could not be kept in the fd store"}});
+    return false;
+  }
+  FaultPoint("attach_stored");
+  return true;
+}
+
+void Channel::AfterHandshake(int fd) {
+  FaultPoint("attach_answered");
+  if (options_.fd_store != nullptr) {
+    // A failure is logged and counted by the store; the guest is answered
+    // already and is served.
+    options_.fd_store->Store(ChannelFdName(options_.vm_name, "client"), fd);
+    FaultPoint("attach_recorded");
+    options_.fd_store->Remove(ChannelFdName(options_.vm_name, "attaching"));
+  }
+  FaultPoint("attach_done");
+  Log(LogLevel::kInfo, "guest_attached", {{"vm", options_.vm_name}});
+}
+
+void Channel::HandshakeFailed(int /*fd*/) {
+  if (options_.fd_store != nullptr) {
+    options_.fd_store->Remove(ChannelFdName(options_.vm_name, "attaching"));
+  }
 }
 
 void Channel::LogFirstRequestAfterRestore() {
@@ -153,6 +201,7 @@ Channel::~Channel() {
     if (server_->client_fd() < 0) {
       options_.fd_store->Remove(ChannelFdName(options_.vm_name, "client"));
     }
+    options_.fd_store->Remove(ChannelFdName(options_.vm_name, "attaching"));
   }
   // Tell an attached guest (which keeps its mapping) that nobody serves this
   // region any more, so it stops waiting on it (a successor re-initializes
@@ -164,10 +213,13 @@ Channel::~Channel() {
   (void)store_->ForgetVm(vm_);
 }
 
-void Channel::OnGuestDetached() {
+void Channel::ClientLeaving(int /*fd*/, LeaveReason reason) {
+  FaultPoint("detach_begin");
   if (options_.fd_store != nullptr) {
     options_.fd_store->Remove(ChannelFdName(options_.vm_name, "client"));
   }
+  FaultPoint("detach_unstored");
+  // The guest's pool ids die with it: the next client starts from nothing.
   consumer_->DropPools();
   // The guest's self-report leaves with it (a reset with the guest still
   // attached keeps it: that guest rewrites it).
@@ -177,6 +229,10 @@ void Channel::OnGuestDetached() {
   consumer_ = std::make_unique<RingConsumer>(region_.get(), store_, vm_,
                                              &metrics_, advisor_);
   metrics_.Inc(ChannelCounter::kChannelResets);
+  FaultPoint("detach_reset");
+  Log(LogLevel::kInfo, "guest_detached",
+      {{"vm", options_.vm_name},
+       {"reason", reason == LeaveReason::kGarbage ? "sent bytes" : "hang-up"}});
 }
 
 void Channel::PublishAdmissionHint() {

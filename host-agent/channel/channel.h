@@ -12,8 +12,22 @@
 // host generation, so the guest drops its pool ids and resynchronizes
 // without a device re-plug. The VM's stored pages were in the old process
 // and are gone; the new generation is what tells the guest so. With an
-// FdStore, every descriptor is stored as it is created (QEMU's connection
-// when it attaches) and removed when the channel goes for good.
+// FdStore, every descriptor is stored as it is created and removed when
+// the channel goes for good.
+//
+// A guest's connection is stored before it is answered, so a crash at any
+// step leaves a successor what it needs (fault_point.h names the steps):
+//   attach: stored as VM/attaching, handshake sent, stored as VM/client,
+//           VM/attaching removed. A successor that finds VM/attaching
+//           without VM/client refuses that connection (the guest sees EOF
+//           where its handshake stopped, never a silent stall); with
+//           VM/client it keeps the guest. A handshake that fails removes
+//           VM/attaching.
+//   detach: every way a guest leaves (hang-up, garbage, found dead when
+//           another connects) removes VM/client from the store, drops the
+//           guest's pools and resets the region, and only then closes the
+//           connection, all before any other connection is answered: a
+//           newcomer never sees its predecessor's pages or pools.
 //
 // Not thread-safe: the worker that drives it owns it; metrics() may be read
 // from any thread.
@@ -44,7 +58,7 @@ struct ChannelOptions {
   FdStore* fd_store = nullptr;  // must outlive the channel
 };
 
-class Channel {
+class Channel final : private IvshmemClientObserver {
  public:
   static absl::StatusOr<std::unique_ptr<Channel>> Create(
       const ChannelOptions& options, TmemStore* store, uint64_t host_generation,
@@ -55,7 +69,7 @@ class Channel {
       const ChannelOptions& options, const IvshmemServerFds& fds,
       TmemStore* store, uint64_t host_generation,
       PutAdvisor* advisor = nullptr);
-  ~Channel();
+  ~Channel() override;
   Channel(const Channel&) = delete;
   Channel& operator=(const Channel&) = delete;
 
@@ -68,11 +82,6 @@ class Channel {
   ChannelMetrics& metrics() { return metrics_; }
   const ChannelMetrics& metrics() const { return metrics_; }
 
-  // The guest went away (client disconnected): its pool ids die with it,
-  // so drop its pools and reset the region for the next client.
-  void OnGuestDetached();
-  // A client completed the handshake: its connection goes to the fd store.
-  void OnGuestAttached();
   // The header holds a host_generation this process did not write (the
   // region arrived by live migration): drop the VM's pools and pages and
   // re-initialize the region, so the guest resynchronizes. Worker thread.
@@ -103,6 +112,11 @@ class Channel {
  private:
   Channel(ChannelOptions options, TmemStore* store, VmId vm);
   void StoreFds() const;
+  // IvshmemClientObserver: the attach and detach steps above.
+  bool BeforeHandshake(int fd) override;
+  void AfterHandshake(int fd) override;
+  void HandshakeFailed(int fd) override;
+  void ClientLeaving(int fd, LeaveReason reason) override;
   void LogFirstRequestAfterRestore();
 
   ChannelOptions options_;

@@ -2,8 +2,10 @@
 
 #include <endian.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -73,33 +75,53 @@ class UnlinkOnExit {
   std::string path_;
 };
 
-// Sends one protocol message: `value` as a little-endian int64 and, when
-// fd >= 0, that fd as SCM_RIGHTS. Never blocks (MSG_DONTWAIT) and never
-// raises SIGPIPE (MSG_NOSIGNAL) when the client is already gone. Returns 0
-// or an errno value; a short write counts as EAGAIN because the client
-// could no longer parse what follows.
-int SendMessage(int sock, int64_t value, int fd) {
-  uint64_t wire = htole64(static_cast<uint64_t>(value));
-  iovec iov{&wire, sizeof(wire)};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+// One protocol message: `value` as a little-endian int64 and, when
+// fd >= 0, that fd as SCM_RIGHTS.
+struct WireMessage {
+  uint64_t wire = 0;
+  int fd = -1;
+  iovec iov{};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (fd >= 0) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof(int));
-    std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+};
+
+// Sends `values`/`fds` as one protocol message each, in a single
+// sendmmsg: the kernel queues them without sleeping (MSG_DONTWAIT) and a
+// signal cannot stop the call half-way, so a crash of tmemd leaves the
+// client either nothing or the whole handshake. Never raises SIGPIPE
+// (MSG_NOSIGNAL). Returns true only if every message went out whole.
+bool SendMessages(int sock, const std::vector<std::pair<int64_t, int>>& msgs) {
+  std::vector<WireMessage> wire(msgs.size());
+  std::vector<mmsghdr> headers(msgs.size());
+  for (size_t i = 0; i < msgs.size(); ++i) {
+    WireMessage& w = wire[i];
+    w.wire = htole64(static_cast<uint64_t>(msgs[i].first));
+    w.iov = {&w.wire, sizeof(w.wire)};
+    msghdr& msg = headers[i].msg_hdr;
+    msg = {};
+    msg.msg_iov = &w.iov;
+    msg.msg_iovlen = 1;
+    const int fd = msgs[i].second;
+    if (fd >= 0) {
+      msg.msg_control = w.control;
+      msg.msg_controllen = sizeof(w.control);
+      cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+      cmsg->cmsg_level = SOL_SOCKET;
+      cmsg->cmsg_type = SCM_RIGHTS;
+      cmsg->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(cmsg), &fd, sizeof(int));
+    }
   }
-  for (;;) {
-    const ssize_t n = sendmsg(sock, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
-    if (n == static_cast<ssize_t>(sizeof(wire))) return 0;
-    if (n >= 0) return EAGAIN;
-    if (errno != EINTR) return errno;
+  int sent;
+  do {
+    sent = sendmmsg(sock, headers.data(), static_cast<unsigned>(headers.size()),
+                    MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);
+  if (sent != static_cast<int>(headers.size())) return false;
+  // A short message would leave the client unable to parse what follows.
+  for (const mmsghdr& h : headers) {
+    if (h.msg_len != sizeof(uint64_t)) return false;
   }
+  return true;
 }
 
 // Reads an eventfd back to zero (EFD_NONBLOCK: returns at once if it is).
@@ -211,7 +233,9 @@ IvshmemServer::IvshmemServer(std::string socket_path, int listen_fd, int shm_fd,
       doorbell_fds_(std::move(doorbell_fds)),
       interrupt_fds_(std::move(interrupt_fds)),
       metrics_(metrics),
-      host_peer_id_(host_peer_id) {}
+      host_peer_id_(host_peer_id) {
+  RefillReserve();
+}
 
 namespace {
 
@@ -260,7 +284,26 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
   // Own everything first, so every error path below closes it all.
   OwnedFd listen_fd(fds.listen);
   OwnedFd shm(fds.shm);
-  OwnedFd client(fds.client);
+  // A connection stored before its handshake (`attaching`): with `client`
+  // it is a second descriptor of the same connection, closed. Alone, the
+  // handshake is one
+  // sendmmsg (SendMessages): the guest got all of it or nothing. Bytes of
+  // ours it has not read yet (SIOCOUTQ) prove it got all of it: it is the
+  // client. Nothing queued means nothing was sent, or the guest read it
+  // all in the instant before the crash; then a refusal (EOF) is the only
+  // answer that cannot leave a guest waiting forever on a handshake.
+  int client_fd = fds.client;
+  int attaching_fd = fds.attaching;
+  if (attaching_fd >= 0 && client_fd < 0) {
+    int unread = 0;
+    if (ioctl(attaching_fd, SIOCOUTQ, &unread) == 0 && unread > 0) {
+      client_fd = std::exchange(attaching_fd, -1);
+    } else if (metrics != nullptr) {
+      metrics->Inc(ChannelCounter::kHandshakeFailures);
+    }
+  }
+  OwnedFd client(client_fd);
+  OwnedFd attaching(attaching_fd);
   std::vector<OwnedFd> doorbells;
   std::vector<OwnedFd> interrupts;
   for (int fd : fds.doorbells) doorbells.emplace_back(fd);
@@ -370,6 +413,7 @@ absl::StatusOr<std::unique_ptr<IvshmemServer>> IvshmemServer::Adopt(
 }
 
 IvshmemServer::~IvshmemServer() {
+  for (int fd : reserve_) close(fd);
   if (client_fd_ >= 0) close(client_fd_);
   close(listen_fd_);
   // Ours: Listen either created this path or removed a stale socket and
@@ -380,27 +424,62 @@ IvshmemServer::~IvshmemServer() {
   for (int fd : interrupt_fds_) close(fd);
 }
 
-bool IvshmemServer::OnListenReadable() {
-  bool attached = false;
+void IvshmemServer::RefillReserve() {
+  while (reserve_.size() < kReserveFds) {
+    const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;  // still short: the next accept refills it
+    reserve_.push_back(fd);
+  }
+}
+
+int IvshmemServer::AcceptOne() {
+  bool used_reserve = false;
   for (;;) {
     const int fd =
         accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+    if (fd >= 0) {
+      if (used_reserve) ++accepts_from_reserve_;
+      return fd;
+    }
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+    if (errno == ECONNABORTED || errno == EPROTO) {
       // The client left before we accepted it: a handshake that failed.
       metrics_->Inc(ChannelCounter::kHandshakeFailures);
-      if (errno == ECONNABORTED || errno == EPROTO) continue;
-      // EMFILE, ENFILE, ENOBUFS, ENOMEM: the connection stays queued and the
-      // listening socket stays readable, so the worker retries on its next
-      // wakeup; nothing better is possible without a spare descriptor.
-      break;
+      continue;
     }
+    if ((errno == EMFILE || errno == ENFILE) && !reserve_.empty()) {
+      // Out of descriptors with a guest queued: the reserve makes room for
+      // it (and for storing it), so it is answered or refused, not left
+      // waiting on a socket nobody can accept from.
+      for (int r : reserve_) close(r);
+      reserve_.clear();
+      used_reserve = true;
+      continue;
+    }
+    // EMFILE/ENFILE with no reserve left, ENOBUFS, ENOMEM: the connection
+    // stays queued and the socket readable. Polling it again at once
+    // would spin; the caller backs off and retries.
+    metrics_->Inc(ChannelCounter::kHandshakeFailures);
+    accept_blocked_ = true;
+    ++accept_backoffs_;
+    return -1;
+  }
+}
+
+bool IvshmemServer::OnListenReadable() {
+  bool attached = false;
+  accept_blocked_ = false;
+  RefillReserve();
+  for (;;) {
+    const int fd = AcceptOne();
+    if (fd < 0) break;
     if (connected()) {
       // The attached client may have hung up without the worker having
       // seen it yet (epoll reports both fds in one round, in any order): a
       // restarted guest must not be refused because of its dead
-      // predecessor.
+      // predecessor, and the predecessor leaves the whole way (observer
+      // told: pools, region, fd store) before the newcomer sees anything.
       pollfd pfd{client_fd_, POLLIN | POLLRDHUP, 0};
       if (poll(&pfd, 1, 0) > 0) OnClientEvent();
     }
@@ -409,6 +488,16 @@ bool IvshmemServer::OnListenReadable() {
       // or hostile second client. Closing tells it so (EOF, no handshake).
       metrics_->Inc(ChannelCounter::kClientsRejectedBusy);
       close(fd);
+      RefillReserve();
+      continue;
+    }
+    // The owner keeps the connection for a successor before the guest can
+    // use anything: a crash after the handshake must not lose a guest
+    // that already maps its region.
+    if (observer_ != nullptr && !observer_->BeforeHandshake(fd)) {
+      metrics_->Inc(ChannelCounter::kHandshakeFailures);
+      close(fd);
+      RefillReserve();
       continue;
     }
     if (!SendHandshake(fd)) {
@@ -416,13 +505,17 @@ bool IvshmemServer::OnListenReadable() {
       // few hundred bytes: never wait for it, QEMU reads the handshake
       // synchronously and a live one always has room.
       metrics_->Inc(ChannelCounter::kHandshakeFailures);
+      if (observer_ != nullptr) observer_->HandshakeFailed(fd);
       close(fd);
+      RefillReserve();
       continue;
     }
     client_fd_ = fd;
     connected_.store(true, std::memory_order_relaxed);
     metrics_->Inc(ChannelCounter::kClientsAccepted);
+    if (observer_ != nullptr) observer_->AfterHandshake(fd);
     attached = true;
+    RefillReserve();
   }
   return attached;
 }
@@ -431,17 +524,12 @@ bool IvshmemServer::SendHandshake(int fd) {
   // The order QEMU 7.2's ivshmem_recv_setup expects: version, own id, shared
   // memory; then the eventfds of each other peer (tmemd) and finally
   // the client's own, one message per vector, vector order implied.
-  if (SendMessage(fd, kProtocolVersion, -1) != 0) return false;
   const int64_t client_peer_id = 1 - host_peer_id_;
-  if (SendMessage(fd, client_peer_id, -1) != 0) return false;
-  if (SendMessage(fd, kShmMessage, shm_fd_) != 0) return false;
-  for (int efd : doorbell_fds_) {
-    if (SendMessage(fd, host_peer_id_, efd) != 0) return false;
-  }
-  for (int efd : interrupt_fds_) {
-    if (SendMessage(fd, client_peer_id, efd) != 0) return false;
-  }
-  return true;
+  std::vector<std::pair<int64_t, int>> msgs = {
+      {kProtocolVersion, -1}, {client_peer_id, -1}, {kShmMessage, shm_fd_}};
+  for (int efd : doorbell_fds_) msgs.emplace_back(host_peer_id_, efd);
+  for (int efd : interrupt_fds_) msgs.emplace_back(client_peer_id, efd);
+  return SendMessages(fd, msgs);
 }
 
 bool IvshmemServer::OnClientEvent() {
@@ -454,25 +542,26 @@ bool IvshmemServer::OnClientEvent() {
     if (n > 0) {
       // QEMU never writes to the server socket after connecting.
       metrics_->Inc(ChannelCounter::kClientGarbage);
-      DropClient();
+      DropClient(IvshmemClientObserver::LeaveReason::kGarbage);
       return true;
     }
     if (n == 0) {
       metrics_->Inc(ChannelCounter::kClientDisconnects);
-      DropClient();
+      DropClient(IvshmemClientObserver::LeaveReason::kHangup);
       return true;
     }
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return false;  // spurious
     // ECONNRESET and the like: the client is gone as surely as with EOF.
     metrics_->Inc(ChannelCounter::kClientDisconnects);
-    DropClient();
+    DropClient(IvshmemClientObserver::LeaveReason::kHangup);
     return true;
   }
 }
 
-void IvshmemServer::DropClient() {
+void IvshmemServer::DropClient(IvshmemClientObserver::LeaveReason reason) {
   if (client_fd_ < 0) return;
+  if (observer_ != nullptr) observer_->ClientLeaving(client_fd_, reason);
   close(client_fd_);
   client_fd_ = -1;
   connected_.store(false, std::memory_order_relaxed);

@@ -11,7 +11,9 @@
 // interrupt_fd(v).
 //
 // One client at a time (QEMU connects once per device); a second
-// connection while one is attached is closed at once and counted. The
+// connection while one is attached is closed at once and counted, unless
+// the attached one has hung up meanwhile: then it leaves first (its
+// observer told, see below) and the newcomer is served. The
 // handshake is a handful of small messages sent with MSG_DONTWAIT on a
 // fresh socket, so it never blocks tmemd: if the kernel buffer cannot take
 // it, the client is dropped and counted. A client that sends any byte (QEMU
@@ -20,6 +22,22 @@
 //
 // The eventfds are created once (EFD_NONBLOCK) and survive client
 // reconnects, so the worker's epoll set does not change.
+//
+// Observer: the owner (Channel) is told of each step of a client's life,
+// in order, before the server acts on it: a connection accepted (before
+// any handshake byte is sent; the owner may refuse it), the handshake
+// sent, a handshake that failed, and an attached client leaving (before
+// its fd is closed and before any other connection is handled). Every way
+// a client goes (hang-up, garbage, found dead when another connects) goes
+// through ClientLeaving.
+//
+// Out of descriptors: the server keeps kReserveFds spare descriptors. When
+// accept fails with EMFILE/ENFILE it closes them and accepts again, so a
+// queued guest is always answered (or refused) rather than left queued.
+// With no reserve left (or ENOBUFS/ENOMEM), OnListenReadable returns with
+// accept_blocked() set: the caller must stop polling the listening socket
+// (it stays readable) and retry later; each such stop is counted in
+// accept_backoffs().
 //
 // Peer ids: tmemd is `host_peer_id` and the VM the other of {0, 1}. With
 // host_peer_id 1 the VM is peer 0, which QEMU needs for a migratable device
@@ -67,12 +85,40 @@ struct IvshmemServerFds {
   int listen = -1;
   int shm = -1;
   int client = -1;  // -1: no VM was attached
+  // A connection stored before its handshake (see Channel); -1 if none.
+  // With `client` set it is the same connection and is closed. Alone, the
+  // handshake (one sendmmsg: all or nothing) may or may not have gone out:
+  // Adopt keeps it as the client if the guest has bytes of it still
+  // unread (SIOCOUTQ), and otherwise refuses it (the guest sees EOF, never
+  // a silent stall).
+  int attaching = -1;
   std::vector<int> doorbells;
   std::vector<int> interrupts;
 };
 
+// Told of each step of a client's life (see the file comment). Called on
+// the server's thread, from OnListenReadable or OnClientEvent.
+class IvshmemClientObserver {
+ public:
+  enum class LeaveReason { kHangup, kGarbage };
+  virtual ~IvshmemClientObserver() = default;
+  // `fd` was accepted; nothing has been sent to it. False refuses it: it
+  // is closed at once and counted as a handshake failure.
+  virtual bool BeforeHandshake(int fd) = 0;
+  // `fd` got its whole handshake and is the attached client from now on.
+  virtual void AfterHandshake(int fd) = 0;
+  // `fd`'s handshake failed; it is closed after this returns.
+  virtual void HandshakeFailed(int fd) = 0;
+  // The attached client `fd` is leaving; it is closed after this returns.
+  virtual void ClientLeaving(int fd, LeaveReason reason) = 0;
+};
+
 class IvshmemServer {
  public:
+  // Spare descriptors closed to let an accept through on EMFILE: one for
+  // the connection, one for the fd store's notify socket.
+  static constexpr int kReserveFds = 2;
+
   // Binds and listens (non-blocking). `shm_fd` is dup'ed; the caller keeps
   // its own. `metrics` must outlive the server.
   static absl::StatusOr<std::unique_ptr<IvshmemServer>> Listen(
@@ -105,9 +151,19 @@ class IvshmemServer {
   // Written by tmemd to interrupt the guest on vector v.
   int interrupt_fd(int v) const { return interrupt_fds_[v]; }
 
+  // Must outlive the server; nullptr (the default) tells nobody.
+  void SetObserver(IvshmemClientObserver* observer) { observer_ = observer; }
+
   // Accepts pending connections and performs the handshake. Returns true if
-  // a new client became attached.
+  // a new client became attached. When it returns with accept_blocked(),
+  // connections are still queued but no descriptor could be had for them.
   bool OnListenReadable();
+  bool accept_blocked() const { return accept_blocked_; }
+  // Times OnListenReadable stopped with accept_blocked() (the caller backs
+  // off), and accepts that went through only thanks to the reserve.
+  uint64_t accept_backoffs() const { return accept_backoffs_; }
+  uint64_t accepts_from_reserve() const { return accepts_from_reserve_; }
+  int reserve_fds() const { return static_cast<int>(reserve_.size()); }
   // The client fd is readable or hung up: drops the client if it hung up
   // or sent anything. Returns true if the client was dropped.
   bool OnClientEvent();
@@ -121,7 +177,11 @@ class IvshmemServer {
                 std::vector<int> doorbell_fds, std::vector<int> interrupt_fds,
                 ChannelMetrics* metrics, int host_peer_id);
   bool SendHandshake(int fd);
-  void DropClient();
+  void DropClient(IvshmemClientObserver::LeaveReason reason);
+  // A connection, or -1 when none is pending or none can be had (then
+  // accept_blocked_ is set).
+  int AcceptOne();
+  void RefillReserve();
 
   std::string socket_path_;
   int listen_fd_;
@@ -133,6 +193,11 @@ class IvshmemServer {
   ChannelMetrics* metrics_;
   int host_peer_id_;
   bool keep_path_ = false;
+  IvshmemClientObserver* observer_ = nullptr;
+  std::vector<int> reserve_;  // open /dev/null descriptors
+  bool accept_blocked_ = false;
+  uint64_t accept_backoffs_ = 0;
+  uint64_t accepts_from_reserve_ = 0;
 };
 
 }  // namespace tmem

@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -499,6 +500,74 @@ TEST_F(IvshmemServerTest, ClientThatNeverReadsDoesNotBlockServer) {
   Handshake hs;
   ReadHandshake(lazy.get(), 16, &hs);
   EXPECT_EQ(hs.own_eventfds.size(), 16u);
+}
+
+// Out of descriptors with a guest queued: the server's reserve makes room,
+// so the guest is answered instead of left queued on a listening socket
+// that stays readable (the worker would spin on it).
+TEST_F(IvshmemServerTest, ReserveLetsAQueuedGuestInWhenOutOfDescriptors) {
+  auto server = Listen(Options());
+  ASSERT_NE(server, nullptr);
+  EXPECT_EQ(server->reserve_fds(), IvshmemServer::kReserveFds);
+  Fd client = Connect(path_);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(old.rlim_cur, 4096);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  std::vector<int> filler;
+  int err = 0;
+  for (;;) {
+    const int fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      err = errno;
+      break;
+    }
+    filler.push_back(fd);
+  }
+  const bool attached = server->OnListenReadable();
+  const bool blocked = server->accept_blocked();
+  for (int fd : filler) close(fd);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  ASSERT_EQ(err, EMFILE);
+  EXPECT_TRUE(attached);
+  EXPECT_FALSE(blocked);
+  EXPECT_EQ(server->accepts_from_reserve(), 1u);
+  EXPECT_EQ(server->accept_backoffs(), 0u);
+  Handshake hs;
+  ReadHandshake(client.get(), server->vectors(), &hs);
+  EXPECT_EQ(hs.own_eventfds.size(), 2u);
+  // Refilled for the next time.
+  EXPECT_FALSE(server->OnListenReadable());
+  EXPECT_EQ(server->reserve_fds(), IvshmemServer::kReserveFds);
+}
+
+// With no descriptor to be had at all (the reserve cannot help), accept
+// stops and says so, so the caller backs off; the connection stays queued
+// and is served once descriptors are back.
+TEST_F(IvshmemServerTest, WithNoDescriptorAtAllAcceptStopsAndSaysSo) {
+  auto server = Listen(Options());
+  ASSERT_NE(server, nullptr);
+  Fd client = Connect(path_);
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit none = old;
+  none.rlim_cur = 3;  // every new descriptor number is refused
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &none), 0);
+  const bool attached = server->OnListenReadable();
+  const bool blocked = server->accept_blocked();
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &old), 0);
+  EXPECT_FALSE(attached);
+  EXPECT_TRUE(blocked);
+  EXPECT_EQ(server->accept_backoffs(), 1u);
+  EXPECT_EQ(Count(ChannelCounter::kHandshakeFailures), 1u);
+  EXPECT_FALSE(server->connected());
+
+  EXPECT_TRUE(server->OnListenReadable());
+  EXPECT_FALSE(server->accept_blocked());
+  Handshake hs;
+  ReadHandshake(client.get(), server->vectors(), &hs);
+  EXPECT_EQ(hs.own_eventfds.size(), 2u);
 }
 
 TEST_F(IvshmemServerTest, ClientClosingBeforeHandshakeIsCountedWithoutSigpipe) {
