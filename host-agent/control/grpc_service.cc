@@ -261,7 +261,10 @@ absl::StatusOr<std::unique_ptr<ControlServer>> ControlServer::Start(
         options.max_watch_streams);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(address, creds, port);
-    builder.SetMaxReceiveMessageSize(options.max_request_bytes);
+    builder.SetMaxReceiveMessageSize(
+        access == ControlAccess::kAdmin
+            ? std::max(options.max_request_bytes, kAdminUnixMaxRequestBytes)
+            : options.max_request_bytes);
     grpc::ResourceQuota quota(absl::StrCat("tmemd-control-", address));
     quota.SetMaxThreads(options.max_threads);
     builder.SetResourceQuota(quota);

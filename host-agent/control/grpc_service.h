@@ -19,7 +19,11 @@
 // refused with RESOURCE_EXHAUSTED (streams counted in streams_refused());
 // each HTTP/2 connection carries at most max_streams_per_connection calls;
 // a cancelled or vanished watcher releases its thread within 100 ms, not at
-// the end of its interval; TCP peers are probed with keepalives.
+// the end of its interval; TCP peers are probed with keepalives. The admin
+// UNIX socket takes requests up to kAdminUnixMaxRequestBytes instead:
+// libvirt's qemu hook sends a whole domain XML, which libvirt itself
+// allows up to 4 MiB, and a domain must not fail to start for its size;
+// only root (or tmemd's user) can connect there.
 #ifndef TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 #define TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 
@@ -121,6 +125,10 @@ class TmemControlService final : public v1::TmemControl::Service {
   std::atomic<int> streams_{0};
   std::atomic<uint64_t> streams_refused_{0};
 };
+
+// libvirt carries a domain XML in at most VIR_NET_MESSAGE_STRING_MAX
+// (4 MiB) bytes; the rest of a LibvirtHook request is small.
+inline constexpr int kAdminUnixMaxRequestBytes = (4 << 20) + (64 << 10);
 
 struct ControlServerOptions {
   std::string unix_socket;           // admin, mode 0600; "" for none

@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "host-agent/common/proto_mode.h"
 #include "host-agent/common/setting_ranges.h"
@@ -159,10 +161,53 @@ v1::SetVmPolicyRequest ResolvedFleetPolicy::ForVm(const std::string& vm) const {
   return r;
 }
 
+std::optional<size_t> InvalidUtf8Offset(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = 0;
+    uint32_t min = 0;
+    uint32_t cp = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((c & 0xE0) == 0xC0) {
+      n = 1;
+      min = 0x80;
+      cp = c & 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+      n = 2;
+      min = 0x800;
+      cp = c & 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+      n = 3;
+      min = 0x10000;
+      cp = c & 0x07;
+    } else {
+      return i;
+    }
+    for (size_t k = 1; k <= n; ++k) {
+      if (i + k >= s.size()) return i;
+      const auto cc = static_cast<unsigned char>(s[i + k]);
+      if ((cc & 0xC0) != 0x80) return i;
+      cp = (cp << 6) | (cc & 0x3F);
+    }
+    // Overlong forms, UTF-16 surrogates and beyond U+10FFFF are not UTF-8.
+    if (cp < min || (cp >= 0xD800 && cp <= 0xDFFF) || cp > 0x10FFFF) return i;
+    i += n + 1;
+  }
+  return std::nullopt;
+}
+
+std::string FleetKeyText(std::string_view key) {
+  return absl::CHexEscape(absl::string_view(key.data(), key.size()));
+}
+
 absl::Status CheckFleetKey(const std::string& key) {
   if (!std::string_view(key).starts_with(kFleetPolicyPrefix)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("key '", key, "' is not under ", kFleetPolicyPrefix));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", FleetKeyText(key), "' is not under ", kFleetPolicyPrefix));
   }
   const std::string rest = key.substr(PrefixSize());
   if (rest == "fleet") return absl::OkStatus();
@@ -171,7 +216,7 @@ absl::Status CheckFleetKey(const std::string& key) {
       const std::string name = rest.substr(kind.size());
       if (absl::Status s = ValidateVmName(name); !s.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "key '", key, "': the name after ", kind,
+            "key '", FleetKeyText(key), "': the name after ", kind,
             " must be 1-64 of [A-Za-z0-9._-], starting with a letter or "
             "digit"));
       }
@@ -179,7 +224,7 @@ absl::Status CheckFleetKey(const std::string& key) {
     }
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("key '", key, "': want ", kFleetPolicyPrefix,
+      absl::StrCat("key '", FleetKeyText(key), "': want ", kFleetPolicyPrefix,
                    "fleet, groups/<group>, hosts/<host> or vms/<vm>"));
 }
 
@@ -188,6 +233,13 @@ absl::StatusOr<FleetLayer> ParseFleetLayer(const std::string& key,
   if (absl::Status s = CheckFleetKey(key); !s.ok()) return s;
   const bool vm_key =
       std::string_view(key.substr(PrefixSize())).starts_with("vms/");
+  if (std::optional<size_t> bad = InvalidUtf8Offset(value)) {
+    return Refuse(
+        key, "value",
+        absl::StrFormat("byte 0x%02x at offset %d is not UTF-8 "
+                        "(a value is JSON text)",
+                        static_cast<unsigned char>(value[*bad]), *bad));
+  }
   json j = json::parse(value, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return Refuse(key, "value", "is not valid JSON");
   if (!j.is_object()) return Refuse(key, "value", "must be a JSON object");
@@ -270,6 +322,12 @@ absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
     out.vms[it->first.substr(vm_prefix.size())] = layer->vm;
   }
   return out;
+}
+
+bool FleetKeyKept(const std::string& key, const std::string& host,
+                  const std::vector<std::string>& groups) {
+  if (key == kFleetAppliedKey) return false;
+  return FleetKeyConcernsHost(key, host, groups) || !CheckFleetKey(key).ok();
 }
 
 bool FleetKeyConcernsHost(const std::string& key, const std::string& host,

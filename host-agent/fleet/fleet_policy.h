@@ -24,7 +24,9 @@
 #define TMEMD_HOST_AGENT_FLEET_FLEET_POLICY_H_
 
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -66,8 +68,16 @@ struct ResolvedFleetPolicy {
                          const ResolvedFleetPolicy& b);
 };
 
+// Keys and values in etcd are bytes. The offset of the first byte of `s`
+// that is not (shortest-form, non-surrogate) UTF-8, if any.
+std::optional<size_t> InvalidUtf8Offset(std::string_view s);
+// A key as messages show it: printable ASCII kept, every other byte
+// escaped (\xff), so a reason is always printable text and valid JSON.
+std::string FleetKeyText(std::string_view key);
+
 // "fleet", "groups/<g>", "hosts/<h>" or "vms/<vm>" after the prefix;
-// INVALID_ARGUMENT for anything else (names follow ValidateVmName's rule).
+// INVALID_ARGUMENT for anything else (names follow ValidateVmName's rule),
+// the key shown escaped (FleetKeyText).
 absl::Status CheckFleetKey(const std::string& key);
 
 // Parses one value; errors name the key.
@@ -82,6 +92,12 @@ std::string FormatFleetLayer(const FleetLayer& layer);
 absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
     const std::map<std::string, std::string>& keys, const std::string& host,
     const std::vector<std::string>& groups);
+
+// Whether `host` keeps a key under the prefix in its view: the keys that
+// concern it, and every key outside the layout (kFleetAppliedKey aside),
+// which it refuses for as long as the key exists rather than ignoring it.
+bool FleetKeyKept(const std::string& key, const std::string& host,
+                  const std::vector<std::string>& groups);
 
 // Whether a key (full) can change what `host` resolves.
 bool FleetKeyConcernsHost(const std::string& key, const std::string& host,

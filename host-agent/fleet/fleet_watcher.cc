@@ -12,6 +12,7 @@
 #include <sstream>
 #include <system_error>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "host-agent/log.h"
 
@@ -52,6 +53,61 @@ absl::Status WriteFileAtomically(const std::string& path,
   return absl::OkStatus();
 }
 
+absl::Status AppendFileSynced(const std::string& path,
+                              const std::string& text) {
+  auto fail = [&](const char* what) {
+    return absl::InternalError(absl::StrCat(
+        what, " '", path, "': ", std::generic_category().message(errno)));
+  };
+  const int fd =
+      open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
+           0600);
+  if (fd < 0) return fail("cannot open");
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      close(fd);
+      return fail("cannot write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fdatasync(fd) != 0) {
+    close(fd);
+    return fail("cannot sync");
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+// JSON text, never throwing: every string put in is UTF-8 by construction
+// (BytesJson, escaped reasons), and a slip shows as U+FFFD, not an abort.
+std::string Dump(const json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
+// etcd bytes in the state files: a UTF-8 string as itself (readable), any
+// other as {"base64": ...}.
+json BytesJson(const std::string& s) {
+  if (!InvalidUtf8Offset(s)) return s;
+  return json{{"base64", absl::Base64Escape(s)}};
+}
+
+bool BytesFromJson(const json& j, std::string* out) {
+  if (j.is_string()) {
+    *out = j.get<std::string>();
+    return true;
+  }
+  return j.is_object() && j.contains("base64") && j["base64"].is_string() &&
+         absl::Base64Unescape(j["base64"].get<std::string>(), out);
+}
+
+// The journal is folded into a new snapshot once it is larger than the
+// snapshot (so both stay within twice the view) or than this, whichever is
+// more: rewriting a small view often costs little either way.
+constexpr uint64_t kMinJournalBytes = 64 << 10;
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
@@ -80,7 +136,9 @@ absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
         {"fleet_etcd_errors", c.etcd_errors},
         {"fleet_etcd_tls_errors", c.etcd_tls_errors},
         {"fleet_revisions_applied", c.revisions_applied},
-        {"fleet_revisions_rejected", c.revisions_rejected}};
+        {"fleet_revisions_rejected", c.revisions_rejected},
+        {"fleet_layers_parsed", c.layers_parsed},
+        {"fleet_state_bytes_written", c.state_bytes_written}};
   });
   w->watch_thread_ = std::thread([p = w.get()] { p->WatchLoop(); });
   w->status_thread_ = std::thread([p = w.get()] { p->StatusLoop(); });
@@ -98,6 +156,10 @@ FleetWatcher::FleetWatcher(FleetConfig config, ControlPlane* control,
       control_(control),
       agent_(agent),
       watch_client_(std::move(watch_client)),
+      view_(config_.host, config_.groups),
+      journal_path_(config_.state_dir.empty()
+                        ? std::string()
+                        : config_.state_dir + "/fleet-state.journal"),
       status_client_(std::move(status_client)) {}
 
 FleetWatcher::~FleetWatcher() { Stop(); }
@@ -155,20 +217,66 @@ void FleetWatcher::LoadState() {
   if (!in) return;  // first start
   std::stringstream buf;
   buf << in.rdbuf();
+  snapshot_bytes_ = buf.str().size();
   const json j = json::parse(buf.str(), nullptr, false);
   FleetProgress p;
   std::map<std::string, std::string> keys;
+  size_t replayed = 0;
   try {
-    if (j.is_discarded() || j.value("version", 0) != 1 ||
+    const int version = j.is_discarded() ? 0 : j.value("version", 0);
+    if ((version != 1 && version != 2) ||
         j.at("host").get<std::string>() != config_.host) {
-      throw std::runtime_error("not this host's version 1 state");
+      throw std::runtime_error("not this host's version 1 or 2 state");
     }
-    p.seen_revision = j.at("seen_revision").get<int64_t>();
-    p.applied_revision = j.at("applied_revision").get<int64_t>();
-    p.rejected_revision = j.at("rejected_revision").get<int64_t>();
-    p.rejected_reason = j.at("rejected_reason").get<std::string>();
-    for (const auto& [k, v] : j.at("keys").items()) {
-      keys[k] = v.get<std::string>();
+    auto progress = [](const json& from, FleetProgress* to) {
+      to->seen_revision = from.at("seen_revision").get<int64_t>();
+      to->applied_revision = from.at("applied_revision").get<int64_t>();
+      to->rejected_revision = from.at("rejected_revision").get<int64_t>();
+      to->rejected_reason = from.at("rejected_reason").get<std::string>();
+    };
+    progress(j, &p);
+    if (version == 1) {  // keys as an object of strings
+      for (const auto& [k, v] : j.at("keys").items()) {
+        keys[k] = v.get<std::string>();
+      }
+    } else {
+      for (const json& kv : j.at("keys")) {
+        std::string k;
+        std::string v;
+        if (!kv.is_array() || kv.size() != 2 || !BytesFromJson(kv[0], &k) ||
+            !BytesFromJson(kv[1], &v)) {
+          throw std::runtime_error("a key is not [key, value]");
+        }
+        keys[std::move(k)] = std::move(v);
+      }
+    }
+    // The journal's revisions after the snapshot's. A line cut short (a
+    // crash while appending) and what follows are not used: their
+    // revisions come again from etcd, after the last one saved whole.
+    std::ifstream jin(journal_path_);
+    std::string line;
+    while (jin && std::getline(jin, line) && !jin.eof()) {
+      const json e = json::parse(line, nullptr, false);
+      if (e.is_discarded() || !e.is_object() || !e.contains("changes")) break;
+      FleetProgress q;
+      progress(e, &q);
+      if (q.seen_revision <= p.seen_revision) continue;
+      for (const json& c : e.at("changes")) {
+        std::string k;
+        std::string v;
+        if (!c.is_array() || c.size() != 2 || !BytesFromJson(c[0], &k)) {
+          throw std::runtime_error("a journal change is not [key, value]");
+        }
+        if (c[1].is_null()) {
+          keys.erase(k);
+        } else if (BytesFromJson(c[1], &v)) {
+          keys[k] = v;
+        } else {
+          throw std::runtime_error("a journal value is not bytes");
+        }
+      }
+      p = q;
+      ++replayed;
     }
   } catch (const std::exception& e) {
     // Nothing is lost: the policy itself is in tmemd's state file, and a
@@ -177,12 +285,11 @@ void FleetWatcher::LoadState() {
         {{"file", state_path_}, {"error", e.what()}});
     return;
   }
-  keys_ = std::move(keys);
-  absl::StatusOr<ResolvedFleetPolicy> resolved =
-      ResolveFleetPolicy(keys_, config_.host, config_.groups);
+  for (const auto& [k, v] : keys) view_.Put(k, v);
+  absl::StatusOr<const ResolvedFleetPolicy*> resolved = view_.Resolve();
   if (resolved.ok() && p.rejected_reason.empty()) {
-    if (absl::Status s = control_->ApplyPolicySet(*resolved); s.ok()) {
-      applied_ = *resolved;
+    if (absl::Status s = control_->ApplyPolicySet(**resolved); s.ok()) {
+      view_.MarkApplied();
     } else {
       Log(LogLevel::kWarn, "fleet_state_reapply_failed",
           {{"error", s.message()}});
@@ -191,24 +298,79 @@ void FleetWatcher::LoadState() {
   {
     MutexLock lock(&mu_);
     progress_ = p;
+    counters_.layers_parsed = view_.layers_parsed();
+  }
+  // A fresh snapshot folds the journal in, so no torn line ever sits
+  // before the next appended one.
+  snapshot_due_ = true;
+  if (absl::Status s = WriteSnapshot(); !s.ok()) {
+    Log(LogLevel::kError, "fleet_state_error", {{"error", s.message()}});
   }
   Log(LogLevel::kInfo, "fleet_state_loaded",
       {{"seen_revision", p.seen_revision},
-       {"applied_revision", p.applied_revision}});
+       {"applied_revision", p.applied_revision},
+       {"journal_revisions", static_cast<uint64_t>(replayed)}});
 }
 
-absl::Status FleetWatcher::SaveState() const {
-  if (state_path_.empty()) return absl::OkStatus();
-  const FleetProgress p = Progress();
-  json j;
-  j["version"] = 1;
+namespace {
+json ProgressJson(const FleetProgress& p) {
+  return json{{"seen_revision", p.seen_revision},
+              {"applied_revision", p.applied_revision},
+              {"rejected_revision", p.rejected_revision},
+              {"rejected_reason", p.rejected_reason}};
+}
+}  // namespace
+
+absl::Status FleetWatcher::WriteSnapshot() {
+  json j = ProgressJson(Progress());
+  j["version"] = 2;
   j["host"] = config_.host;
-  j["seen_revision"] = p.seen_revision;
-  j["applied_revision"] = p.applied_revision;
-  j["rejected_revision"] = p.rejected_revision;
-  j["rejected_reason"] = p.rejected_reason;
-  j["keys"] = keys_;
-  return WriteFileAtomically(state_path_, j.dump(2) + "\n");
+  json keys = json::array();
+  for (const auto& [k, v] : view_.keys()) {
+    keys.push_back(json::array({BytesJson(k), BytesJson(v)}));
+  }
+  j["keys"] = std::move(keys);
+  const std::string text = Dump(j, 1) + "\n";
+  if (absl::Status s = WriteFileAtomically(state_path_, text); !s.ok()) {
+    return s;
+  }
+  // The snapshot holds every journal line's revision: the lines are
+  // skipped on load even if this truncation is lost in a crash.
+  if (truncate(journal_path_.c_str(), 0) != 0 && errno != ENOENT) {
+    snapshot_due_ = true;
+    return absl::InternalError(
+        absl::StrCat("cannot truncate '", journal_path_,
+                     "': ", std::generic_category().message(errno)));
+  }
+  snapshot_due_ = false;
+  snapshot_bytes_ = text.size();
+  journal_bytes_ = 0;
+  MutexLock lock(&mu_);
+  counters_.state_bytes_written += text.size();
+  return absl::OkStatus();
+}
+
+absl::Status FleetWatcher::SaveState(const Changes& changes) {
+  if (state_path_.empty()) return absl::OkStatus();
+  if (snapshot_due_ ||
+      journal_bytes_ > std::max<uint64_t>(snapshot_bytes_, kMinJournalBytes)) {
+    return WriteSnapshot();
+  }
+  json line = ProgressJson(Progress());
+  json c = json::array();
+  for (const auto& [k, v] : changes) {
+    c.push_back(json::array({BytesJson(k), v ? BytesJson(*v) : json()}));
+  }
+  line["changes"] = std::move(c);
+  const std::string text = Dump(line) + "\n";
+  if (absl::Status s = AppendFileSynced(journal_path_, text); !s.ok()) {
+    snapshot_due_ = true;  // the line may be torn: fold it away next time
+    return s;
+  }
+  journal_bytes_ += text.size();
+  MutexLock lock(&mu_);
+  counters_.state_bytes_written += text.size();
+  return absl::OkStatus();
 }
 
 // After an apply each host writes its status key at its own offset in this
@@ -218,20 +380,20 @@ absl::Status FleetWatcher::SaveState() const {
 // status shows a host converged up to this much later.
 constexpr std::chrono::milliseconds kStatusSpread{500};
 
-void FleetWatcher::Process(int64_t revision) {
-  absl::StatusOr<ResolvedFleetPolicy> resolved =
-      ResolveFleetPolicy(keys_, config_.host, config_.groups);
+void FleetWatcher::Process(int64_t revision, const Changes& changes) {
+  absl::StatusOr<const ResolvedFleetPolicy*> resolved = view_.Resolve();
   absl::Status outcome = resolved.status();
   bool changed = false;
-  if (resolved.ok() && !(applied_ && *applied_ == *resolved)) {
-    outcome = control_->ApplyPolicySet(*resolved);
+  if (resolved.ok() && view_.changed()) {
+    outcome = control_->ApplyPolicySet(**resolved);
     if (outcome.ok()) {
-      applied_ = *resolved;
+      view_.MarkApplied();
       changed = true;
     }
   }
   {
     MutexLock lock(&mu_);
+    counters_.layers_parsed = view_.layers_parsed();
     progress_.seen_revision = revision;
     if (changed) ++counters_.revisions_applied;
     if (!outcome.ok()) ++counters_.revisions_rejected;
@@ -252,7 +414,9 @@ void FleetWatcher::Process(int64_t revision) {
     status_dirty_ = true;
   }
   cv_.NotifyAll();
-  if (absl::Status s = SaveState(); !s.ok()) {
+  // After ApplyPolicySet saved the policy: the saved revision never runs
+  // ahead of it.
+  if (absl::Status s = SaveState(changes); !s.ok()) {
     Log(LogLevel::kError, "fleet_state_error", {{"error", s.message()}});
   }
   if (!outcome.ok()) {
@@ -272,13 +436,11 @@ absl::Status FleetWatcher::FullRead() {
   Log(LogLevel::kInfo, "fleet_full_read",
       {{"endpoint", watch_client_->endpoint()},
        {"revision", resp->header().revision()}});
-  keys_.clear();
-  for (const mvccpb::KeyValue& kv : resp->kvs()) {
-    if (FleetKeyConcernsHost(kv.key(), config_.host, config_.groups)) {
-      keys_[kv.key()] = kv.value();
-    }
-  }
-  Process(resp->header().revision());
+  view_.Clear();
+  for (const mvccpb::KeyValue& kv : resp->kvs())
+    view_.Put(kv.key(), kv.value());
+  snapshot_due_ = true;  // the whole view changed
+  Process(resp->header().revision(), {});
   return absl::OkStatus();
 }
 
@@ -315,17 +477,19 @@ absl::Status FleetWatcher::RunWatch(bool* compacted) {
       if (response.events().empty()) continue;
       // One response holds whole revisions (etcd never splits one), so
       // the state after its last event is a revision's complete state.
+      Changes changes;
       for (const mvccpb::Event& e : response.events()) {
-        if (!FleetKeyConcernsHost(e.kv().key(), config_.host, config_.groups)) {
-          continue;
-        }
+        const std::string& key = e.kv().key();
         if (e.type() == mvccpb::Event::PUT) {
-          keys_[e.kv().key()] = e.kv().value();
-        } else {
-          keys_.erase(e.kv().key());
+          if (view_.Put(key, e.kv().value())) {
+            changes.emplace_back(key, e.kv().value());
+          }
+        } else if (view_.Delete(key)) {
+          changes.emplace_back(key, std::nullopt);
         }
       }
-      Process(response.events(response.events_size() - 1).kv().mod_revision());
+      Process(response.events(response.events_size() - 1).kv().mod_revision(),
+              changes);
     }
   }
   context.TryCancel();
@@ -384,7 +548,7 @@ std::string FleetWatcher::StatusJson() const {
   j["cpu_budget_percent"] = valve.cpu_budget_percent;
   j["vms"] = agent_->VmNames().size();
   j["pid"] = static_cast<int64_t>(getpid());
-  return j.dump();
+  return Dump(j);
 }
 
 void FleetWatcher::StatusLoop() {

@@ -4,9 +4,16 @@
 // revision after the last one seen (a full Range first when there is none,
 // or when etcd compacted it away), resolves what concerns this host, and
 // applies each revision whole through ControlPlane::ApplyPolicySet, the
-// path SetHostPolicy/SetVmPolicy use. Its view (revision, the keys that
-// concern it, any rejection) is saved in STATE_DIR/fleet-state.json after
-// every revision; the applied policy itself is in tmemd's state file. While
+// path SetHostPolicy/SetVmPolicy use. Keys and values are bytes: one that
+// is not UTF-8, not a valid layer, or outside the layout is refused with
+// its reason (escaped), the revision is rejected and the last good policy
+// stays (FleetView). Its view (revision, the keys it keeps, any rejection)
+// is saved in STATE_DIR/fleet-state.json (a snapshot) plus
+// fleet-state.journal (one line per revision: its changed keys), both
+// written after the revision's policy is applied and saved, so the saved
+// revision never runs ahead of the saved policy; the snapshot is rewritten
+// only when the journal outgrows it, so a revision costs in proportion to
+// what it changed. The applied policy itself is in tmemd's state file. While
 // etcd is unreachable nothing changes: the host keeps enforcing what it
 // applied, and the watcher retries the endpoints in turn.
 //
@@ -32,6 +39,8 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -41,6 +50,7 @@
 #include "host-agent/control/control_plane.h"
 #include "host-agent/fleet/etcd_client.h"
 #include "host-agent/fleet/fleet_policy.h"
+#include "host-agent/fleet/fleet_view.h"
 
 namespace grpc {
 class ClientContext;
@@ -54,6 +64,9 @@ struct FleetCounters {
   uint64_t etcd_tls_errors = 0;  // of those, traced to TLS (etcd_tls.h)
   uint64_t revisions_applied = 0;
   uint64_t revisions_rejected = 0;
+  // Work, in proportion to the changes seen (a test asserts it).
+  uint64_t layers_parsed = 0;        // etcd values parsed
+  uint64_t state_bytes_written = 0;  // snapshot and journal bytes
 };
 
 struct FleetProgress {
@@ -83,8 +96,14 @@ class FleetWatcher {
   FleetWatcher(FleetConfig config, ControlPlane* control, Agent* agent,
                std::unique_ptr<EtcdClient> watch_client,
                std::unique_ptr<EtcdClient> status_client);
+  // One revision's changes to the kept keys (nullopt: deleted).
+  using Changes =
+      std::vector<std::pair<std::string, std::optional<std::string>>>;
   void LoadState();
-  absl::Status SaveState() const;
+  // The journal line for `changes`, or a whole snapshot when one is due
+  // (after a full read, a failed write, or a journal larger than it).
+  absl::Status SaveState(const Changes& changes);
+  absl::Status WriteSnapshot();
   void WatchLoop();
   void StatusLoop();
   absl::Status FullRead();
@@ -92,7 +111,7 @@ class FleetWatcher {
   // longer has the revision asked for.
   absl::Status RunWatch(bool* compacted);
   // Resolves keys_ as of `revision` and applies it (or records why not).
-  void Process(int64_t revision);
+  void Process(int64_t revision, const Changes& changes);
   // Sleeps up to `d` unless stopping; false when stopping.
   bool Pause(std::chrono::milliseconds d) ABSL_LOCKS_EXCLUDED(mu_);
   bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -107,8 +126,11 @@ class FleetWatcher {
   Agent* const agent_;
   // Only the watch thread touches these (and LoadState before it starts).
   std::unique_ptr<EtcdClient> watch_client_;
-  std::map<std::string, std::string> keys_;  // the keys that concern us
-  std::optional<ResolvedFleetPolicy> applied_;
+  FleetView view_;
+  const std::string journal_path_;
+  bool snapshot_due_ = true;  // the journal cannot carry the next save
+  uint64_t snapshot_bytes_ = 0;
+  uint64_t journal_bytes_ = 0;
   // Only the status thread.
   std::unique_ptr<EtcdClient> status_client_;
 

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -24,6 +25,7 @@ struct Element {
   size_t end = 0;
   bool self_closing = false;
   std::string_view prefix;  // "tmem" of <tmem:quota>, else empty
+  std::string_view local;   // "quota" of <tmem:quota> (ChildElements only)
 };
 
 // The next element named `name` (any namespace prefix) at or after `from`.
@@ -290,20 +292,141 @@ std::string WithoutTmemMasterOverride(std::string_view xml) {
   return out;
 }
 
-std::optional<TmemDevice> FindTmemDevice(std::string_view xml) {
-  for (auto e = FindElement(xml, "shmem"); e;
-       e = FindElement(xml, "shmem", e->end)) {
-    if (Attr(StartTag(xml, *e), "name") != std::string(kTmemShmemName))
+namespace {
+
+// The elements directly inside xml[from, to) -- an element's content, or a
+// whole document -- in order, each with its extent; deeper ones, comments,
+// processing instructions, CDATA and DOCTYPE are stepped over. Unlike
+// FindElement this knows where an element sits, so an element of the same
+// name elsewhere (inside <metadata>, say) is never taken for it. Stops at
+// the end of the enclosing element or at markup cut short.
+std::vector<Element> ChildElements(std::string_view xml, size_t from,
+                                   size_t to) {
+  std::vector<Element> out;
+  int depth = 0;
+  size_t at = from;
+  while ((at = xml.find('<', at)) != std::string_view::npos && at < to) {
+    const std::string_view rest = xml.substr(at, to - at);
+    size_t skip_to = std::string_view::npos;
+    if (rest.starts_with("<!--")) {
+      skip_to = rest.find("-->");
+      if (skip_to != std::string_view::npos) skip_to += 3;
+    } else if (rest.starts_with("<![CDATA[")) {
+      skip_to = rest.find("]]>");
+      if (skip_to != std::string_view::npos) skip_to += 3;
+    } else if (rest.starts_with("<?")) {
+      skip_to = rest.find("?>");
+      if (skip_to != std::string_view::npos) skip_to += 2;
+    } else if (rest.starts_with("<!")) {
+      skip_to = rest.find('>');
+      if (skip_to != std::string_view::npos) skip_to += 1;
+    } else {
+      skip_to = 0;  // a tag
+    }
+    if (skip_to == std::string_view::npos) break;
+    if (skip_to > 0) {
+      at += skip_to;
       continue;
-    const std::string_view body = xml.substr(e->begin, e->end - e->begin);
-    TmemDevice d;
-    if (auto s = FindElement(body, "server")) {
-      d.server_path = Attr(StartTag(body, *s), "path").value_or("");
     }
-    if (auto a = FindElement(body, "alias")) {
-      d.alias = Attr(StartTag(body, *a), "name").value_or("");
+    // The tag's '>' (attribute values may hold one).
+    size_t gt = at + 1;
+    char quote = 0;
+    for (; gt < to; ++gt) {
+      const char c = xml[gt];
+      if (quote != 0) {
+        if (c == quote) quote = 0;
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '>') {
+        break;
+      }
     }
-    return d;
+    if (gt >= to) break;
+    if (xml[at + 1] == '/') {
+      if (--depth < 0) break;  // the enclosing element ends
+      if (depth == 0 && !out.empty()) out.back().end = gt + 1;
+      at = gt + 1;
+      continue;
+    }
+    const bool self_closing = xml[gt - 1] == '/';
+    if (depth == 0) {
+      Element e;
+      e.begin = at;
+      e.open_end = gt + 1;
+      e.self_closing = self_closing;
+      e.end = self_closing ? gt + 1 : std::string_view::npos;
+      size_t n = at + 1;
+      size_t local = n;
+      while (n < gt && (IsNameChar(xml[n]) || xml[n] == ':')) {
+        if (xml[n] == ':') local = n + 1;
+        ++n;
+      }
+      e.prefix = local > at + 1 ? xml.substr(at + 1, local - at - 2)
+                                : std::string_view();
+      e.local = xml.substr(local, n - local);
+      out.push_back(e);
+    }
+    if (!self_closing) ++depth;
+    at = gt + 1;
+  }
+  // An element whose end was not found is cut short: not used.
+  std::erase_if(
+      out, [](const Element& e) { return e.end == std::string_view::npos; });
+  return out;
+}
+
+// An element of libvirt's own schema: no prefix and no default namespace
+// of its own (libvirt declares none on these), so a look-alike in a
+// foreign namespace never matches.
+bool InNoNamespace(std::string_view xml, const Element& e) {
+  return e.prefix.empty() && !Attr(StartTag(xml, e), "xmlns").has_value();
+}
+
+std::vector<Element> ChildrenNamed(std::string_view xml, const Element& parent,
+                                   std::string_view name) {
+  std::vector<Element> out;
+  if (parent.self_closing) return out;
+  for (const Element& e : ChildElements(xml, parent.open_end, parent.end)) {
+    if (e.local == name && InNoNamespace(xml, e)) out.push_back(e);
+  }
+  return out;
+}
+
+// The document's <domain> element, if it is the root.
+std::optional<Element> DomainRoot(std::string_view xml) {
+  const std::vector<Element> top = ChildElements(xml, 0, xml.size());
+  if (top.empty() || top.front().local != "domain" ||
+      !InNoNamespace(xml, top.front())) {
+    return std::nullopt;
+  }
+  return top.front();
+}
+
+}  // namespace
+
+std::optional<TmemDevice> FindTmemDevice(std::string_view xml) {
+  // Only /domain/devices/shmem: the one QEMU gets. An element of that name
+  // anywhere else (a domain's <metadata> holds whatever its owner wrote)
+  // must not choose the socket tmemd makes.
+  const std::optional<Element> root = DomainRoot(xml);
+  if (!root) return std::nullopt;
+  for (const Element& devices : ChildrenNamed(xml, *root, "devices")) {
+    for (const Element& e : ChildrenNamed(xml, devices, "shmem")) {
+      if (Attr(StartTag(xml, e), "name") != std::string(kTmemShmemName)) {
+        continue;
+      }
+      TmemDevice d;
+      const std::vector<Element> server = ChildrenNamed(xml, e, "server");
+      if (!server.empty()) {
+        d.server_path =
+            Attr(StartTag(xml, server.front()), "path").value_or("");
+      }
+      const std::vector<Element> alias = ChildrenNamed(xml, e, "alias");
+      if (!alias.empty()) {
+        d.alias = Attr(StartTag(xml, alias.front()), "name").value_or("");
+      }
+      return d;
+    }
   }
   return std::nullopt;
 }
@@ -461,9 +584,12 @@ absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml) {
 }
 
 std::string DomainXmlElement(std::string_view xml, std::string_view element) {
-  auto e = FindElement(xml, element);
-  if (!e) return "";
-  const std::string_view t = Text(xml, *e);
+  // A child of <domain> itself, for the same reason as FindTmemDevice.
+  const std::optional<Element> root = DomainRoot(xml);
+  if (!root) return "";
+  const std::vector<Element> e = ChildrenNamed(xml, *root, element);
+  if (e.empty()) return "";
+  const std::string_view t = Text(xml, e.front());
   return std::string(
       absl::StripAsciiWhitespace(absl::string_view(t.data(), t.size())));
 }

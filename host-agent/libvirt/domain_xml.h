@@ -66,7 +66,9 @@ struct TmemDevice {
   std::string server_path;  // <server path=...>
   std::string alias;        // live XML only: libvirt's alias ("shmem0")
 };
-// The tmem shmem device of a domain XML, if any.
+// The tmem shmem device of a domain XML, if any: a <shmem name='tmem0'>
+// at /domain/devices/shmem in no namespace, nowhere else (an element of
+// that name inside <metadata> or in another namespace is not a device).
 std::optional<TmemDevice> FindTmemDevice(std::string_view domain_xml);
 
 // OK when QEMU can hot-plug a PCI device into this (live) domain:
@@ -99,7 +101,8 @@ std::string FormatTmemMetadata(const TmemMetadata& metadata);
 // or all defaults (present false) when there is none.
 absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml);
 
-// libvirt's <uuid> and <name> of a domain XML ("" when absent).
+// libvirt's <uuid> and <name> of a domain XML: direct children of the
+// root <domain>, in no namespace ("" when absent).
 std::string DomainXmlElement(std::string_view domain_xml,
                              std::string_view element);
 

@@ -272,7 +272,8 @@ TEST_F(DomainManagerTest, AttachListensBeforeTheDeviceIsAdded) {
   ASSERT_TRUE(manager_->Start().ok());
   bool listening_at_attach = false;
   hv_.SetAttachHook([&](const std::string& xml) {
-    auto dev = FindTmemDevice("<devices>" + xml + "</devices>");
+    auto dev =
+        FindTmemDevice("<domain><devices>" + xml + "</devices></domain>");
     listening_at_attach = dev && Exists(dev->server_path);
   });
   absl::StatusOr<DomainAttachState> s = manager_->Attach("web1", false);

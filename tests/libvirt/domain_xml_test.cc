@@ -142,6 +142,70 @@ TEST(DomainXmlTest, FindsOnlyTheTmemShmemWithItsAlias) {
                    .has_value());
 }
 
+// A domain's <metadata> holds whatever its owner wrote: a look-alike shmem
+// there (in its own namespace, as libvirt requires) must not choose the
+// socket tmemd makes for that domain -- it could name another VM's.
+TEST(DomainXmlTest, NamespacedShmemInMetadataIsNotTheDevice) {
+  const std::string meta = R"(<domain type='qemu'><name>attacker</name>
+    <uuid>11111111-2222-3333-4444-555555555555</uuid>
+    <metadata><x:shmem xmlns:x="https://evil.example/x" name="tmem0">
+      <x:model type="ivshmem-doorbell"/>
+      <x:server path="/run/tmemd/victim.sock"/></x:shmem></metadata>
+    <devices><emulator>/usr/bin/qemu-system-x86_64</emulator></devices>
+    </domain>)";
+  EXPECT_FALSE(FindTmemDevice(meta).has_value());
+  // The same with the real device as well: the device's path, not the
+  // metadata's, in either order.
+  const std::string both = R"(<domain type='qemu'><name>a</name>
+    <metadata><x:shmem xmlns:x="https://evil.example/x" name="tmem0">
+      <x:server path="/run/tmemd/victim.sock"/></x:shmem></metadata>
+    <devices><shmem name='tmem0'><model type='ivshmem-doorbell'/>
+      <server path='/run/tmemd/a.sock'/></shmem></devices></domain>)";
+  auto dev = FindTmemDevice(both);
+  ASSERT_TRUE(dev.has_value());
+  EXPECT_EQ(dev->server_path, "/run/tmemd/a.sock");
+  // No prefix but a default namespace of its own: still not libvirt's.
+  EXPECT_FALSE(FindTmemDevice(R"(<domain><metadata><shmem xmlns="https://e/x"
+      name="tmem0"><server path="/run/tmemd/victim.sock"/></shmem></metadata>
+      <devices/></domain>)")
+                   .has_value());
+  // A <name> in metadata does not rename the domain.
+  EXPECT_EQ(
+      DomainXmlElement(R"(<domain><metadata><x:name xmlns:x="u">victim</x:name>
+      </metadata><name>attacker</name></domain>)",
+                       "name"),
+      "attacker");
+}
+
+TEST(DomainXmlTest, ShmemOutsideDomainDevicesIsNotTheDevice) {
+  const std::string dev =
+      "<shmem name='tmem0'><model type='ivshmem-doorbell'/>"
+      "<server path='/run/tmemd/victim.sock'/></shmem>";
+  // Directly under <domain>, nested a level deeper, in a namespaced
+  // <devices>, in a second document root, under a root that is not
+  // <domain>, inside a comment or CDATA: none is the device.
+  for (const std::string& xml : {
+           "<domain><name>a</name>" + dev + "<devices/></domain>",
+           "<domain><devices><hub>" + dev + "</hub></devices></domain>",
+           "<domain><q:devices xmlns:q='u'>" + dev + "</q:devices></domain>",
+           "<domain><devices/></domain><domain><devices>" + dev +
+               "</devices></domain>",
+           "<other><devices>" + dev + "</devices></other>",
+           "<domain><devices><!-- " + dev + " --></devices></domain>",
+           "<domain><devices><![CDATA[" + dev + "]]></devices></domain>",
+           "<domain><devices>" + dev.substr(0, dev.size() - 3),
+       }) {
+    EXPECT_FALSE(FindTmemDevice(xml).has_value()) << xml;
+  }
+  // Where it belongs, after a prolog, comments and a '>' in an attribute.
+  auto d = FindTmemDevice(
+      "<?xml version='1.0'?><!-- c --><domain type='kvm'><description a='x>y'>"
+      "</description><devices><!-- <shmem name='tmem0'/> -->" +
+      dev + "</devices></domain>");
+  ASSERT_TRUE(d.has_value());
+  EXPECT_EQ(d->server_path, "/run/tmemd/victim.sock");
+}
+
 TEST(DomainXmlTest, HotplugNeedsAcpiOnPcAndABridgeOnQ35) {
   const std::string pc_acpi =
       "<domain><os><type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>"

@@ -9,7 +9,13 @@
 #  - its socket outside tmemd's directory, or a bad metadata value: the hook
 #    fails, libvirt does not start QEMU, and virsh says why;
 #  - a domain without the device starts while tmemd is stopped;
-#  - destroy: the VM's channel goes.
+#  - destroy: the VM's channel goes;
+#  - the hook runs the packaged script's own command line (with its "--"):
+#    a domain named "-ojson" without tmem starts, one named "-h" with tmem is
+#    prepared and QEMU connects;
+#  - a look-alike shmem inside <metadata> makes no socket;
+#  - a domain XML over the control socket's 256 KiB default request limit
+#    starts with its socket prepared.
 # Exit 77 (skipped, with the reason) only when libvirtd cannot run here.
 #
 # Usage: libvirt_hook_test.sh TMEMD TMEMCTL SOURCE_DIR
@@ -57,10 +63,15 @@ control="${work}/control.sock"
 hook="${hook_dir}/tmemd-test-$$"
 name="tmemd-test-hook-$$"
 tmemd_pid=""
+# Domains named "-ojson" and "-h" (libvirt accepts both) are destroyed by
+# UUID: virsh would read their names as options.
+uuid_ojson="$(printf '%08x-0000-4000-8000-000000000001' $$)"
+uuid_h="$(printf '%08x-0000-4000-8000-000000000002' $$)"
 
 cleanup() {
-  for d in "${name}" "${name}-outside" "${name}-badmeta" "${name}-plain"; do
-    virsh -c qemu:///system destroy "${d}" >/dev/null 2>&1
+  for d in "${name}" "${name}-outside" "${name}-badmeta" "${name}-plain" \
+    "${name}-meta" "${name}-big" "${uuid_ojson}" "${uuid_h}"; do
+    virsh -c qemu:///system destroy --domain "${d}" >/dev/null 2>&1
   done
   [[ -n "${tmemd_pid}" ]] && kill "${tmemd_pid}" 2>/dev/null && wait "${tmemd_pid}" 2>/dev/null
   if [[ -e "${hook}" ]]; then
@@ -84,12 +95,14 @@ start_tmemd() {
   fail "tmemd did not start"
 }
 
-# $1 name, $2 socket path ('' for no tmem device), $3 metadata element or ''
+# $1 name, $2 socket path ('' for no tmem device), $3 metadata element or '',
+# $4 UUID or ''
 domain_xml() {
-  local device=""
+  local device="" uuid=""
+  [[ -n "${4:-}" ]] && uuid="<uuid>$4</uuid>"
   [[ -n "$2" ]] && device="<shmem name='tmem0' role='master'><model type='ivshmem-doorbell'/><server path='$2'/><msi vectors='1' ioeventfd='on'/></shmem>"
   cat <<EOF
-<domain type='qemu'><name>$1</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>
+<domain type='qemu'><name>$1</name>${uuid}<memory unit='MiB'>64</memory><vcpu>1</vcpu>
 <os><type arch='x86_64' machine='pc'>hvm</type></os><features><acpi/></features>
 <on_poweroff>destroy</on_poweroff>
 <metadata>$3</metadata>
@@ -106,15 +119,22 @@ start_tmemd
 mkdir -p "${hook_dir}"
 # libvirtd runs every hook for every domain: this one answers only for this
 # run's domains, and only while this run lives, so a run that dies without
-# its cleanup cannot stop other domains (or other tests) from starting.
+# its cleanup cannot stop other domains (or other tests) from starting. It
+# runs the packaged hook's own command line (its "--" included), with this
+# run's tmemctl and control socket.
+packaged="${src}/packaging/libvirt/tmemd-qemu-hook"
+hook_cmd="$(grep '^exec /usr/bin/tmemctl ' "${packaged}" |
+  sed "s#^exec /usr/bin/tmemctl #${tmemctl} -s ${control} #")"
+[[ "${hook_cmd}" == *' libvirt-hook -- "$@"' ]] ||
+  fail "the packaged hook does not end tmemctl's options with --: ${hook_cmd}"
 cat >"${hook}" <<EOF
 #!/bin/sh
 case "\$1" in
-${name} | ${name}-*) kill -0 $$ 2>/dev/null || exit 0 ;;
+${name} | ${name}-* | -ojson | -h) kill -0 $$ 2>/dev/null || exit 0 ;;
 *) exit 0 ;;
 esac
 echo "\$*" >>${work}/hook.calls
-${tmemctl} -s ${control} libvirt-hook "\$@" >>${work}/hook.calls
+${hook_cmd} >>${work}/hook.calls
 rc=\$?
 echo "\$* -> \$rc" >>${work}/hook.calls
 exit \$rc
@@ -166,7 +186,49 @@ for _ in $(seq 100); do
 done
 [[ -n "${gone}" ]] || fail "the VM's channel is still there after destroy"
 
-log "5. tmemd stopped: a domain without the device still starts"
+log "5. a domain named -ojson without tmem starts; one named -h with tmem is prepared"
+domain_xml "-ojson" "" "" "${uuid_ojson}" >"${work}/ojson.xml"
+virsh -c qemu:///system create "${work}/ojson.xml" >"${work}/ojson.out" 2>&1 ||
+  { cat "${work}/ojson.out"; fail "the domain named -ojson (no tmem) did not start"; }
+virsh -c qemu:///system destroy --domain "${uuid_ojson}" >/dev/null 2>&1
+domain_xml "-h" "${sock}/dash-h.sock" "" "${uuid_h}" >"${work}/h.xml"
+virsh -c qemu:///system create "${work}/h.xml" >"${work}/h.out" 2>&1 ||
+  { cat "${work}/h.out"; fail "the domain named -h (with tmem) did not start"; }
+connected=""
+for _ in $(seq 100); do
+  # Not a safe file name: its VM is named by its UUID.
+  out="$("${tmemctl}" -s "${control}" -o json vm "${uuid_h}" 2>/dev/null)"
+  if grep -q '"connected": *true' <<<"${out}"; then connected=1; break; fi
+  sleep 0.1
+done
+[[ -n "${connected}" ]] || { echo "${out}"; fail "QEMU of domain -h did not connect to its prepared socket"; }
+virsh -c qemu:///system destroy --domain "${uuid_h}" >/dev/null 2>&1
+
+log "6. a look-alike shmem in <metadata> (another namespace) makes no socket"
+lookalike="<x:shmem xmlns:x='https://example.org/x' name='tmem0'><x:model type='ivshmem-doorbell'/><x:server path='${sock}/victim.sock'/></x:shmem>"
+domain_xml "${name}-meta" "" "${lookalike}" >"${work}/meta.xml"
+virsh -c qemu:///system create "${work}/meta.xml" >"${work}/meta.out" 2>&1 ||
+  { cat "${work}/meta.out"; fail "the domain with a look-alike in its metadata did not start"; }
+[[ -e "${sock}/victim.sock" ]] && fail "a shmem inside <metadata> made tmemd create victim.sock"
+virsh -c qemu:///system destroy --domain "${name}-meta" >/dev/null 2>&1
+
+log "7. a domain XML of more than 256 KiB starts, its socket prepared"
+blob="$(head -c 300000 /dev/zero | tr '\0' 'x')"
+domain_xml "${name}-big" "${sock}/big.sock" \
+  "<big:blob xmlns:big='https://example.org/big'>${blob}</big:blob>" >"${work}/big.xml"
+(( $(stat -c %s "${work}/big.xml") > 262144 )) || fail "the big domain XML is not over 256 KiB"
+virsh -c qemu:///system create "${work}/big.xml" >"${work}/big.out" 2>&1 ||
+  { cat "${work}/big.out"; fail "the domain with a 300 KB XML did not start"; }
+connected=""
+for _ in $(seq 100); do
+  out="$("${tmemctl}" -s "${control}" -o json vm "${name}-big" 2>/dev/null)"
+  if grep -q '"connected": *true' <<<"${out}"; then connected=1; break; fi
+  sleep 0.1
+done
+[[ -n "${connected}" ]] || { echo "${out}"; fail "QEMU of the big domain did not connect"; }
+virsh -c qemu:///system destroy --domain "${name}-big" >/dev/null 2>&1
+
+log "8. tmemd stopped: a domain without the device still starts"
 kill "${tmemd_pid}" && wait "${tmemd_pid}" 2>/dev/null
 tmemd_pid=""
 domain_xml "${name}-plain" "" "" >"${work}/plain.xml"
