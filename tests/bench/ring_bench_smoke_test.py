@@ -3,7 +3,7 @@
 section): it exits 0, records its two verdict rows in the results file as it
 printed them, and its notes warn of nothing a correct run does (the ring's
 own accounting counters, sqes_posted and completions_reaped, count every put
-and are no warning). A busy machine's "WARNING: machine busy" is allowed:
+and are no warning). What load alone causes is allowed (LOAD_WARNINGS):
 that is the method's honest note, not a fault. No performance target is
 judged here.
 
@@ -16,6 +16,14 @@ import re
 import subprocess
 import sys
 import tempfile
+
+# What a correct run may still warn of on a loaded machine: too few
+# undisturbed rounds, and a guest that waited for ring room past its bound
+# and dropped a put (with the invalidate it then owes and the count it
+# leaves short). Anything else (a counter every put moves, a channel
+# error, a wrong page) fails.
+LOAD_WARNINGS = ("machine busy", "guest puts_dropped_ring_full",
+                 "guest invalidates_for_dropped_puts", " expected")
 
 
 def main():
@@ -49,7 +57,7 @@ def main():
                 failures.append("%s: not printed with %s" % (r["id"],
                                                               r["verdict"]))
         for w in sec["warnings"] + re.findall(r"WARNING: [^;\n]*", p.stdout):
-            if "machine busy" not in w:
+            if not any(ok in w for ok in LOAD_WARNINGS):
                 failures.append("warning: " + w)
     for f in failures:
         print("FAIL:", f)
