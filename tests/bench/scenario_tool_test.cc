@@ -21,7 +21,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -36,49 +35,32 @@ std::string ReadAll(const fs::path& p) {
   return s.str();
 }
 
-// CSV rows as maps from header name to field (no quoted commas here).
+// A CSV line's fields; a quoted field may hold commas (targets.csv quotes
+// names and texts, never numbers; no field holds a quote).
+std::vector<std::string> SplitCsvLine(const std::string& line) {
+  std::vector<std::string> cells(1);
+  bool quoted = false;
+  for (const char c : line) {
+    if (c == '"') {
+      quoted = !quoted;
+    } else if (c == ',' && !quoted) {
+      cells.emplace_back();
+    } else {
+      cells.back() += c;
+    }
+  }
+  return cells;
+}
+
+// CSV rows as maps from header name to field.
 std::vector<std::map<std::string, std::string>> ReadCsv(const fs::path& p) {
   std::vector<std::map<std::string, std::string>> rows;
   std::ifstream f(p);
   std::string line;
   if (!std::getline(f, line)) return rows;
-  const std::vector<std::string> header = absl::StrSplit(line, ',');
+  const std::vector<std::string> header = SplitCsvLine(line);
   while (std::getline(f, line)) {
-    const std::vector<std::string> cells = absl::StrSplit(line, ',');
-    EXPECT_EQ(cells.size(), header.size()) << line;
-    std::map<std::string, std::string> row;
-    for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
-      row[header[i]] = cells[i];
-    }
-    rows.push_back(row);
-  }
-  return rows;
-}
-
-// targets.csv: names and texts are quoted (they hold commas), numbers not.
-std::vector<std::map<std::string, std::string>> ReadQuotedCsv(
-    const fs::path& p) {
-  auto split = [](const std::string& line) {
-    std::vector<std::string> cells(1);
-    bool quoted = false;
-    for (const char c : line) {
-      if (c == '"') {
-        quoted = !quoted;
-      } else if (c == ',' && !quoted) {
-        cells.emplace_back();
-      } else {
-        cells.back() += c;
-      }
-    }
-    return cells;
-  };
-  std::vector<std::map<std::string, std::string>> rows;
-  std::ifstream f(p);
-  std::string line;
-  if (!std::getline(f, line)) return rows;
-  const std::vector<std::string> header = split(line);
-  while (std::getline(f, line)) {
-    const std::vector<std::string> cells = split(line);
+    const std::vector<std::string> cells = SplitCsvLine(line);
     EXPECT_EQ(cells.size(), header.size()) << line;
     std::map<std::string, std::string> row;
     for (size_t i = 0; i < header.size() && i < cells.size(); ++i) {
@@ -126,7 +108,7 @@ void ExpectTargetsRecorded(const fs::path& out, const std::string& section) {
   EXPECT_FALSE(sec["date"].get<std::string>().empty());
   EXPECT_NE(sec["command"].get<std::string>().find("--results"),
             std::string::npos);
-  const auto targets = ReadQuotedCsv(out / "targets.csv");
+  const auto targets = ReadCsv(out / "targets.csv");
   const nlohmann::json& rows = sec["rows"];
   ASSERT_EQ(rows.size(), targets.size()) << sec.dump(2);
   std::set<std::string> ids;
