@@ -6,10 +6,13 @@
 //       results table computed from those runs.
 //   tmem_micro_bench --summary               interleaved side-by-side rounds
 //       (see summary.h): the robust table on a noisy machine. ~30 s.
-// Both accept --markdown FILE and --csv FILE for the table, and
+// Both accept --markdown FILE and --csv FILE for the table, --results FILE
+// to record its rows in the results file (bench/results_file.h; section
+// "micro", or "micro-gbench" for Google Benchmark mode), and
 // --corpus_pages N / --rounds N / --metadata_pages N to scale the work.
 // The exit code is 0 whether or not targets are met (it is a benchmark);
-// misses are listed under the table. Exit 2: bad arguments or setup failure.
+// misses are listed under the table. Exit 1: the results file could not be
+// written; 2: bad arguments or setup failure.
 #include <benchmark/benchmark.h>
 #include <lz4.h>
 #include <unistd.h>
@@ -29,6 +32,7 @@
 #include "bench/bench_support.h"
 #include "bench/method.h"
 #include "bench/page_corpus.h"
+#include "bench/results_file.h"
 #include "bench/summary.h"
 
 namespace tmem::bench {
@@ -482,6 +486,7 @@ struct Flags {
   bool summary = false;
   std::string markdown;
   std::string csv;
+  std::string results;
   size_t corpus_pages = 2048;
   int rounds = 31;
   size_t metadata_pages = 200000;
@@ -503,6 +508,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags,
                "Benchmark mode");
   app.add_option("--markdown", flags->markdown, "write the table here (.md)");
   app.add_option("--csv", flags->csv, "write the table here (.csv)");
+  app.add_option("--results", flags->results,
+                 "record the rows in this results file (.json)");
   app.add_option("--corpus_pages", flags->corpus_pages,
                  "corpus pages per file category");
   app.add_option("--rounds", flags->rounds, "timed rounds per comparison")
@@ -544,8 +551,12 @@ int main(int argc, char** argv) try {
     SummaryOptions options;
     options.rounds = flags.rounds;
     options.metadata_pages = flags.metadata_pages;
-    EmitTable(RunSummary(corpus, options), flags.markdown, flags.csv);
-    return 0;
+    const ResultTable table = RunSummary(corpus, options);
+    EmitTable(table, flags.markdown, flags.csv);
+    return RecordResults(flags.results,
+                         TableSection(table, "micro", CommandLine(argc, argv)))
+               ? 0
+               : 1;
   }
 
   g_corpus = &corpus;
@@ -563,8 +574,12 @@ int main(int argc, char** argv) try {
   CapturingReporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
-  EmitTable(TableFromRuns(reporter), flags.markdown, flags.csv);
-  return 0;
+  const ResultTable table = TableFromRuns(reporter);
+  EmitTable(table, flags.markdown, flags.csv);
+  return RecordResults(flags.results, TableSection(table, "micro-gbench",
+                                                   CommandLine(argc, argv)))
+             ? 0
+             : 1;
 } catch (const std::exception& e) {
   // Nothing here throws on purpose; a library might (std::bad_alloc).
   std::fprintf(stderr, "tmem_micro_bench: %s\n", e.what());

@@ -274,6 +274,44 @@ void EmitTable(const ResultTable& table, const std::string& markdown_path,
   }
 }
 
+BenchmarkSection TableSection(const ResultTable& table,
+                              const std::string& benchmark,
+                              const std::string& command) {
+  BenchmarkSection section;
+  section.benchmark = benchmark;
+  section.command = command;
+  for (const ResultRow& r : table.rows) {
+    ResultRecord rec;
+    rec.name = r.what;
+    rec.value = r.value;
+    rec.unit = r.value_unit;
+    rec.goal = GoalSymbol(r.goal);
+    if (r.has_target()) rec.target = r.target;
+    rec.verdict = r.VerdictText();
+    std::string lead;
+    if (!r.pages.empty()) lead = "pages " + r.pages + "; ";
+    if (r.measured != 0) {
+      lead += "measured " + Num(r.measured) + " " + r.unit;
+      if (r.baseline != 0)
+        lead += ", baseline " + Num(r.baseline) + " " + r.unit;
+      lead += "; ";
+    }
+    rec.note = lead + r.note;
+    section.rows.push_back(std::move(rec));
+  }
+  AssignRowIds(section.rows);
+  for (const ResultRecord& rec : section.rows) {
+    for (size_t at = rec.note.find("WARNING: "); at != std::string::npos;
+         at = rec.note.find("WARNING: ", at + 1)) {
+      const size_t end = rec.note.find(';', at);
+      section.warnings.push_back(
+          rec.id + ": " +
+          rec.note.substr(at, end == std::string::npos ? end : end - at));
+    }
+  }
+  return section;
+}
+
 std::string MachineDescription() {
   std::string model = "unknown CPU";
   std::ifstream cpuinfo("/proc/cpuinfo");

@@ -16,6 +16,7 @@
 #include "backend/types.h"
 #include "bench/method.h"
 #include "bench/page_corpus.h"
+#include "bench/results_file.h"
 
 namespace tmem::bench {
 
@@ -136,6 +137,15 @@ bool WriteFile(const std::string& path, const std::string& text);
 // Markdown and CSV forms (saying so on stderr).
 void EmitTable(const ResultTable& table, const std::string& markdown_path,
                const std::string& csv_path);
+
+// The table as benchmark `benchmark`'s section of the results file
+// (bench/results_file.h): per row its printed name, figure, unit, target
+// and verdict; its note leads with the page set and the measured and
+// baseline figures (the table's other columns). The "WARNING: ..." parts of
+// the notes are also the section's warnings, by row.
+BenchmarkSection TableSection(const ResultTable& table,
+                              const std::string& benchmark,
+                              const std::string& command);
 
 // "model name", 1-minute load average and online CPUs, for the table context.
 std::string MachineDescription();

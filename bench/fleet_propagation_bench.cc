@@ -23,6 +23,9 @@
 //
 // A measurement on whatever machine runs it; no assertion on the numbers
 // (ctest runs a small smoke configuration: --agents 3 --changes 2).
+// --results FILE records the printed rows in the results file
+// (bench/results_file.h, section "fleet-propagation"); exit 1 if it could
+// not be written.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -47,8 +50,10 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "bench/method.h"
+#include "bench/results_file.h"
 #include "host-agent/fleet/etcd_client.h"
 #include "host-agent/fleet/fleet_policy.h"
 #include "tests/fleet/etcd_cluster.h"
@@ -71,6 +76,8 @@ struct Options {
   int lease_ttl_seconds = 10;
   int timeout_seconds = 300;
   std::string tmemd;
+  std::string results;  // results file (bench/results_file.h), if any
+  std::string command;  // this run's command line, for the results file
 };
 
 // Thrown, not exit(): unwinding kills the etcd members and tmemds started
@@ -363,43 +370,99 @@ int Run(const Options& o) {
     return d;
   };
 
+  const double watch_p50 = bench::NearestRankPercentile(watch_ms, 50);
+  const double watch_p99 = bench::NearestRankPercentile(watch_ms, 99);
+  const double all_p50 = bench::NearestRankPercentile(all_ms, 50);
+  const double all_p99 = bench::NearestRankPercentile(all_ms, 99);
+  const double agent_p50 = bench::NearestRankPercentile(agent_ms, 50);
+  const double agent_p99 = bench::NearestRankPercentile(agent_ms, 99);
   std::printf(
       "\nagents %d, etcd members %d, changes %d (etcd and agent "
       "state on tmpfs)\n",
       o.agents, o.members, o.changes);
-  std::printf("plain watcher latency   p50 %.2f ms  p99 %.2f ms\n",
-              bench::NearestRankPercentile(watch_ms, 50),
-              bench::NearestRankPercentile(watch_ms, 99));
-  std::printf("all agents applied      p50 %.1f ms  p99 %.1f ms\n",
-              bench::NearestRankPercentile(all_ms, 50),
-              bench::NearestRankPercentile(all_ms, 99));
+  std::printf("plain watcher latency   p50 %.2f ms  p99 %.2f ms\n", watch_p50,
+              watch_p99);
+  std::printf("all agents applied      p50 %.1f ms  p99 %.1f ms\n", all_p50,
+              all_p99);
   std::printf("one agent applied       p50 %.1f ms  p99 %.1f ms  (%zu)\n",
-              bench::NearestRankPercentile(agent_ms, 50),
-              bench::NearestRankPercentile(agent_ms, 99), agent_ms.size());
+              agent_p50, agent_p99, agent_ms.size());
   // The target row: the fleet's p99 against etcd's own p99 over the same
   // changes. The per-change ratio below it is information: with 100 agent
   // processes on a 2-core machine, a change the watcher saw in a few ms
   // still waits for every agent to be scheduled once.
-  const double p99_ratio = bench::NearestRankPercentile(all_ms, 99) /
-                           bench::NearestRankPercentile(watch_ms, 99);
+  const double p99_ratio = all_p99 / watch_p99;
+  const char* verdict = p99_ratio <= 2 ? "PASS" : "FAIL";
   std::printf("p99 all applied / p99 watcher  %.2f  (target <= 2) %s\n",
-              p99_ratio, p99_ratio <= 2 ? "PASS" : "FAIL");
+              p99_ratio, verdict);
+  const double ratio_p50 = bench::NearestRankPercentile(ratio, 50);
+  const double ratio_p99 = bench::NearestRankPercentile(ratio, 99);
   std::printf(
       "ratio all/watcher per change  p50 %.1f  p99 %.1f  (information)\n",
-      bench::NearestRankPercentile(ratio, 50),
-      bench::NearestRankPercentile(ratio, 99));
+      ratio_p50, ratio_p99);
   std::printf("steady state over %.2f min, per agent per minute:\n", minutes);
-  std::printf(
-      "  raft proposals committed (member 0)  %.2f\n",
-      per_agent_minute(delta_member0("etcd_server_proposals_committed_total")));
-  std::printf("  MVCC puts (member 0)                 %.2f\n",
-              per_agent_minute(delta_member0("etcd_debugging_mvcc_put_total")));
-  std::printf(
-      "  lease renewals (all members)         %.2f\n",
-      per_agent_minute(delta_all("etcd_debugging_lease_renewed_total", "")));
-  std::printf("  LeaseKeepAlive messages (all members) %.2f\n",
-              per_agent_minute(delta_all("grpc_server_msg_received_total",
-                                         "grpc_method=\"LeaseKeepAlive\"")));
+  const double proposals =
+      per_agent_minute(delta_member0("etcd_server_proposals_committed_total"));
+  const double mvcc_puts =
+      per_agent_minute(delta_member0("etcd_debugging_mvcc_put_total"));
+  const double renewals =
+      per_agent_minute(delta_all("etcd_debugging_lease_renewed_total", ""));
+  const double keepalives = per_agent_minute(delta_all(
+      "grpc_server_msg_received_total", "grpc_method=\"LeaseKeepAlive\""));
+  std::printf("  raft proposals committed (member 0)  %.2f\n", proposals);
+  std::printf("  MVCC puts (member 0)                 %.2f\n", mvcc_puts);
+  std::printf("  lease renewals (all members)         %.2f\n", renewals);
+  std::printf("  LeaseKeepAlive messages (all members) %.2f\n", keepalives);
+
+  bench::BenchmarkSection section;
+  section.benchmark = "fleet-propagation";
+  section.command = o.command;
+  const std::string setup =
+      absl::StrCat(o.agents, " agents, ", o.members, " etcd members, ",
+                   o.changes, " changes");
+  auto info = [&](const std::string& name, double value,
+                  const std::string& unit, const std::string& note) {
+    bench::ResultRecord r;
+    r.name = name;
+    r.value = value;
+    r.unit = unit;
+    r.verdict = "info";
+    r.note = note;
+    section.rows.push_back(std::move(r));
+  };
+  {
+    bench::ResultRecord r;
+    r.name = "p99 all applied / p99 watcher";
+    r.value = p99_ratio;
+    r.unit = "x";
+    r.goal = "<=";
+    r.target = 2;
+    r.verdict = verdict;
+    r.note = absl::StrFormat("%s; all applied p99 %.1f ms, watcher p99 %.2f ms",
+                             setup, all_p99, watch_p99);
+    section.rows.push_back(std::move(r));
+  }
+  info("plain watcher latency p50", watch_p50, "ms", setup);
+  info("plain watcher latency p99", watch_p99, "ms", setup);
+  info("all agents applied p50", all_p50, "ms", setup);
+  info("all agents applied p99", all_p99, "ms", setup);
+  info("one agent applied p50", agent_p50, "ms",
+       absl::StrCat(agent_ms.size(), " samples"));
+  info("one agent applied p99", agent_p99, "ms",
+       absl::StrCat(agent_ms.size(), " samples"));
+  info("ratio all/watcher per change p50", ratio_p50, "x", setup);
+  info("ratio all/watcher per change p99", ratio_p99, "x", setup);
+  const std::string steady =
+      absl::StrFormat("steady state over %.2f min", minutes);
+  info("raft proposals committed (member 0) per agent per minute", proposals,
+       "1/min", steady);
+  info("MVCC puts (member 0) per agent per minute", mvcc_puts, "1/min", steady);
+  info("lease renewals (all members) per agent per minute", renewals, "1/min",
+       steady);
+  info("LeaseKeepAlive messages (all members) per agent per minute", keepalives,
+       "1/min", steady);
+  bench::AssignRowIds(section.rows);
+  const bool recorded = bench::RecordResults(o.results, section);
+
   for (auto& a : agents) {
     if (!a->Running()) Die("a tmemd exited: " + a->Log());
     kill(a->pid(), SIGTERM);
@@ -414,7 +477,7 @@ int Run(const Options& o) {
     std::printf("%d tmemds did not stop within 60 s of SIGTERM\n", slow);
     return 1;
   }
-  return 0;
+  return recorded ? 0 : 1;
 }
 
 }  // namespace
@@ -441,6 +504,10 @@ int main(int argc, char** argv) try {
   app.add_option("--timeout", o.timeout_seconds,
                  "give up on a change after this long (s)")
       ->check(CLI::Range(1, 86400));
+  app.add_option("--results", o.results,
+                 "record the rows in this results file (.json), section "
+                 "\"fleet-propagation\"");
+  o.command = tmem::bench::CommandLine(argc, argv);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -23,8 +23,14 @@
 // CPU and run-queue wait; the worker CPU the valve charged each side; the
 // attackers' CPU and run-queue wait.
 //
+// --results FILE records per attack and bound the ratio, the service-time
+// ratio and whether the guarantees held in the results file
+// (bench/results_file.h, section "isolation"; "isolation-smoke" for
+// --smoke).
+//
 // Exit status: 1 if a guarantee broke (a mismatch, cap or quota exceeded,
-// tmemd died), never because of a ratio; the numbers are for RESULTS.md.
+// tmemd died) or the results file could not be written, never because of
+// a ratio.
 //   tmem-isolation-bench --tmemd build/release/host-agent/tmemd [--smoke]
 #include <stdlib.h>
 #include <unistd.h>
@@ -43,6 +49,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_format.h"
 #include "bench/method.h"
+#include "bench/results_file.h"
 #include "tests/hostile/hostile_harness.h"
 
 namespace tmem::hostile {
@@ -389,6 +396,9 @@ int Main(int argc, char** argv) {
                  "(SCHED_IDLE: the stand-in for a hypervisor's per-VM CPU "
                  "bound) or both (each attack twice)")
       ->check(CLI::IsMember({"unbounded", "idle", "both"}));
+  std::string results;
+  app.add_option("--results", results,
+                 "record the rows in this results file (.json)");
   std::string only;
   app.add_option("--only", only,
                  "run only the scenarios whose name contains this "
@@ -537,7 +547,55 @@ int Main(int argc, char** argv) {
                 pair(OpKind::kPut).c_str(), pair(OpKind::kInvalidate).c_str(),
                 counts(a).c_str(), counts(b).c_str(), ServiceRatio(a, b));
   }
-  return ok ? 0 : 1;
+  bench::BenchmarkSection section;
+  section.benchmark = smoke ? "isolation-smoke" : "isolation";
+  section.command = bench::CommandLine(argc, argv);
+  for (const Row& r : rows) {
+    const std::string who = r.attack + ", attackers " + r.attackers_cpu;
+    std::string each;
+    for (const double c : r.cycle_ratios) {
+      absl::StrAppendFormat(&each, "%s%.2f", each.empty() ? "" : " / ", c);
+    }
+    auto add = [&](const std::string& what, double value,
+                   const std::string& unit, bench::Goal goal, double target,
+                   std::string verdict, std::string note) {
+      bench::ResultRecord rec;
+      rec.name = who + ": " + what;
+      rec.value = value;
+      rec.unit = unit;
+      rec.goal = bench::GoalSymbol(goal);
+      rec.target = target;
+      rec.verdict = std::move(verdict);
+      rec.note = std::move(note);
+      section.rows.push_back(std::move(rec));
+    };
+    const double ratio = r.alone_ops > 0 ? r.attacked_ops / r.alone_ops : 0;
+    add("neighbour throughput attacked / alone", ratio, "x",
+        bench::Goal::kAtLeast, 0.8,
+        bench::VerdictName(
+            bench::VerdictOf(bench::Goal::kAtLeast, ratio, 0.8, false)),
+        absl::StrFormat("%.0f vs %.0f ops/s; every cycle's ratio %s",
+                        r.attacked_ops, r.alone_ops,
+                        each.empty() ? "-" : each));
+    if (r.attacked.seconds > 0) {
+      const double service = ServiceRatio(r.alone_kinds, r.attacked.kinds);
+      add("neighbour service time alone / attacked", service, "x",
+          bench::Goal::kAtLeast, 0.8,
+          bench::VerdictName(
+              bench::VerdictOf(bench::Goal::kAtLeast, service, 0.8, false)),
+          "");
+    }
+    add("guarantees held", r.guarantees_held ? 1 : 0, "", bench::Goal::kAtLeast,
+        1, r.guarantees_held ? "PASS" : "FAIL",
+        absl::StrFormat("mismatches %llu, max charge/quota %.3f, max used/cap "
+                        "%.3f%s",
+                        static_cast<unsigned long long>(r.mismatches),
+                        r.max_quota_ratio, r.max_cap_ratio,
+                        r.note.empty() ? "" : "; " + r.note));
+  }
+  bench::AssignRowIds(section.rows);
+  const bool recorded = bench::RecordResults(results, section);
+  return ok && recorded ? 0 : 1;
 }
 
 }  // namespace

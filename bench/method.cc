@@ -394,6 +394,20 @@ const char* VerdictName(Verdict v) {
   return "?";
 }
 
+const char* GoalSymbol(Goal goal) {
+  switch (goal) {
+    case Goal::kInfo:
+      return "info";
+    case Goal::kAtMost:
+      return "<=";
+    case Goal::kBelow:
+      return "<";
+    case Goal::kAtLeast:
+      return ">=";
+  }
+  return "?";
+}
+
 double Progress::Seconds() const { return NsBetween(t0_, Clock::now()) / 1e9; }
 
 void Progress::Step(const std::string& what) {

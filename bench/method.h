@@ -261,6 +261,9 @@ Verdict VerdictOf(Goal goal, double value, double target, bool disturbed);
 // "info", "PASS", "FAIL", "INCONCLUSIVE", "N/A": the words the tables print.
 const char* VerdictName(Verdict v);
 
+// "info", "<=", "<", ">=": a goal as the results file records it.
+const char* GoalSymbol(Goal goal);
+
 }  // namespace tmem::bench
 
 #endif  // TMEMD_BENCH_METHOD_H_

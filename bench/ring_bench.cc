@@ -2,7 +2,8 @@
 // guest library) next to the same operations called on the store in-process,
 // measured side by side in one run.
 //
-//   tmem_ring_bench [--markdown FILE] [--csv FILE] [--rounds N]
+//   tmem_ring_bench [--markdown FILE] [--csv FILE] [--results FILE] [--rounds
+//   N]
 //                   [--corpus_pages N] [--latency_batches N] [--gap_us N]
 //                   [--extra_seconds S] [--sections put1,put4,get_poll,get_irq]
 //                   [--debug_rounds]
@@ -78,8 +79,12 @@
 // section 2 with bench/ring/machine_floor.h's floor probe; this file holds
 // the flags and the driver.
 //
+// --results FILE records the rows as section "ring" of the results file
+// (bench/results_file.h).
+//
 // Exit status 0 whether or not targets are met (misses are listed under the
-// table); 2 for a bad flag (refused with its name) or a setup failure.
+// table); 1 if the results file could not be written; 2 for a bad flag
+// (refused with its name) or a setup failure.
 #include <signal.h>
 #include <sys/prctl.h>
 
@@ -95,6 +100,7 @@
 #include "bench/bench_support.h"
 #include "bench/method.h"
 #include "bench/page_corpus.h"
+#include "bench/results_file.h"
 #include "bench/ring/common.h"
 #include "bench/ring/get_latency.h"
 #include "bench/ring/put_throughput.h"
@@ -145,6 +151,7 @@ ResultTable RunRingBench(const PageCorpus& corpus, const RingBenchOptions& o) {
 struct Flags {
   std::string markdown;
   std::string csv;
+  std::string results;
   size_t corpus_pages = 2048;
   RingBenchOptions options;
 };
@@ -159,6 +166,8 @@ bool ParseFlags(int argc, char** argv, Flags* flags, int* exit_code) {
       "interleaved rounds"};
   app.add_option("--markdown", flags->markdown, "write the table here (.md)");
   app.add_option("--csv", flags->csv, "write the table here (.csv)");
+  app.add_option("--results", flags->results,
+                 "record the rows in this results file (.json)");
   app.add_option("--rounds", o.rounds, "undisturbed rounds wanted per section")
       ->check(CLI::Range(1, 10000));
   app.add_option("--corpus_pages", flags->corpus_pages,
@@ -219,8 +228,12 @@ int main(int argc, char** argv) try {
   CorpusOptions corpus_options;
   corpus_options.pages_per_category = flags.corpus_pages;
   const PageCorpus corpus = PageCorpus::Build(corpus_options);
-  EmitTable(RunRingBench(corpus, flags.options), flags.markdown, flags.csv);
-  return 0;
+  const ResultTable table = RunRingBench(corpus, flags.options);
+  EmitTable(table, flags.markdown, flags.csv);
+  return RecordResults(flags.results,
+                       TableSection(table, "ring", CommandLine(argc, argv)))
+             ? 0
+             : 1;
 } catch (const std::exception& e) {
   // Nothing here throws on purpose; a library might (std::bad_alloc).
   std::fprintf(stderr, "tmem_ring_bench: %s\n", e.what());

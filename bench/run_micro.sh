@@ -10,7 +10,10 @@
 #
 # Environment: BUILD_DIR (default build/micro-bench; its own directory so a
 # RelWithDebInfo or sanitizer tree elsewhere is never reconfigured),
-# RESULTS (default $BUILD_DIR/micro_summary; .md and .csv are written).
+# RESULTS (default $BUILD_DIR/micro_summary; .md and .csv are written),
+# RESULTS_JSON (default bench/results/latest.json: the rows are recorded
+# there and bench/results/latest.md regenerated; bench/results/results.sh),
+# TMEM_COMMIT (default: git describe of this tree).
 # Exit status: that of the build, or of the benchmark (0 even if a target is
 # missed; misses are listed under the table).
 set -euo pipefail
@@ -33,11 +36,18 @@ log() { echo "run_micro: $*" >&2; }
 
 # shellcheck source=bench/build_release.sh
 source "$ROOT/bench/build_release.sh"
+# shellcheck source=bench/results/results.sh
+source "$ROOT/bench/results/results.sh"
+results_setup
 bench_build_release "$BUILD_DIR" tmem_micro_bench run_micro
 
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg) on $(nproc) CPUs" \
     "(figures are ratios measured side by side; a busy machine mostly" \
     "affects the 2-thread row, which says so)"
 log "running ${mode[*]:-Google Benchmark mode}"
-exec "$BUILD_DIR/bench/tmem_micro_bench" "${mode[@]}" \
-  --markdown "$RESULTS.md" --csv "$RESULTS.csv" "${args[@]}"
+rc=0
+"$BUILD_DIR/bench/tmem_micro_bench" "${mode[@]}" \
+  --markdown "$RESULTS.md" --csv "$RESULTS.csv" --results "$RESULTS_JSON" \
+  "${args[@]}" || rc=$?
+results_render || rc=1
+exit "$rc"

@@ -18,6 +18,9 @@
 #     (table, CSV and PNG in build/release/bench/scenario-results/);
 #  6. runs the backend micro-benchmark summary (bench/run_micro.sh) and, when
 #     present, the ring benchmark (bench/run_ring.sh), unless --scenario-only.
+# Every benchmark records its rows, with this machine, the date and the
+# commit, in bench/results/latest.json (RESULTS_JSON overrides it), and
+# bench/results/latest.md is regenerated from it after each.
 #
 # Usage: scripts/main-job.sh [--quick] [--scenario-only] [--real-guest]
 #   --quick: smaller runs (the scenario benchmark in ~2-3 min instead of ~8)
@@ -43,6 +46,9 @@ for arg in "$@"; do
 done
 
 banner() { printf '\n== %s\n' "$*"; }
+# shellcheck source=bench/results/results.sh
+source "${root}/bench/results/results.sh"
+results_setup
 
 banner "dependencies (scripts/install-deps.sh)"
 scripts/install-deps.sh
@@ -116,10 +122,12 @@ banner "scenario benchmark: the 2011 report (bench/scenario, tmem-scenario)"
 scenario_args=()
 ((quick)) && scenario_args+=(--quick)
 if ! "${bin}/bench/scenario/tmem-scenario" "${scenario_args[@]}" \
-    --out "${bin}/bench/scenario-results"; then
+    --out "${bin}/bench/scenario-results" --results "${RESULTS_JSON}"; then
+  results_render || true
   echo "FAILED: a scenario run failed (logs in ${bin}/bench/scenario-results/runs)" >&2
   exit 1
 fi
+results_render
 
 if ((scenario_only)); then
   exit 0

@@ -35,12 +35,17 @@
 #                  rand-cloud,control,control-writeback]
 #          [--extra "tmem_ivshmem.PARAM=V ..."] [--keep DIR]
 #          [--tmemd-args "--stats-interval 5 ..."] [--tmemd-nice N]
-#          [--repeat N] [--profile]
+#          [--repeat N] [--profile] [--results PATH | --no-results]
 # --repeat N: every row N times; the summary table gives each row's median
 # ratio and the range.
 # --profile: boot with the kernel's tick profiler and print, per row of
 # the last run, the guest kernel's symbols whose share of the
 # measured passes' ticks tmem changed most (vm-images/profile-report.py).
+# --results PATH: record the summary's rows (median ratio per row, its
+# target and verdict) in this results file (bench/results/record.py;
+# section "real-guest", "real-guest-smoke" with --smoke) and regenerate the
+# latest.md beside it. Default: bench/results/latest.json for full runs,
+# nothing for --smoke; --no-results records nothing.
 # --smoke: smaller data sets and rows seq, rand, stream-adaptive (a few
 # minutes; CI). Exits non-zero if a guest saw a wrong byte (every page read
 # is verified) or a run did not finish; targets are reported, not enforced
@@ -49,6 +54,8 @@ set -uo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 tmemd="" mem=128 smoke=0 extra="" keep="" rows="" repeat=1 profile=0
+results="" results_off=0
+command_line="$0 $*"
 tmemd_args=(--stats-interval 2)  # per-VM stats while the guest is attached
 # tmemd runs at the priority its systemd unit gives it (Nice= in
 # host-agent/tmemd.service): its data plane is latency-bound like a vhost
@@ -67,8 +74,10 @@ while (($#)); do
     --tmemd-nice) tmemd_nice="$2"; shift 2 ;;
     --repeat) repeat="$2"; shift 2 ;;
     --profile) profile=1; shift ;;
+    --results) results="$2"; shift 2 ;;
+    --no-results) results_off=1; shift ;;
     --sequential) die "--sequential: gone; a row's with and without now run in one guest, one row at a time" ;;
-    -h|--help) sed -n '2,46p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,52p' "$0"; exit 0 ;;
     *) die "unknown argument: $1" ;;
   esac
 done
@@ -271,7 +280,14 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
     # shellcheck disable=SC2086
     set -- ${ratios[${label}]}
     sorted="$(printf '%s\n' "$@" | sed 's/^-$/0/' | sort -g)"
-    echo "| ${label} | $(median "$@") | $(head -n1 <<<"${sorted}") | $(tail -n1 <<<"${sorted}") | ${targets[${label}]} |"
+    med="$(median "$@")"
+    echo "| ${label} | ${med} | $(head -n1 <<<"${sorted}") | $(tail -n1 <<<"${sorted}") | ${targets[${label}]} |"
+    # The results file's row: the same median (not measured when no run
+    # measured anything), its target, every run's ratio.
+    [[ " $* " == *[0-9]* ]] || med="-"
+    printf '%s\t%s\tx\t%s\t%s\n' "${label}" "${med}" "${targets[${label}]}" \
+      "median of ${repeat} run(s): $*; lowest $(head -n1 <<<"${sorted}"), highest $(tail -n1 <<<"${sorted}")" \
+      >>"${base}/results.tsv"
   done
   echo
   # The same rows from the files: the median of every file's MB/s (the
@@ -291,6 +307,21 @@ vmlog "guest ${mem} MiB, 1 vCPU (TCG); seq ${seq_files} x ${seq_pages} pages, ra
   done
   echo
 } >&2
+if [[ -z "${results}" ]] && ((!smoke)); then
+  results="$(cd "${VM_DIR}/.." && pwd)/bench/results/latest.json"
+fi
+if [[ -n "${results}" ]] && ((!results_off)) && [[ -f "${base}/results.tsv" ]]; then
+  section=real-guest
+  ((smoke)) && section=real-guest-smoke
+  warning=()
+  ((failed)) && warning=(--warning "a guest saw a wrong page or did not finish")
+  TMEM_COMMIT="${TMEM_COMMIT:-$(git -C "${VM_DIR}" describe --always --dirty 2>/dev/null || echo unknown)}" \
+    python3 "${VM_DIR}/../bench/results/record.py" --results "${results}" \
+      --benchmark "${section}" --command "${command_line}" \
+      --rows "${base}/results.tsv" "${warning[@]}" &&
+    python3 "${VM_DIR}/../bench/results/render.py" --in "${results}" \
+      --out "${results%.json}.md" || failed=1
+fi
 if ((profile)); then
   system_map="$(dirname "${KERNEL}")/linux/System.map"
   for p in "${work}"/prof-*-with-*; do

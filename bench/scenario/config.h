@@ -28,6 +28,7 @@ struct Config {
   int rounds = 0;       // 0: 2 quick, 4 full
   double duration = 0;  // measured seconds per guest; 0: 3 quick, 8 full
   std::string out;      // default: build dir's bench/scenario-results
+  std::string results;  // results file to record the targets in, if any
   std::string tmemd = TMEMD_BIN;
   std::string guest = SCENARIO_GUEST_BIN;
   std::vector<std::string> scenarios = {"stream", "reread", "both"};

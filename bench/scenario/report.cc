@@ -374,6 +374,39 @@ std::string TargetsCsv(const std::vector<Target>& t) {
   return out;
 }
 
+namespace {
+
+// The unit after the first number in `text` ("0.97x" -> "x", "<= 30%" ->
+// "%", "24.7% (...)" -> "%"); empty when there is none.
+std::string UnitAfterNumber(const std::string& text) {
+  const size_t digit = text.find_first_of("0123456789");
+  if (digit == std::string::npos) return "";
+  const size_t end = text.find_first_not_of("0123456789.", digit);
+  if (end == std::string::npos) return "";
+  const size_t stop = text.find_first_of(" (),;", end);
+  return text.substr(end, stop == std::string::npos ? stop : stop - end);
+}
+
+}  // namespace
+
+std::vector<bench::ResultRecord> TargetRecords(const std::vector<Target>& t) {
+  std::vector<bench::ResultRecord> rows;
+  for (const Target& x : t) {
+    bench::ResultRecord r;
+    r.name = x.name;
+    r.value = x.value;
+    r.unit = UnitAfterNumber(x.goal);
+    if (r.unit.empty()) r.unit = UnitAfterNumber(x.measured);
+    r.goal = bench::GoalSymbol(x.GoalKind());
+    if (!x.info) r.target = x.bound;
+    r.verdict = x.Verdict();
+    r.note = x.measured;
+    rows.push_back(std::move(r));
+  }
+  bench::AssignRowIds(rows);
+  return rows;
+}
+
 // Two panels: throughput and tmem hit ratio per scenario/VM, one bar per
 // mode. Returns false when gnuplot is missing or fails.
 bool Plot(const Config& c, const std::vector<Row>& rows) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/results_file.h"
 #include "bench/scenario/config.h"
 #include "bench/scenario/decide_cost.h"
 #include "bench/scenario/report_rows.h"
@@ -28,6 +29,10 @@ std::string TargetsText(const std::vector<Target>& t);
 std::string Csv(const std::vector<Row>& rows);
 std::string RunsCsv(const std::vector<RunResult>& runs);
 std::string TargetsCsv(const std::vector<Target>& t);
+// The targets as results-file rows (bench/results_file.h): printed name,
+// value, the unit its goal or measured text shows, bound, verdict, and the
+// measured text as the note.
+std::vector<bench::ResultRecord> TargetRecords(const std::vector<Target>& t);
 
 // scenario.png in c.out (gnuplot); false if gnuplot failed or is missing.
 bool Plot(const Config& c, const std::vector<Row>& rows);

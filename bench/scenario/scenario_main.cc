@@ -37,6 +37,9 @@
 // Writes into --out: scenario.txt (the table and targets), scenario.csv
 // (medians per scenario/mode/VM), runs.csv (every run), targets.csv,
 // scenario.png (gnuplot, when installed), and each run's logs under runs/.
+// With --results FILE, the targets are also recorded in the results file
+// (bench/results_file.h) as section "scenario", or "scenario-deferred"
+// when the deferred mode ran (its rows are those of deferred compression).
 //
 // Layout: config.h (the flags' values), runner.h (one run), processes.h
 // (its child processes), report.h (aggregation, targets and the files
@@ -44,7 +47,8 @@
 // flags, builds the corpus and drives the rounds.
 //
 // Exit status: 0 when every run worked (targets missed or not: they are
-// printed with PASS/FAIL), 1 when a run failed, 2 for bad arguments.
+// printed with PASS/FAIL), 1 when a run failed or the results file could
+// not be written, 2 for bad arguments.
 #include <signal.h>
 #include <unistd.h>
 
@@ -65,6 +69,7 @@
 #include "absl/time/time.h"
 #include "bench/bench_support.h"
 #include "bench/page_corpus.h"
+#include "bench/results_file.h"
 #include "bench/scenario/app_work.h"
 #include "bench/scenario/config.h"
 #include "bench/scenario/decide_cost.h"
@@ -96,6 +101,8 @@ int Main(int argc, char** argv) {
   app.add_option("--duration", c.duration,
                  "measured seconds per guest (0: 3 quick, 8 full)");
   app.add_option("--out", c.out, "output directory");
+  app.add_option("--results", c.results,
+                 "record the targets in this results file (.json)");
   app.add_option("--tmemd", c.tmemd, "tmemd binary");
   app.add_option("--guest", c.guest, "tmem-scenario-guest binary");
   app.add_option("--scenarios", c.scenarios,
@@ -293,6 +300,17 @@ int Main(int argc, char** argv) {
   bench::WriteFile((out / "scenario.csv").string(), Csv(rows));
   bench::WriteFile((out / "runs.csv").string(), RunsCsv(runs));
   bench::WriteFile((out / "targets.csv").string(), TargetsCsv(targets));
+  bench::BenchmarkSection section;
+  section.benchmark =
+      std::find(c.modes.begin(), c.modes.end(), "deferred") != c.modes.end()
+          ? "scenario-deferred"
+          : "scenario";
+  section.command = bench::CommandLine(argc, argv);
+  section.rows = TargetRecords(targets);
+  if (failures > 0) {
+    section.warnings.push_back(absl::StrCat(failures, " run(s) failed"));
+  }
+  const bool recorded = bench::RecordResults(c.results, section);
   if (c.plot) {
     if (Plot(c, rows)) {
       std::printf("plot: %s\n", (out / "scenario.png").string().c_str());
@@ -301,7 +319,7 @@ int Main(int argc, char** argv) {
                   (out / "gnuplot.log").string().c_str());
     }
   }
-  return failures > 0 ? 1 : 0;
+  return failures > 0 || !recorded ? 1 : 0;
 }
 
 }  // namespace
