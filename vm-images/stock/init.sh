@@ -14,6 +14,11 @@
 #                             disk behind it (switched on first: higher
 #                             priority)
 #   swaptest_zram_limit=MiB   zram's mem_limit (0: none)
+#   swaptest_nonrot=1|0       mark the disk non-rotational before swapon
+#                             (default 1). Linux discards freed swap slots
+#                             only on a non-rotational device (the cluster
+#                             allocator), and virtio-blk cannot say it is
+#                             one: a real guest does this with a udev rule.
 #   swaptest_args=a,b,c       swapcheck's arguments, commas for spaces
 export PATH=/bin:/sbin:/usr/bin:/usr/sbin
 mount -t proc proc /proc
@@ -62,6 +67,10 @@ if [ "$ZRAM" != 0 ]; then
 	mkswap /dev/zram0 >/dev/null || fail "mkswap zram0"
 	swapon -d /dev/zram0 || fail "swapon zram0"
 fi
+if [ "$(arg swaptest_nonrot 1)" = 1 ]; then
+	echo 0 >"/sys/block/$DISK/queue/rotational" || fail "$DISK rotational=0"
+fi
+say "DISK $DISK rotational=$(cat /sys/block/$DISK/queue/rotational) discard_max_bytes=$(cat /sys/block/$DISK/queue/discard_max_bytes)"
 mkswap "/dev/$DISK" >/dev/null || fail "mkswap $DISK"
 swapon -d "/dev/$DISK" || fail "swapon -d $DISK"
 say "SWAPS $(tail -n +2 /proc/swaps | tr -s ' \t' ' ' | tr '\n' ';')"
