@@ -80,6 +80,12 @@ PACKAGES=(
   # --- fleet policy in etcd (issue 19) -------------------------------------
   etcd-server          # tests/fleet start a 3-member cluster on loopback
   etcd-client          # etcdctl, for operators (docs/fleet.md)
+
+  # --- stock Debian 12 guest and swap verification (issue 34) -------------
+  # (its kernel, linux-image-cloud-amd64, is fetched by
+  # vm-images/stock/build.sh with apt-get download, never installed)
+  kmod                 # depmod/modprobe -d on the extracted kernel's modules
+  qemu-system-common   # qemu-storage-daemon: the reference vhost-user-blk backend
 )
 
 log() { printf '[install-deps] %s\n' "$*"; }
