@@ -18,7 +18,7 @@ static_assert(sizeof(Desc) == kVirtqDescSize);
 // another process, so it is read with memcpy, never through a typed
 // reference the compiler may re-read.
 Desc LoadDesc(const uint8_t* table, uint32_t i) {
-  Desc d;
+  Desc d{};
   std::memcpy(&d, table + static_cast<size_t>(i) * kVirtqDescSize, sizeof d);
   return d;
 }

@@ -153,7 +153,8 @@ absl::StatusOr<GuestMemory> GuestMemory::Map(
     if (fstat(fds[i], &st) != 0) {
       const int err = errno;
       CloseAll(fds);
-      return RegionError(i, absl::StrCat("fstat: ", std::strerror(err)));
+      return absl::ErrnoToStatus(
+          err, absl::StrCat("memory table region ", i, ": fstat"));
     }
     if (st.st_size < 0 || static_cast<uint64_t>(st.st_size) < file_len) {
       CloseAll(fds);
@@ -165,7 +166,8 @@ absl::StatusOr<GuestMemory> GuestMemory::Map(
     if (base == MAP_FAILED) {
       const int err = errno;
       CloseAll(fds);
-      return RegionError(i, absl::StrCat("mmap: ", std::strerror(err)));
+      return absl::ErrnoToStatus(
+          err, absl::StrCat("memory table region ", i, ": mmap"));
     }
     Region reg;
     reg.gpa = r.guest_phys_addr;

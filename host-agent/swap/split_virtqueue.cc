@@ -86,7 +86,7 @@ uint16_t SplitVirtqueue::LoadAvailIdx() const {
 SplitVirtqueue::PopResult SplitVirtqueue::Pop(uint16_t* head) {
   if (desc_ == nullptr || corrupt_) return PopResult::kEmpty;
   const uint16_t avail_idx = LoadAvailIdx();
-  const uint16_t pending = static_cast<uint16_t>(avail_idx - last_avail_);
+  const auto pending = static_cast<uint16_t>(avail_idx - last_avail_);
   if (pending == 0) return PopResult::kEmpty;
   const uint32_t qsize = size_;
   if (pending > qsize) {
@@ -94,7 +94,8 @@ SplitVirtqueue::PopResult SplitVirtqueue::Pop(uint16_t* head) {
     return PopResult::kCorrupt;
   }
   const uint32_t slot = last_avail_ & (qsize - 1);
-  *head = AtomicLoad16(avail_ + kAvailRing + 2 * slot, __ATOMIC_RELAXED);
+  *head =
+      AtomicLoad16(avail_ + kAvailRing + size_t{2} * slot, __ATOMIC_RELAXED);
   ++last_avail_;
   return PopResult::kHead;
 }
@@ -122,7 +123,7 @@ bool SplitVirtqueue::NeedsCall() {
     return (flags & kVirtqAvailFNoInterrupt) == 0;
   }
   const uint16_t used_event =
-      AtomicLoad16(avail_ + kAvailRing + 2 * qsize, __ATOMIC_RELAXED);
+      AtomicLoad16(avail_ + kAvailRing + size_t{2} * qsize, __ATOMIC_RELAXED);
   const uint16_t old = signalled_used_;
   const bool valid = signalled_valid_;
   signalled_used_ = used_idx_;

@@ -70,8 +70,9 @@ absl::Status ReadMessage(int fd, std::vector<uint8_t>* bytes,
       continue;
     }
     if (n < 0) {
+      // Any receive error ends this front-end's connection.
       return absl::UnavailableError(
-          absl::StrCat("recvmsg: ", std::strerror(errno)));
+          absl::ErrnoToStatus(errno, "recvmsg").message());
     }
     for (cmsghdr* c = CMSG_FIRSTHDR(&mh); c != nullptr;
          c = CMSG_NXTHDR(&mh, c)) {
@@ -146,7 +147,7 @@ absl::StatusOr<std::unique_ptr<SwapDevice>> SwapDevice::Start(
   dev->listen_fd_ =
       socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (dev->listen_fd_ < 0) {
-    return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+    return absl::ErrnoToStatus(errno, "socket(AF_UNIX)");
   }
   if (absl::Status s =
           BindUnixSocket(dev->listen_fd_, dev->options_.socket_path,
@@ -154,9 +155,10 @@ absl::StatusOr<std::unique_ptr<SwapDevice>> SwapDevice::Start(
       !s.ok()) {
     return s;
   }
+  dev->published_ = true;
   dev->stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (dev->stop_fd_ < 0) {
-    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+    return absl::ErrnoToStatus(errno, "eventfd");
   }
   dev->thread_ = std::thread([d = dev.get()] { d->Loop(); });
   return dev;
@@ -164,12 +166,10 @@ absl::StatusOr<std::unique_ptr<SwapDevice>> SwapDevice::Start(
 
 SwapDevice::~SwapDevice() {
   Stop();
-  if (listen_fd_ >= 0) {
-    close(listen_fd_);
-    // The socket path is ours: a stale one would refuse QEMU's reconnect
-    // with "Connection refused" rather than telling it nobody serves.
-    unlink(options_.socket_path.c_str());
-  }
+  if (listen_fd_ >= 0) close(listen_fd_);
+  // Only a path we published is ours to remove: when Start failed, what is
+  // there may be another server's live socket.
+  if (published_) unlink(options_.socket_path.c_str());
   if (stop_fd_ >= 0) close(stop_fd_);
 }
 
@@ -226,7 +226,7 @@ void SwapDevice::Loop() {
   std::vector<int> fds;
   bool stop = false;
   while (!stop) {
-    std::array<epoll_event, 16> evs;
+    std::array<epoll_event, 16> evs{};
     const int n = epoll_wait(ep, evs.data(), evs.size(), -1);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -301,7 +301,7 @@ void SwapDevice::Loop() {
           session->ServeQueue(q);
         }
       } else if (tag == kTagKick) {
-        const uint32_t q = static_cast<uint32_t>(evs[i].data.u64);
+        const auto q = static_cast<uint32_t>(evs[i].data.u64);
         if (!session || q >= session->queue_count()) continue;
         const int fd = session->kick_fd(q);
         if (fd < 0) continue;

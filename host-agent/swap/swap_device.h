@@ -74,7 +74,8 @@ class SwapDevice {
   SwapBacking* const backing_;
   SwapMetrics metrics_;
   int listen_fd_ = -1;
-  int stop_fd_ = -1;  // eventfd: wakes the loop to exit
+  bool published_ = false;  // the socket path is ours
+  int stop_fd_ = -1;        // eventfd: wakes the loop to exit
   std::atomic<bool> connected_{false};
   std::thread thread_;
 };

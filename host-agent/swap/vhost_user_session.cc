@@ -148,7 +148,7 @@ absl::StatusOr<std::vector<uint8_t>> VhostUserBlkSession::HandleMessage(
       return EncodeVhostUserReplyU64(msg.raw_request, queues_.size());
 
     case VhostUserRequest::kSetOwner:
-      owned_ = true;
+      // One front-end per connection already; nothing else to record.
       return ack(0);
 
     case VhostUserRequest::kResetOwner:

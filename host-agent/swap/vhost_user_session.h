@@ -95,7 +95,6 @@ class VhostUserBlkSession {
   const uint64_t offered_protocol_features_;
   uint64_t acked_features_ = 0;
   uint64_t acked_protocol_features_ = 0;
-  bool owned_ = false;
   GuestMemory memory_;
   std::vector<Queue> queues_;
   DescriptorChain chain_;  // reused by every request

@@ -413,6 +413,25 @@ TEST_F(SwapDeviceTest, GetVringBaseStopsTheRingAndReconnectKeepsPages) {
   EXPECT_EQ(dev->metrics().Get(SwapCounter::kClientDisconnects), 1u);
 }
 
+TEST_F(SwapDeviceTest, FailedStartLeavesAnotherServersSocketAlone) {
+  MemorySwapBacking backing(kPages);
+  auto first = StartDevice("vm1", &backing);
+  ASSERT_NE(first, nullptr);
+  SwapDeviceOptions o;
+  o.socket_path = first->socket_path();
+  auto second = SwapDevice::Start(std::move(o), &backing);
+  EXPECT_FALSE(second.ok());
+  // Start probed the live socket (a connection the first device accepted
+  // and saw go); once that is over, the socket is still there and served.
+  ASSERT_TRUE(WaitFor([&] {
+    return first->metrics().Get(SwapCounter::kClientDisconnects) == 1;
+  }));
+  auto fe = FrontEnd::Connect(first->socket_path());
+  ASSERT_NE(fe, nullptr);
+  ASSERT_TRUE(fe->Send(1, {}));
+  EXPECT_TRUE(fe->RecvU64().has_value());
+}
+
 TEST_F(SwapDeviceTest, SecondFrontEndIsRejected) {
   MemorySwapBacking backing(kPages);
   auto dev = StartDevice("vm1", &backing);
@@ -521,7 +540,7 @@ TEST_F(SwapDeviceTest, HostileFrontEndsBesideAVerifiedNeighbour) {
         [&] { return dev->metrics().Get(SwapCounter::kQueuesBroken) == 1; }));
     EXPECT_EQ(dev->metrics().Get(SwapCounter::kChainTooLong), 1u);
     EXPECT_EQ(g.drv().UsedIdx(), 0);
-    // A ring whose avail index jumps more than a queue ahead.
+    // While that front-end holds the device, nobody else gets it.
     auto fe2 = FrontEnd::Connect(dev->socket_path());  // busy: rejected
     EXPECT_TRUE(fe2->Closed());
   }
