@@ -6,7 +6,9 @@
                   device is realized (QMP query-pci lists virtio-blk 1af4:1001
                   on the bus), QEMU read the config space, and no session was
                   reset. QEMU quits: the server sees the disconnect and takes
-                  a second QEMU (the device is reusable).
+                  a second QEMU (the device is reusable) with two vCPUs and
+                  QEMU's default queue count (one per vCPU), which the
+                  device's four queues satisfy.
   --case guest    the stock Debian 12 guest (vm-images/stock, kernel 6.1,
                   unmodified) swaps to the device through its own virtio-blk
                   driver: vm-images/stock/swap-test.py --case verified
@@ -49,10 +51,11 @@ def wait_for(cond, timeout):
 
 
 class Server:
-    def __init__(self, binary, sock, mib):
+    def __init__(self, binary, sock, mib, queues=1):
         self.sock = sock
         self.proc = subprocess.Popen(
-            [binary, "--socket", sock, "--mib", str(mib)],
+            [binary, "--socket", sock, "--mib", str(mib),
+             "--queues", str(queues)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("READY"):
@@ -95,13 +98,14 @@ class Qmp:
                 raise RuntimeError(f"{name}: {r['error']}")
 
 
-def start_qemu(tmp, sock, qmp_path):
+def start_qemu(tmp, sock, qmp_path, smp=1, num_queues=1):
+    queues = f",num-queues={num_queues}" if num_queues else ""
     args = ["qemu-system-x86_64", "-accel", "tcg", "-S", "-nodefaults",
-            "-display", "none", "-m", "256",
+            "-display", "none", "-m", "256", "-smp", str(smp),
             "-object", "memory-backend-memfd,id=mem,size=256M,share=on",
             "-machine", "pc,memory-backend=mem",
             "-chardev", f"socket,id=sw0,path={sock}",
-            "-device", "vhost-user-blk-pci,chardev=sw0,num-queues=1,id=swap0",
+            "-device", f"vhost-user-blk-pci,chardev=sw0,id=swap0{queues}",
             "-qmp", f"unix:{qmp_path},server=on,wait=off"]
     err = open(os.path.join(tmp, "qemu.log"), "w")
     q = subprocess.Popen(args, stdin=subprocess.DEVNULL,
@@ -116,11 +120,13 @@ def start_qemu(tmp, sock, qmp_path):
 
 def case_realize(a, tmp):
     sock = os.path.join(tmp, "vm1.swap.sock")
-    server = Server(a.server, sock, 64)
+    # Four queues: QEMU 7.2 asks for one per vCPU unless num-queues is
+    # given, and refuses a device that offers fewer.
+    server = Server(a.server, sock, 64, queues=4)
     ok = True
-    for attempt in (1, 2):
+    for attempt, smp, nq in ((1, 1, 1), (2, 2, None)):
         qmp_path = os.path.join(tmp, f"qmp{attempt}.sock")
-        q = start_qemu(tmp, sock, qmp_path)
+        q = start_qemu(tmp, sock, qmp_path, smp=smp, num_queues=nq)
         try:
             qmp = Qmp(qmp_path)
             devices = [d for bus in qmp.cmd("query-pci")
