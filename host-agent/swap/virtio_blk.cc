@@ -39,7 +39,7 @@ absl::Status TransferBytes(bool write, uint64_t offset, uint64_t len,
                            std::span<const GuestSpan> data,
                            SwapBacking* backing, SwapMetrics* metrics) {
   std::vector<GuestSpan> slice;
-  std::array<uint8_t, kSwapPageSize> page_buf;
+  std::array<uint8_t, kSwapPageSize> page_buf{};
   const GuestSpan page_span{page_buf.data(), page_buf.size()};
   const uint64_t end = offset + len;
   uint64_t pos = offset;
@@ -87,7 +87,7 @@ absl::Status TransferBytes(bool write, uint64_t offset, uint64_t len,
 absl::Status ZeroBytes(bool discard, bool may_unmap, uint64_t offset,
                        uint64_t len, SwapBacking* backing,
                        SwapMetrics* metrics) {
-  std::array<uint8_t, kSwapPageSize> page_buf;
+  std::array<uint8_t, kSwapPageSize> page_buf{};
   const GuestSpan page_span{page_buf.data(), page_buf.size()};
   const uint64_t end = offset + len;
   uint64_t pos = offset;
@@ -228,7 +228,7 @@ uint32_t ExecuteBlkRequest(const DescriptorChain& chain,
   if (chain.readable_len < kHeaderSize) {
     status = BadLayout(metrics);
   } else {
-    std::array<uint8_t, kHeaderSize> raw;
+    std::array<uint8_t, kHeaderSize> raw{};
     CopyFromSpans(chain.readable, raw.data(), raw.size());
     std::memcpy(&h.type, raw.data(), 4);
     std::memcpy(&h.ioprio, raw.data() + 4, 4);
