@@ -396,7 +396,9 @@ absl::Status ApplyControl(const toml::table& t, ControlConfig& c) {
   TableReader r(t, "control.");
   if (auto s = r.CheckKeys({"socket", "readonly_socket", "tcp_address",
                             "tls_cert", "tls_key", "tls_ca", "admin",
-                            "state_file", "metrics_port", "metrics_address"});
+                            "state_file", "metrics_port", "metrics_address",
+                            "max_admin_connections", "max_readonly_connections",
+                            "max_tcp_connections", "reserved_vm_channels"});
       !s.ok()) {
     return s;
   }
@@ -416,6 +418,17 @@ absl::Status ApplyControl(const toml::table& t, ControlConfig& c) {
   if (auto s = r.Integer("metrics_port", &c.metrics_port, ranges::kMetricsPort);
       !s.ok())
     return s;
+  for (auto [key, field, range] :
+       {std::tuple{"max_admin_connections", &c.max_admin_connections,
+                   &ranges::kMaxAdminConnections},
+        std::tuple{"max_readonly_connections", &c.max_readonly_connections,
+                   &ranges::kMaxReadonlyConnections},
+        std::tuple{"max_tcp_connections", &c.max_tcp_connections,
+                   &ranges::kMaxTcpConnections},
+        std::tuple{"reserved_vm_channels", &c.reserved_vm_channels,
+                   &ranges::kReservedVmChannels}}) {
+    if (auto s = r.Integer(key, field, *range); !s.ok()) return s;
+  }
   return absl::OkStatus();
 }
 

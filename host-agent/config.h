@@ -65,6 +65,14 @@ struct ControlConfig {
   std::string state_file;          // policies survive restarts; "": memory
   int metrics_port = -1;           // Prometheus /metrics; -1: off, 0: any
   std::string metrics_address = "127.0.0.1";
+  // Open connections per gRPC listener: the world-accessible read-only
+  // socket far below the admin one (control_acceptor.h); the descriptor
+  // budget may lower them (descriptor_budget.h).
+  int max_admin_connections = 64;
+  int max_readonly_connections = 8;
+  int max_tcp_connections = 32;
+  // Guest channels whose descriptors no control connection may take.
+  int reserved_vm_channels = 64;
 };
 
 // [libvirt]: off unless asked (a `uri`, `enabled = true`, or the

@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <system_error>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -27,6 +28,7 @@
 #include "host-agent/common/setting_ranges.h"
 #include "host-agent/config.h"
 #include "host-agent/control/control_plane.h"
+#include "host-agent/control/descriptor_budget.h"
 #include "host-agent/control/grpc_service.h"
 #include "host-agent/control/metrics_http.h"
 #include "host-agent/control/policy_store.h"
@@ -199,6 +201,40 @@ struct RestartSummary {
   uint64_t failed = 0;       // could not be taken over (logged)
 };
 
+// Raises the soft descriptor limit to the hard one and fits the control
+// listeners' connection caps into what guest channels and tmemd itself do
+// not need (descriptor_budget.h has the formula); logs the result.
+absl::StatusOr<DescriptorBudget> SetUpDescriptorBudget(
+    const TmemdConfig& config) {
+  absl::StatusOr<DescriptorLimit> limit = RaiseDescriptorLimit();
+  if (!limit.ok()) return limit.status();
+  const ControlConfig& c = config.control;
+  const bool admin = !c.socket.has_value() || !c.socket->empty();
+  DescriptorBudgetInput in;
+  in.limit = limit->soft;
+  in.reserved_vm_channels = c.reserved_vm_channels;
+  in.vectors = config.vectors;
+  in.metrics_clients = c.metrics_port >= 0 ? MetricsServer::kDescriptors : 0;
+  in.admin = admin ? c.max_admin_connections : 0;
+  in.readonly = c.readonly_socket.empty() ? 0 : c.max_readonly_connections;
+  in.tcp = c.tcp_address.empty() ? 0 : c.max_tcp_connections;
+  absl::StatusOr<DescriptorBudget> b = PlanDescriptorBudget(in);
+  if (!b.ok()) return b.status();
+  Log(b->lowered ? LogLevel::kWarn : LogLevel::kInfo, "descriptor_budget",
+      {{"nofile", limit->soft},
+       {"raised", limit->raised},
+       {"fixed", kFixedDescriptors},
+       {"reserved_vm_channels", in.reserved_vm_channels},
+       {"guest_reserve", b->guest_reserve},
+       {"metrics", in.metrics_clients},
+       {"control", b->control_descriptors},
+       {"max_admin_connections", b->admin},
+       {"max_readonly_connections", b->readonly},
+       {"max_tcp_connections", b->tcp},
+       {"lowered", b->lowered}});
+  return b;
+}
+
 int Run(int argc, char** argv) {
   const std::vector<std::string> original_argv(argv, argv + argc);
   const std::string own_executable = OwnExecutable();
@@ -273,6 +309,17 @@ int Run(int argc, char** argv) {
                  "(repeatable)");
   app.add_option("--state-file", state_file,
                  "policy state file (e.g. /var/lib/tmemd/state.json)");
+  int64_t max_admin_conns = 0, max_ro_conns = 0, max_tcp_conns = 0,
+          reserved_vm_channels = 0;
+  app.add_option("--control-max-admin-connections", max_admin_conns,
+                 "open connections on the admin socket at most (64)");
+  app.add_option("--control-max-readonly-connections", max_ro_conns,
+                 "open connections on the read-only socket at most (8)");
+  app.add_option("--control-max-tcp-connections", max_tcp_conns,
+                 "open connections on the mTLS port at most (32)");
+  app.add_option("--reserved-vm-channels", reserved_vm_channels,
+                 "guest channels whose descriptors no control connection "
+                 "may take (64)");
   app.add_option("--metrics-port", metrics_port,
                  "serve Prometheus /metrics on this port (-1: off; 0: any)");
   try {
@@ -338,6 +385,20 @@ int Run(int argc, char** argv) {
             CheckRange(ranges::kMetricsPort, metrics_port, "--metrics-port");
         !s.ok()) {
       return refuse("--metrics-port", s);
+    }
+  }
+  for (auto [flag, value, range] :
+       {std::tuple{"--control-max-admin-connections", max_admin_conns,
+                   &ranges::kMaxAdminConnections},
+        std::tuple{"--control-max-readonly-connections", max_ro_conns,
+                   &ranges::kMaxReadonlyConnections},
+        std::tuple{"--control-max-tcp-connections", max_tcp_conns,
+                   &ranges::kMaxTcpConnections},
+        std::tuple{"--reserved-vm-channels", reserved_vm_channels,
+                   &ranges::kReservedVmChannels}}) {
+    if (!given(flag)) continue;
+    if (absl::Status s = CheckRange(*range, value, flag); !s.ok()) {
+      return refuse(flag, s);
     }
   }
   for (const std::string& name : vm_names) {
@@ -421,6 +482,17 @@ int Run(int argc, char** argv) {
   if (!state_file.empty()) config.control.state_file = state_file;
   if (given("--metrics-port")) {
     config.control.metrics_port = static_cast<int>(metrics_port);
+  }
+  for (auto [flag, value, field] :
+       {std::tuple{"--control-max-admin-connections", max_admin_conns,
+                   &config.control.max_admin_connections},
+        std::tuple{"--control-max-readonly-connections", max_ro_conns,
+                   &config.control.max_readonly_connections},
+        std::tuple{"--control-max-tcp-connections", max_tcp_conns,
+                   &config.control.max_tcp_connections},
+        std::tuple{"--reserved-vm-channels", reserved_vm_channels,
+                   &config.control.reserved_vm_channels}}) {
+    if (given(flag)) *field = static_cast<int>(value);
   }
   SetLogLevel(config.log_level);
   SetLogFormat(config.log_format);
@@ -508,6 +580,13 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);  // upgrade: exec in place
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);  // a vanished client must not kill us
+
+  absl::StatusOr<DescriptorBudget> budget = SetUpDescriptorBudget(config);
+  if (!budget.ok()) {
+    Log(LogLevel::kError, "descriptor_budget_error",
+        {{"error", budget.status().message()}});
+    return 1;
+  }
 
   AgentOptions options;
   options.store = config.store;
@@ -630,6 +709,9 @@ int Run(int argc, char** argv) {
   control_options.tls_key = config.control.tls_key;
   control_options.tls_ca = config.control.tls_ca;
   control_options.admin_identities = config.control.admin;
+  control_options.max_admin_connections = budget->admin;
+  control_options.max_readonly_connections = budget->readonly;
+  control_options.max_tcp_connections = budget->tcp;
   absl::StatusOr<std::unique_ptr<ControlServer>> control_server =
       ControlServer::Start(control_options, &control);
   if (!control_server.ok()) {
@@ -639,9 +721,12 @@ int Run(int argc, char** argv) {
   }
   std::unique_ptr<MetricsServer> metrics;
   if (config.control.metrics_port >= 0) {
-    absl::StatusOr<std::unique_ptr<MetricsServer>> m =
-        MetricsServer::Start(agent->get(), config.control.metrics_address,
-                             config.control.metrics_port);
+    absl::StatusOr<std::unique_ptr<MetricsServer>> m = MetricsServer::Start(
+        agent->get(), config.control.metrics_address,
+        config.control.metrics_port,
+        [server = control_server->get()](PrometheusText& out) {
+          server->AppendConnectionMetrics(out);
+        });
     if (!m.ok()) {
       Log(LogLevel::kError, "metrics_error", {{"error", m.status().message()}});
       return 1;

@@ -74,6 +74,13 @@ inline constexpr IntRange kStatsIntervalSeconds{
 // [control]
 inline constexpr IntRange kMetricsPort{"metrics_port (-1: off, 0: any)", -1,
                                        65535};
+inline constexpr IntRange kMaxAdminConnections{"max_admin_connections", 1,
+                                               65536};
+inline constexpr IntRange kMaxReadonlyConnections{"max_readonly_connections", 1,
+                                                  65536};
+inline constexpr IntRange kMaxTcpConnections{"max_tcp_connections", 1, 65536};
+inline constexpr IntRange kReservedVmChannels{"reserved_vm_channels", 0,
+                                              100000};
 // [libvirt]
 inline constexpr IntRange kDetachTimeoutSeconds{"detach_timeout_seconds", 1,
                                                 3600};

@@ -272,12 +272,25 @@ v1::HostStatus ControlPlane::Status() const {
       }
     }
   }
+  {
+    MutexLock lock(&listener_mu_);
+    if (listener_counters_) {
+      for (v1::Counter& c : listener_counters_()) {
+        *out.add_counters() = std::move(c);
+      }
+    }
+  }
   return out;
 }
 
 void ControlPlane::SetExtraCounters(ExtraCounters source) {
   MutexLock lock(&extra_mu_);
   extra_counters_ = std::move(source);
+}
+
+void ControlPlane::SetListenerCounters(ListenerCounters source) {
+  MutexLock lock(&listener_mu_);
+  listener_counters_ = std::move(source);
 }
 
 v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,

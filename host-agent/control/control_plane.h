@@ -65,6 +65,10 @@ class ControlPlane {
   using ExtraCounters =
       std::function<std::vector<std::pair<std::string, uint64_t>>()>;
   void SetExtraCounters(ExtraCounters source);
+  // The control listeners' connection counters (grpc_service.h), appended
+  // after those; same rules as SetExtraCounters.
+  using ListenerCounters = std::function<std::vector<v1::Counter>()>;
+  void SetListenerCounters(ListenerCounters source);
   v1::ListVmsResponse ListVms() const;
   absl::StatusOr<v1::VmDetail> GetVm(const std::string& vm) const;
   v1::StatsSample Sample(const v1::WatchStatsRequest& request) const;
@@ -129,6 +133,9 @@ class ControlPlane {
   // with another of ours.
   mutable Mutex extra_mu_;
   ExtraCounters extra_counters_ ABSL_GUARDED_BY(extra_mu_);
+  // Like extra_mu_, for the listener counters.
+  mutable Mutex listener_mu_;
+  ListenerCounters listener_counters_ ABSL_GUARDED_BY(listener_mu_);
 };
 
 }  // namespace tmem

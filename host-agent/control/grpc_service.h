@@ -24,6 +24,14 @@
 // libvirt's qemu hook sends a whole domain XML, which libvirt itself
 // allows up to 4 MiB, and a domain must not fail to start for its size;
 // only root (or tmemd's user) can connect there.
+//
+// Connections: tmemd accepts them itself (control_acceptor.h) and hands them
+// to gRPC, so each listener has its own cap on open connections (the
+// read-only socket's far below the admin one's), a connection over the cap
+// is closed at once and counted, and a listener that runs out of
+// descriptors retries instead of going silent. Their counters are in
+// Status (control_<listener>_connections_*) and on /metrics
+// (AppendConnectionMetrics).
 #ifndef TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 #define TMEMD_HOST_AGENT_CONTROL_GRPC_SERVICE_H_
 
@@ -39,7 +47,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/mutex.h"
+#include "host-agent/control/control_acceptor.h"
 #include "host-agent/control/control_plane.h"
+#include "host-agent/control/prometheus_text.h"
 #include "proto/tmem/v1/control.grpc.pb.h"
 
 namespace tmem {
@@ -144,6 +154,11 @@ struct ControlServerOptions {
   int max_threads = 64;
   int max_watch_streams = 32;
   int max_streams_per_connection = 16;
+  // Open connections per listener ([control] max_*_connections; the
+  // descriptor budget may lower them, descriptor_budget.h).
+  int max_admin_connections = 64;
+  int max_readonly_connections = 8;
+  int max_tcp_connections = 32;
 };
 
 class ControlServer {
@@ -161,12 +176,21 @@ class ControlServer {
   // WatchStats streams open now / refused so far, over every listener.
   int active_streams() const;
   uint64_t streams_refused() const;
+  // Per listener: open connections, cap, refused, accept failures.
+  std::vector<ControlListenerStats> ListenerStats() const;
+  // Status's names: control_<listener>_connections_{open,max,refused},
+  // control_<listener>_accept_failures.
+  std::vector<v1::Counter> ListenerCounters() const;
+  // The same as tmem_control_* families for /metrics.
+  void AppendConnectionMetrics(PrometheusText& out) const;
 
  private:
   ControlServer() = default;
 
   ControlServerOptions options_;
+  ControlPlane* control_ = nullptr;
   StopSignal stop_;
+  std::unique_ptr<ControlAcceptor> acceptor_;
   std::vector<std::unique_ptr<TmemControlService>> services_;
   std::vector<std::unique_ptr<grpc::Server>> servers_;
   int tcp_port_ = 0;

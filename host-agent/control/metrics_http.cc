@@ -16,11 +16,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "host-agent/control/prometheus_text.h"
+#include "host-agent/log.h"
 
 namespace tmem {
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const Agent* agent, const std::string& address, int port) {
+    const Agent* agent, const std::string& address, int port,
+    ExtraMetrics extra) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -49,15 +51,19 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     close(fd);
     return absl::InternalError("eventfd() failed");
   }
-  std::unique_ptr<MetricsServer> s(
-      new MetricsServer(agent, fd, wake, ntohs(addr.sin_port)));
+  std::unique_ptr<MetricsServer> s(new MetricsServer(
+      agent, fd, wake, ntohs(addr.sin_port), std::move(extra)));
   s->thread_ = std::thread([p = s.get()] { p->Loop(); });
   return s;
 }
 
 MetricsServer::MetricsServer(const Agent* agent, int listen_fd, int wake_fd,
-                             int port)
-    : agent_(agent), listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port) {}
+                             int port, ExtraMetrics extra)
+    : agent_(agent),
+      listen_fd_(listen_fd),
+      wake_fd_(wake_fd),
+      port_(port),
+      extra_(std::move(extra)) {}
 
 MetricsServer::~MetricsServer() {
   Stop();
@@ -89,6 +95,10 @@ constexpr MetricFamily kHttpTimedOut{
     "tmem_metrics_http_timed_out_connections_total", MetricType::kCounter,
     "Connections to /metrics closed at their deadline (slow or idle "
     "clients)."};
+constexpr MetricFamily kHttpAcceptFailures{
+    "tmem_metrics_http_accept_failures_total", MetricType::kCounter,
+    "accept() failures on /metrics for want of descriptors or memory; the "
+    "listener retries."};
 
 std::string Respond(const Agent& agent, const MetricsServer& server,
                     const std::string& request) {
@@ -101,6 +111,8 @@ std::string Respond(const Agent& agent, const MetricsServer& server,
     AppendAgentMetrics(agent, text);
     text.Add(kHttpRefused, {}, server.refused());
     text.Add(kHttpTimedOut, {}, server.timed_out());
+    text.Add(kHttpAcceptFailures, {}, server.accept_failures());
+    server.AppendExtra(text);
     body = text.Render();
   } else if (request.rfind("GET ", 0) == 0) {
     status = "404 Not Found";
@@ -134,10 +146,22 @@ void MetricsServer::Loop() {
     clients[i] = std::move(clients.back());
     clients.pop_back();
   };
+  // While accept() fails for want of descriptors the listener stays out of
+  // the poll (fd -1 is ignored) until retry_at.
+  std::chrono::steady_clock::time_point retry_at{};
+  std::chrono::steady_clock::time_point last_log{};
   while (!stop_.load()) {
-    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
     auto now = std::chrono::steady_clock::now();
-    int timeout_ms = -1;
+    const bool listening = now >= retry_at;
+    std::vector<pollfd> fds = {{listening ? listen_fd_ : -1, POLLIN, 0},
+                               {wake_fd_, POLLIN, 0}};
+    int timeout_ms =
+        listening ? -1
+                  : static_cast<int>(
+                        std::chrono::duration_cast<std::chrono::milliseconds>(
+                            retry_at - now)
+                            .count() +
+                        1);
     for (const Client& c : clients) {
       fds.push_back(
           {c.fd, c.response.empty() ? short{POLLIN} : short{POLLOUT}, 0});
@@ -147,7 +171,10 @@ void MetricsServer::Loop() {
       const int ms = static_cast<int>(std::clamp<int64_t>(left, 0, 60'000));
       timeout_ms = timeout_ms < 0 ? ms : std::min(timeout_ms, ms);
     }
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0) continue;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(kRetryAfter);
+      continue;
+    }
     if ((fds[1].revents & POLLIN) != 0) break;
     now = std::chrono::steady_clock::now();
     // Clients first (their pollfds follow the two fixed ones, in order);
@@ -181,7 +208,18 @@ void MetricsServer::Loop() {
     if ((fds[0].revents & POLLIN) != 0) {
       const int fd =
           accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd >= 0 && clients.size() >= kMaxClients) {
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE || errno == ENOBUFS ||
+                     errno == ENOMEM)) {
+        const int err = errno;
+        accept_failures_.fetch_add(1, std::memory_order_relaxed);
+        retry_at = now + kRetryAfter;
+        if (now - last_log >= std::chrono::seconds(1)) {
+          last_log = now;
+          Log(LogLevel::kWarn, "metrics_accept_failed",
+              {{"error", std::generic_category().message(err)},
+               {"accept_failures", accept_failures()}});
+        }
+      } else if (fd >= 0 && clients.size() >= kMaxClients) {
         refused_.fetch_add(1, std::memory_order_relaxed);
         close(fd);
       } else if (fd >= 0) {

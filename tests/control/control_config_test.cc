@@ -20,6 +20,10 @@ admin = ["ops-admin", "fleet.example.com"]
 state_file = "/var/lib/tmemd/state.json"
 metrics_port = 9417
 metrics_address = "0.0.0.0"
+max_admin_connections = 100
+max_readonly_connections = 4
+max_tcp_connections = 20
+reserved_vm_channels = 500
 )",
                        "t.toml", TmemdConfig{});
   ASSERT_TRUE(c.ok()) << c.status();
@@ -35,6 +39,10 @@ metrics_address = "0.0.0.0"
   EXPECT_EQ(k.state_file, "/var/lib/tmemd/state.json");
   EXPECT_EQ(k.metrics_port, 9417);
   EXPECT_EQ(k.metrics_address, "0.0.0.0");
+  EXPECT_EQ(k.max_admin_connections, 100);
+  EXPECT_EQ(k.max_readonly_connections, 4);
+  EXPECT_EQ(k.max_tcp_connections, 20);
+  EXPECT_EQ(k.reserved_vm_channels, 500);
   EXPECT_TRUE(ValidateConfig(*c).ok());
 }
 
@@ -44,6 +52,9 @@ TEST(ControlConfigTest, DefaultsAreLocalOnly) {
   EXPECT_TRUE(c.control.tcp_address.empty());
   EXPECT_EQ(c.control.metrics_port, -1);
   EXPECT_TRUE(c.control.state_file.empty());
+  // The world-accessible socket gets far fewer connections than the admin.
+  EXPECT_LE(c.control.max_readonly_connections * 4,
+            c.control.max_admin_connections);
 }
 
 TEST(ControlConfigTest, MistakesAreErrors) {
@@ -52,6 +63,12 @@ TEST(ControlConfigTest, MistakesAreErrors) {
            std::pair{"[control]\nadmin = \"ops\"", "control.admin"},
            std::pair{"[control]\nadmin = [1]", "control.admin"},
            std::pair{"[control]\nmetrics_port = 70000", "control.metrics_port"},
+           std::pair{"[control]\nmax_readonly_connections = 0",
+                     "max_readonly_connections must be in [1, 65536]"},
+           std::pair{"[control]\nmax_admin_connections = 70000",
+                     "control.max_admin_connections"},
+           std::pair{"[control]\nreserved_vm_channels = -1",
+                     "control.reserved_vm_channels"},
        }) {
     auto c = ParseConfig(text, "t.toml", TmemdConfig{});
     ASSERT_FALSE(c.ok()) << text;
