@@ -221,12 +221,34 @@ struct HostStats {
   // choose and empty them ("Eviction when the host is full").
   uint64_t slabs_emptied_for_room = 0;
   uint64_t slab_choice_pages_walked = 0;
+  // The most work one put or get did ("Bounded work"): entries, nodes and
+  // slab candidates visited, pages evicted, entries re-homed.
+  uint64_t max_op_work = 0;
+  // Entry and object chunks given back after removals, and the entries,
+  // nodes and re-indexed pages their compaction moved.
+  uint64_t metadata_chunks_released = 0;
+  uint64_t metadata_entries_moved = 0;
+  // Puts refused for memory because their bounded eviction found no room.
+  uint64_t puts_refused_at_work_bound = 0;
+  // What live VMs are charged (their quotas' measure), and the rest of
+  // memory_used_bytes: the host's own overhead, charged to no VM (see
+  // "Host overhead" above).
+  uint64_t vm_charged_bytes = 0;
+  uint64_t host_overhead_bytes = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };
 
 class TmemStore {
  public:
+  // Host overhead per shard beyond slab slack (HostStats::
+  // host_overhead_bytes): up to 1.25 chunks of free entries and object
+  // nodes plus the partly used chunk of each (ShardTable::Compact), and the
+  // shard's small tables (indexes of up to 255 slots, the pool-head map,
+  // the per-VM LRU heads).
+  static constexpr uint64_t kShardOverheadBytes =
+      2 * 256 * (kPageEntryBytes + kObjectNodeBytes) + 16 * 1024;
+
   static absl::StatusOr<std::unique_ptr<TmemStore>> Create(
       StoreOptions options);
   ~TmemStore();
