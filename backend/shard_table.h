@@ -115,6 +115,12 @@ class ShardTable {
   }
 
   const PageEntry& entry(uint32_t id) const { return Slot(id); }
+  // Whether `id` names a live entry now (an entry number kept across a
+  // release of the shard lock may have been freed or moved since).
+  bool IsLive(uint32_t id) const {
+    return id < (chunks_.size() << kChunkShift) &&
+           Slot(id).vm_slot != kFreeEntrySlot;
+  }
   // Calls fn(entry number, entry) for every page, VM by VM, each VM's
   // from least to most recently used. O(pages in this shard).
   template <typename Fn>

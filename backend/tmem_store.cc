@@ -1250,7 +1250,7 @@ class TmemStore::Impl {
         MutexLock lock(&shard.mu);
         for (; k < seen.size() && seen[k].shard == shard_index; ++k) {
           const BlobRef ref = BlobRef::Unpack(seen[k].payload);
-          if (ref.slab != slab) continue;
+          if (ref.slab != slab || !shard.table.IsLive(seen[k].entry)) continue;
           const PageEntry& page = shard.table.entry(seen[k].entry);
           if (!HoldsBlob(page.kind) || page.payload != seen[k].payload) {
             continue;  // gone since it was seen
@@ -1376,6 +1376,13 @@ class TmemStore::Impl {
           evictable[vms[i]->slot] = true;
         }
       }
+      if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
+        return evicted;
+      }
+      // Every slab in reach mixes in pages of VMs within their share: a
+      // whole slab of anyone's costs fewer pages than a batch that empties
+      // none.
+      std::fill(evictable.begin(), evictable.end(), true);
       if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
         return evicted;
       }
