@@ -1379,12 +1379,16 @@ class TmemStore::Impl {
       if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
         return evicted;
       }
-      // Every slab in reach mixes in pages of VMs within their share: a
-      // whole slab of anyone's costs fewer pages than a batch that empties
-      // none.
-      std::fill(evictable.begin(), evictable.end(), true);
-      if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
-        return evicted;
+      // Every slab in reach mixes in pages of VMs within their share. If
+      // the VM furthest over holds blobs, a batch of its pages may empty no
+      // slab, and a whole slab of anyone's costs fewer pages; if it holds
+      // none (metadata only), the batch below is what frees room, and the
+      // slabs of VMs within their share stay.
+      if (vms[furthest]->counters.Get(Counter::kStoredBytes) > 0) {
+        std::fill(evictable.begin(), evictable.end(), true);
+        if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
+          return evicted;
+        }
       }
     }
     // A VM whose charge is only an in-flight reservation has nothing to
