@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -39,6 +40,12 @@
 
 namespace tmem {
 namespace {
+
+// How long a stop waits for the workers to leave their loops. A store
+// operation does bounded work, so a healthy worker leaves in microseconds;
+// one that does not is exited on, well inside systemd's stop timeout.
+constexpr std::chrono::milliseconds kShutdownDeadline{5000};
+constexpr int kExitShutdownDeadline = 3;
 
 uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
 
@@ -769,7 +776,14 @@ int Run(int argc, char** argv) {
   metrics.reset();
   domain_manager.reset();
   hypervisor.reset();
-  (*agent)->StopServing();
+  if (!(*agent)->StopServing(kShutdownDeadline)) {
+    // A worker is still inside an operation: tearing the agent down would
+    // free what it touches. Exit now; the guests' regions and sockets are
+    // the kernel's to clean up, and a successor recovers as after a crash.
+    Log(LogLevel::kError, "shutdown_deadline_exceeded",
+        {{"deadline_ms", static_cast<int64_t>(kShutdownDeadline.count())}});
+    std::_Exit(kExitShutdownDeadline);
+  }
   LogStats(**agent, "final_stats");
   if (upgrade) {
     // Workers are stopped and nothing else touches the channels: hand their
