@@ -71,6 +71,8 @@ void LogStats(const Agent& agent, std::string_view event) {
                          C(h.counters, Counter::kEvictionsQuota)},
        {"slabs_emptied_for_room", h.slabs_emptied_for_room},
        {"slab_choice_pages_walked", h.slab_choice_pages_walked},
+       {"max_op_work", h.max_op_work},
+       {"host_overhead_bytes", h.host_overhead_bytes},
        {"compression_ratio", CompressionRatio(h.counters)},
        {"host_busy", st.valve.host_busy_fraction},
        {"agent_busy", st.valve.agent_busy_fraction},

@@ -185,5 +185,44 @@ TEST(BoundedWorkTest, RandomKindMixesAtAFullCap) {
   }
 }
 
+// One VM with an 8 MiB quota floods zero pages under distinct keys across
+// 64 pools and holds them. Its charge stays within its quota, and what the
+// host uses beyond what VMs are charged is reported as host overhead,
+// within slab slack + kShardOverheadBytes per shard (tmem_store.h, "Host
+// overhead"): used <= sum of quotas + that bound.
+TEST(BoundedWorkTest, QuotaFloodOverheadIsReportedAndBounded) {
+  constexpr int kShards = 64;
+  auto store = OpenStore(64 * kMiB, kShards);
+  VmPolicy policy;
+  policy.quota_bytes = 8 * kMiB;
+  const VmId vm = store->AddVm("flood", policy).value();
+  std::vector<PoolId> pools;
+  for (int i = 0; i < 64; ++i)
+    pools.push_back(store->NewPool(vm, nullptr).value());
+  const Page zero = FilledWith(0);
+  for (uint64_t key = 0; key < 150000; ++key) {
+    ASSERT_TRUE(
+        store->Put(vm, pools[key % 64], ObjectId::FromInode(key), 0, zero)
+            .ok());
+  }
+  const HostStats host = store->GetHostStats();
+  const uint64_t charged =
+      Get(store->GetVmStats(vm).value().counters, Counter::kChargedBytes);
+  ASSERT_GT(Get(host.counters, Counter::kEvictionsQuota), 0u)
+      << "the flood should reach the quota";
+  EXPECT_LE(charged, policy.quota_bytes);
+  EXPECT_EQ(host.vm_charged_bytes, charged);
+  const uint64_t bound = (host.slab_bytes - host.blob_slot_bytes) +
+                         uint64_t{kShards} * TmemStore::kShardOverheadBytes;
+  EXPECT_LE(host.host_overhead_bytes, bound);
+  EXPECT_LE(host.memory_used_bytes, policy.quota_bytes + bound);
+  RecordProperty(
+      "used_over_quota_permille",
+      static_cast<int>(host.memory_used_bytes * 1000 / policy.quota_bytes));
+  RecordProperty("host_overhead_bytes",
+                 static_cast<int>(host.host_overhead_bytes));
+  RecordProperty("overhead_bound_bytes", static_cast<int>(bound));
+}
+
 }  // namespace
 }  // namespace tmem
