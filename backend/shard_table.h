@@ -260,7 +260,6 @@ class ShardTable {
   // with objects here have an entry.
   absl::flat_hash_map<uint64_t, uint32_t> pool_heads_;
   uint64_t pages_ = 0;
-  uint64_t objects_ = 0;
   uint64_t free_entries_ = 0;
   uint64_t free_objects_ = 0;
   uint64_t chunks_released_ = 0;
