@@ -477,16 +477,20 @@ class TmemStore::Impl {
   // deferred pages follow their entries.
   void CompactLocked(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
     const uint64_t released_before = shard.table.chunks_released();
-    // The lambda runs inside this call, under the lock; clang's analysis
-    // does not follow it there, so it gets the guarded map by reference.
-    absl::flat_hash_map<uint32_t, uint64_t>& deferred = shard.deferred;
-    const uint64_t work = shard.table.Compact([&](uint32_t from, uint32_t to) {
-      auto it = deferred.find(from);
-      if (it == deferred.end()) return;
-      const uint64_t stamp = it->second;
-      deferred.erase(it);
-      deferred[to] = stamp;
-    });
+    // Moves are applied to the pending map after Compact returns: clang's
+    // analysis does not see the lambda run under this lock.
+    std::vector<std::pair<uint32_t, uint32_t>> moves;
+    const uint64_t work = shard.table.Compact(
+        [&](uint32_t from, uint32_t to) { moves.emplace_back(from, to); });
+    if (!shard.deferred.empty()) {
+      for (const auto& [from, to] : moves) {
+        auto it = shard.deferred.find(from);
+        if (it == shard.deferred.end()) continue;
+        const uint64_t stamp = it->second;
+        shard.deferred.erase(it);
+        shard.deferred[to] = stamp;
+      }
+    }
     t_op_work += work;
     entries_moved_.fetch_add(work, std::memory_order_relaxed);
     metadata_chunks_released_.fetch_add(
