@@ -118,6 +118,12 @@ void BlobArena::Free(BlobRef ref) {
   }
 }
 
+uint32_t BlobArena::LiveBlobsInSlabOf(BlobRef ref) {
+  ClassState& cls = classes_[ref.slot_bytes() / kBlobClassBytes - 1];
+  MutexLock lock(&cls.mu);
+  return descs_[ref.slab].used;
+}
+
 uint64_t BlobArena::slot_bytes_in_use() const {
   uint64_t total = 0;
   for (const ClassState& cls : classes_) {

@@ -81,6 +81,9 @@ class BlobArena {
   }
   // Frees a live blob.
   void Free(BlobRef ref);
+  // Live blobs in the slab holding `ref`, which the caller keeps live (its
+  // shard's lock held), so the slab cannot change class meanwhile.
+  uint32_t LiveBlobsInSlabOf(BlobRef ref);
 
   // Slot bytes of live blobs (what fragmentation is measured against).
   uint64_t slot_bytes_in_use() const;

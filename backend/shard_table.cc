@@ -129,8 +129,10 @@ bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
     // Thread the new entries onto the free list, lowest number first.
     for (uint32_t i = kChunkEntries; i-- > 0;) {
       Slot(base + i).lru_next = free_entry_;
+      Slot(base + i).vm_slot = kFreeEntrySlot;
       free_entry_ = base + i;
     }
+    free_entries_ += kChunkEntries;
   }
   if (!ReserveIndex(page_index_, page_index_charge_, pages_ + 1)) return false;
   if (new_object) {
@@ -161,6 +163,7 @@ bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
         Obj(base + i).first_page = free_object_;
         free_object_ = base + i;
       }
+      free_objects_ += kChunkEntries;
     }
   }
   if (vm_slot >= lru_.size()) {
@@ -178,6 +181,7 @@ bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
 uint32_t ShardTable::AllocEntry() {
   const uint32_t id = free_entry_;
   free_entry_ = Slot(id).lru_next;
+  --free_entries_;
   return id;
 }
 
@@ -185,6 +189,7 @@ uint32_t ShardTable::AllocObject(uint64_t pool_key, const ObjectId& oid) {
   const uint32_t id = free_object_;
   ObjectNode& o = Obj(id);
   free_object_ = o.first_page;
+  --free_objects_;
   o.pool_key = pool_key;
   o.oid = oid;
   o.first_page = kNoEntry;
@@ -307,10 +312,13 @@ RemovedPage ShardTable::RemovePage(uint32_t id) {
     o.pool_key = 0;
     o.first_page = free_object_;
     free_object_ = e.object;
+    ++free_objects_;
   }
 
   e.lru_next = free_entry_;
+  e.vm_slot = kFreeEntrySlot;
   free_entry_ = id;
+  ++free_entries_;
   if (--pages_ == 0) ReleaseWhileEmpty();
   return out;
 }
@@ -328,9 +336,11 @@ void ShardTable::ReleaseWhileEmpty() {
     free_entry_ = kNoEntry;
     for (uint32_t i = kChunkEntries; i-- > 0;) {
       Slot(i).lru_next = free_entry_;
+      Slot(i).vm_slot = kFreeEntrySlot;
       free_entry_ = i;
     }
   }
+  free_entries_ = chunks_.size() * kChunkEntries;
   if (object_chunks_.size() > 1) {
     constexpr uint64_t kObjectChunkBytes = kChunkEntries * sizeof(ObjectNode);
     budget_->Release((object_chunks_.size() - 1) * kObjectChunkBytes);
@@ -340,16 +350,135 @@ void ShardTable::ReleaseWhileEmpty() {
                                    sizeof(object_chunks_[0]));
     free_object_ = kNoEntry;
     for (uint32_t i = kChunkEntries; i-- > 0;) {
+      Obj(i).pool_key = 0;
       Obj(i).first_page = free_object_;
       free_object_ = i;
     }
   }
+  free_objects_ = object_chunks_.size() * kChunkEntries;
   page_index_.clear();  // absl frees tables above 127 slots on clear()
   object_index_.clear();
   pool_heads_.clear();
   page_index_charge_.Sync(HashSetBytes(page_index_.capacity()));
   object_index_charge_.Sync(HashSetBytes(object_index_.capacity()));
   pool_heads_charge_.Sync(PoolHeadsBytes(pool_heads_.capacity()));
+}
+
+void ShardTable::MoveEntry(uint32_t from, uint32_t to) {
+  // Out of the index while its number is still `from` (the hash reads the
+  // entry's key fields, which do not change).
+  page_index_.erase(from);
+  const PageEntry e = Slot(from);
+  Slot(to) = e;
+  LruList& list = lru_[e.vm_slot];
+  if (e.lru_prev != kNoEntry) {
+    Slot(e.lru_prev).lru_next = to;
+  } else {
+    list.head = to;
+  }
+  if (e.lru_next != kNoEntry) {
+    Slot(e.lru_next).lru_prev = to;
+  } else {
+    list.tail = to;
+  }
+  if (e.obj_prev != kNoEntry) {
+    Slot(e.obj_prev).obj_next = to;
+  } else {
+    Obj(e.object).first_page = to;
+  }
+  if (e.obj_next != kNoEntry) Slot(e.obj_next).obj_prev = to;
+  page_index_.insert(to);
+  Slot(from).vm_slot = kFreeEntrySlot;
+}
+
+void ShardTable::MoveObject(uint32_t from, uint32_t to) {
+  object_index_.erase(from);
+  const ObjectNode o = Obj(from);
+  // The page index hashes (object number, index): each page is re-keyed.
+  for (uint32_t p = o.first_page; p != kNoEntry; p = Slot(p).obj_next) {
+    page_index_.erase(p);
+    Slot(p).object = to;
+    page_index_.insert(p);
+  }
+  Obj(to) = o;
+  if (o.pool_prev != kNoEntry) {
+    Obj(o.pool_prev).pool_next = to;
+  } else {
+    pool_heads_.find(o.pool_key)->second = to;
+  }
+  if (o.pool_next != kNoEntry) Obj(o.pool_next).pool_prev = to;
+  object_index_.insert(to);
+  Obj(from).pool_key = 0;
+}
+
+void ShardTable::ReleaseTopEntryChunks(
+    size_t count, std::vector<std::pair<uint32_t, uint32_t>>& moves) {
+  const auto keep = static_cast<uint32_t>(chunks_.size() - count);
+  const uint32_t limit = keep << kChunkShift;
+  // The free slots that stay, as a stack the moved entries take from.
+  std::vector<uint32_t> below;
+  below.reserve(free_entries_);
+  for (uint32_t e = free_entry_; e != kNoEntry; e = Slot(e).lru_next) {
+    if (e < limit) below.push_back(e);
+  }
+  for (uint32_t e = limit; e < (chunks_.size() << kChunkShift); ++e) {
+    if (Slot(e).vm_slot == kFreeEntrySlot) continue;
+    // More free entries than one chunk holds: a slot below always exists.
+    assert(!below.empty());
+    const uint32_t to = below.back();
+    below.pop_back();
+    MoveEntry(e, to);
+    moves.emplace_back(e, to);
+  }
+  free_entry_ = kNoEntry;
+  for (auto it = below.rbegin(); it != below.rend(); ++it) {
+    Slot(*it).lru_next = free_entry_;
+    free_entry_ = *it;
+  }
+  free_entries_ = below.size();
+  budget_->Release(count * kChunkEntries * sizeof(PageEntry));
+  chunks_.resize(keep);
+  chunks_released_ += count;
+}
+
+void ShardTable::ReleaseTopObjectChunks(size_t count, uint64_t& work) {
+  // Only chunks whose objects are all small enough to move go.
+  size_t can = 0;
+  for (size_t c = object_chunks_.size(); can < count && c-- > 1;) {
+    bool small = true;
+    for (uint32_t i = 0; i < kChunkEntries && small; ++i) {
+      const ObjectNode& o = object_chunks_[c][i];
+      small = o.pool_key == 0 || o.pages <= kMaxMovedObjectPages;
+    }
+    if (!small) break;
+    ++can;
+  }
+  work += can * kChunkEntries;
+  if (can == 0) return;
+  const auto keep = static_cast<uint32_t>(object_chunks_.size() - can);
+  const uint32_t limit = keep << kChunkShift;
+  std::vector<uint32_t> below;
+  below.reserve(free_objects_);
+  for (uint32_t n = free_object_; n != kNoEntry; n = Obj(n).first_page) {
+    if (n < limit) below.push_back(n);
+  }
+  for (uint32_t n = limit; n < (object_chunks_.size() << kChunkShift); ++n) {
+    if (Obj(n).pool_key == 0) continue;
+    assert(!below.empty());
+    const uint32_t to = below.back();
+    below.pop_back();
+    work += 1 + Obj(n).pages;
+    MoveObject(n, to);
+  }
+  free_object_ = kNoEntry;
+  for (auto it = below.rbegin(); it != below.rend(); ++it) {
+    Obj(*it).first_page = free_object_;
+    free_object_ = *it;
+  }
+  free_objects_ = below.size();
+  budget_->Release(can * kChunkEntries * sizeof(ObjectNode));
+  object_chunks_.resize(keep);
+  chunks_released_ += can;
 }
 
 void ShardTable::Touch(uint32_t id) {

@@ -31,6 +31,7 @@
 #ifndef TMEMD_BACKEND_SHARD_TABLE_H_
 #define TMEMD_BACKEND_SHARD_TABLE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <utility>
@@ -114,6 +115,12 @@ class ShardTable {
   }
 
   const PageEntry& entry(uint32_t id) const { return Slot(id); }
+  // Whether `id` names a live entry now (an entry number kept across a
+  // release of the shard lock may have been freed or moved since).
+  bool IsLive(uint32_t id) const {
+    return id < (chunks_.size() << kChunkShift) &&
+           Slot(id).vm_slot != kFreeEntrySlot;
+  }
   // Calls fn(entry number, entry) for every page, VM by VM, each VM's
   // from least to most recently used. O(pages in this shard).
   template <typename Fn>
@@ -134,7 +141,25 @@ class ShardTable {
   // Entries of one object.
   std::vector<uint32_t> PagesOfObject(uint32_t object) const;
 
+  // Gives back whole chunks of entries and object nodes that removals left
+  // free: while more than kChunkEntries + kChunkEntries / 4 entries (or
+  // nodes) are free, the live ones of the highest chunk move into free
+  // slots below it and that chunk is freed and uncharged. So evicting pages
+  // frees budget bytes a chunk at a time, not only when the whole shard
+  // empties. Entry numbers change: call it only while no entry number is
+  // held, and `on_move(from, to)` is told of every moved entry. An object
+  // node moves only if its object holds at most kMaxMovedObjectPages pages
+  // (each of its pages is re-indexed); a larger one keeps its chunk.
+  // Returns the work done: entries and nodes moved plus pages re-indexed,
+  // at most 2 * kChunkEntries * (1 + kMaxMovedObjectPages) per chunk freed.
+  template <typename OnMove>
+  uint64_t Compact(OnMove&& on_move);
+  static constexpr uint32_t kMaxMovedObjectPages = 16;
+
   uint64_t pages() const { return pages_; }
+  uint64_t free_entries() const { return free_entries_; }
+  uint64_t free_objects() const { return free_objects_; }
+  uint64_t chunks_released() const { return chunks_released_; }
   uint64_t metadata_bytes() const;
   // Object nodes PagesOfPool has looked at since construction: the work a
   // pool-wide operation did, which must follow that pool's own objects.
@@ -209,6 +234,19 @@ class ShardTable {
   template <typename Set>
   static bool ReserveIndex(Set& set, ChargedCapacity& charge, size_t needed);
   void ReleaseWhileEmpty();
+  // Moves live entry `from` into free slot `to` and relinks it.
+  void MoveEntry(uint32_t from, uint32_t to);
+  void MoveObject(uint32_t from, uint32_t to);
+  // Free entries / nodes are marked so a chunk's live ones can be told
+  // apart without walking the free list.
+  static constexpr uint16_t kFreeEntrySlot = UINT16_MAX;
+  // Frees the top `count` entry chunks, moving their live entries below
+  // (recorded in `moves`). One pass over the free list plus the chunks.
+  void ReleaseTopEntryChunks(size_t count,
+                             std::vector<std::pair<uint32_t, uint32_t>>& moves);
+  // The same for object chunks; frees fewer (or none) where a live object
+  // is too large to move. Adds its work to `work`.
+  void ReleaseTopObjectChunks(size_t count, uint64_t& work);
 
   MemoryBudget* const budget_;
   std::vector<std::unique_ptr<PageEntry[]>> chunks_;
@@ -222,6 +260,9 @@ class ShardTable {
   // with objects here have an entry.
   absl::flat_hash_map<uint64_t, uint32_t> pool_heads_;
   uint64_t pages_ = 0;
+  uint64_t free_entries_ = 0;
+  uint64_t free_objects_ = 0;
+  uint64_t chunks_released_ = 0;
   mutable uint64_t objects_visited_ = 0;
   ChargedCapacity chunk_list_charge_;  // chunks_ pointer array
   ChargedCapacity page_index_charge_;
@@ -230,6 +271,28 @@ class ShardTable {
   ChargedCapacity object_chunk_list_charge_;  // object_chunks_ pointer array
   ChargedCapacity lru_charge_;
 };
+
+template <typename OnMove>
+uint64_t ShardTable::Compact(OnMove&& on_move) {
+  constexpr uint64_t kSlack = kChunkEntries + kChunkEntries / 4;
+  uint64_t work = 0;
+  if (free_entries_ > kSlack && chunks_.size() > 1) {
+    const size_t count = std::min<size_t>(
+        chunks_.size() - 1,
+        (free_entries_ - kSlack + kChunkEntries - 1) / kChunkEntries);
+    std::vector<std::pair<uint32_t, uint32_t>> moves;
+    ReleaseTopEntryChunks(count, moves);
+    for (const auto& [from, to] : moves) on_move(from, to);
+    work += moves.size();
+  }
+  if (free_objects_ > kSlack && object_chunks_.size() > 1) {
+    const size_t count = std::min<size_t>(
+        object_chunks_.size() - 1,
+        (free_objects_ - kSlack + kChunkEntries - 1) / kChunkEntries);
+    ReleaseTopObjectChunks(count, work);
+  }
+  return work;
+}
 
 }  // namespace tmem
 

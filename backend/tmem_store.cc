@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <climits>
 #include <span>
 #include <vector>
 
@@ -69,6 +70,12 @@ Counter PutCounterFor(StorageKind kind) {
   }
   return Counter::kPutsRaw;
 }
+
+// Work done by the store operation running on this thread: entries, nodes
+// and slab candidates visited, pages evicted, entries moved. Each operation
+// resets it at its start; what one operation did is bounded (tmem_store.h:
+// "Bounded work").
+thread_local uint64_t t_op_work = 0;
 
 uint64_t PhysicalMemoryBytes() {
   const long pages = sysconf(_SC_PHYS_PAGES);
@@ -322,6 +329,7 @@ class TmemStore::Impl {
              e = shard->table.LruTail(vm.slot)) {
           RemoveEntryLocked(*shard, e);
         }
+        CompactLocked(*shard);
       }
       MutexLock lock(&pools_mu_);
       for (Pool*& pool : vm.pools) {
@@ -464,6 +472,32 @@ class TmemStore::Impl {
         KeyHash(shard.table.object(entry.object).oid, entry.index));
   }
 
+  // Gives back the entry and object chunks that removals freed (ShardTable::
+  // Compact). Called after removals, while no entry number is held; pending
+  // deferred pages follow their entries.
+  void CompactLocked(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    const uint64_t released_before = shard.table.chunks_released();
+    // Moves are applied to the pending map after Compact returns: clang's
+    // analysis does not see the lambda run under this lock.
+    std::vector<std::pair<uint32_t, uint32_t>> moves;
+    const uint64_t work = shard.table.Compact(
+        [&](uint32_t from, uint32_t to) { moves.emplace_back(from, to); });
+    if (!shard.deferred.empty()) {
+      for (const auto& [from, to] : moves) {
+        auto it = shard.deferred.find(from);
+        if (it == shard.deferred.end()) continue;
+        const uint64_t stamp = it->second;
+        shard.deferred.erase(it);
+        shard.deferred[to] = stamp;
+      }
+    }
+    t_op_work += work;
+    entries_moved_.fetch_add(work, std::memory_order_relaxed);
+    metadata_chunks_released_.fetch_add(
+        shard.table.chunks_released() - released_before,
+        std::memory_order_relaxed);
+  }
+
   // `why` says, for a page still pending compaction, why it went.
   Pool& RemoveEntryLocked(Shard& shard, uint32_t e, bool keep_blob = false,
                           CompactionSkip why = CompactionSkip::kInvalidated)
@@ -510,6 +544,7 @@ class TmemStore::Impl {
     const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
     if (e == kNoEntry) return;
     RemoveEntryLocked(shard, e, /*keep_blob=*/false, CompactionSkip::kReplaced);
+    CompactLocked(shard);
   }
 
   int64_t RemovePoolPages(Pool& pool) {
@@ -521,6 +556,7 @@ class TmemStore::Impl {
         RemoveEntryLocked(*shard, e);
         ++removed;
       }
+      CompactLocked(*shard);
       pool_scan_objects_visited_.fetch_add(
           shard->table.objects_visited() - visited_before,
           std::memory_order_relaxed);
@@ -552,6 +588,24 @@ class TmemStore::Impl {
 
   absl::StatusOr<PutResult> Put(VmId id, PoolId pid, const ObjectId& oid,
                                 PageIndex index, ConstPage page, PutMode mode) {
+    t_op_work = 0;
+    absl::StatusOr<PutResult> result = PutWork(id, pid, oid, index, page, mode);
+    RecordOpWork();
+    return result;
+  }
+
+  // Keeps the most work one operation did (HostStats::max_op_work).
+  void RecordOpWork() {
+    const uint64_t work = t_op_work;
+    uint64_t seen = max_op_work_.load(std::memory_order_relaxed);
+    while (work > seen && !max_op_work_.compare_exchange_weak(
+                              seen, work, std::memory_order_relaxed)) {
+    }
+  }
+
+  absl::StatusOr<PutResult> PutWork(VmId id, PoolId pid, const ObjectId& oid,
+                                    PageIndex index, ConstPage page,
+                                    PutMode mode) {
     absl::StatusOr<Vm*> found = LookupVm(id);
     if (!found.ok()) return found.status();
     Vm& vm = **found;
@@ -620,6 +674,8 @@ class TmemStore::Impl {
       return refuse(RefuseReason::kQuota);
     }
 
+    bool class_out_of_reach = false;
+    int room_rounds = 0;
     for (;;) {
       // Reserve the charge against the quota first: add then check keeps
       // concurrent puts of one VM from overshooting together.
@@ -697,17 +753,31 @@ class TmemStore::Impl {
       // time: evict from the emptiest slab. Either ends with room or with
       // no page left to evict: every slab and table of an emptied store is
       // given back (tmem_store.h).
-      const uint32_t evicted =
-          slot_missing && targeted()
-              ? EvictForHost(Room::kSlotOfClass, SlotBytesOf(enc))
-              : EvictForHost(Room::kWholeSlab);
+      // Bounded: evictions for a slot stop once one found no page of the
+      // class in reach (the victim's LRU page it took instead frees budget
+      // bytes only with its whole slab or chunk), and whole-slab rounds stop
+      // after kMaxRoomRounds. A put refused then leaves its evictions done:
+      // the room they freed serves the next put.
+      uint32_t evicted = 0;
+      if (slot_missing && targeted() && !class_out_of_reach) {
+        bool found_class = false;
+        evicted =
+            EvictForHost(Room::kSlotOfClass, SlotBytesOf(enc), &found_class);
+        class_out_of_reach = !found_class;
+      } else if (++room_rounds <= kMaxRoomRounds) {
+        evicted = EvictForHost(Room::kWholeSlab);
+      } else {
+        puts_refused_at_work_bound_.fetch_add(1, std::memory_order_relaxed);
+      }
       if (evicted == 0) return refuse(RefuseReason::kNoMemory);
       result.evicted += evicted;
       // The slab that eviction emptied sits in the cache, still charged.
       if (!slot_missing) slabs_->TrimCache();
     }
-    // A lowered cap (SetMemoryCap racing with this put) is met here too.
-    result.evicted += EvictUntilWithinCap();
+    // A lowered cap (SetMemoryCap racing with this put) is met here too,
+    // in at most kMaxRoomRounds rounds (SetMemoryCap itself evicts all the
+    // way down).
+    result.evicted += EvictUntilWithinCap(kMaxRoomRounds);
     result.stored = true;
     result.kind = enc.kind;
     return result;
@@ -831,6 +901,14 @@ class TmemStore::Impl {
 
   absl::StatusOr<bool> Get(VmId id, PoolId pid, const ObjectId& oid,
                            PageIndex index, MutablePage out) {
+    t_op_work = 0;
+    absl::StatusOr<bool> hit = GetWork(id, pid, oid, index, out);
+    RecordOpWork();
+    return hit;
+  }
+
+  absl::StatusOr<bool> GetWork(VmId id, PoolId pid, const ObjectId& oid,
+                               PageIndex index, MutablePage out) {
     absl::StatusOr<Vm*> found = LookupVm(id);
     if (!found.ok()) return found.status();
     Vm& vm = **found;
@@ -854,12 +932,16 @@ class TmemStore::Impl {
           taken = shard.table.entry(e);
           RemoveEntryLocked(shard, e, /*keep_blob=*/true,
                             CompactionSkip::kRead);
+          CompactLocked(shard);
         } else {
           // Shared pages stay, so another VM may free the blob once the
           // lock drops: decode under the lock.
           shard.table.Touch(e);
           corrupt = !DecodeEntry(shard.table.entry(e), out);
-          if (corrupt) RemoveEntryLocked(shard, e);
+          if (corrupt) {
+            RemoveEntryLocked(shard, e);
+            CompactLocked(shard);
+          }
         }
       }
     }
@@ -920,6 +1002,7 @@ class TmemStore::Impl {
         RemoveEntryLocked(shard, e, /*keep_blob=*/true, CompactionSkip::kRead);
         hits |= uint64_t{1} << k;
       }
+      CompactLocked(shard);
     }
     bool corrupt = false;
     for (size_t k = 0; k < n; ++k) {
@@ -987,6 +1070,7 @@ class TmemStore::Impl {
         const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
         if (e != kNoEntry) {
           RemoveEntryLocked(shard, e);
+          CompactLocked(shard);
           vm.counters.Inc(Counter::kPagesInvalidated);
           pool.counters.Inc(Counter::kPagesInvalidated);
         }
@@ -1008,6 +1092,7 @@ class TmemStore::Impl {
             RemoveEntryLocked(shard, e);
             ++removed;
           }
+          CompactLocked(shard);
         }
       }
       vm.counters.Add(Counter::kPagesInvalidated, removed);
@@ -1034,6 +1119,16 @@ class TmemStore::Impl {
   // an entry, or takes the page index back under its growth threshold; a
   // missing object node or index growth needs room from the budget.
   static constexpr int kInShardEvictions = 4;
+  // Bounded work (tmem_store.h): pages a slab choice looks at, in all and
+  // at least per shard; candidate slabs it confirms; pages a metadata-room
+  // batch evicts from one shard (two entry chunks: with the chunk slack
+  // ShardTable keeps, at least one chunk of entries goes back); and rounds
+  // of whole-slab eviction a put runs before it is refused for memory.
+  static constexpr uint64_t kSlabChoicePages = 8192;
+  static constexpr uint64_t kMinSlabChoicePagesPerShard = 16;
+  static constexpr size_t kSlabChoiceTries = 4;
+  static constexpr uint32_t kEvictBatch = 512;
+  static constexpr int kMaxRoomRounds = 8;
 
   // What an eviction is to free.
   enum class Room {
@@ -1055,20 +1150,26 @@ class TmemStore::Impl {
   // `slot_bytes`, first a page within kScanDepth of a shard's LRU tail
   // whose blob has that slot size (freeing other classes' slots only helps
   // when a whole slab empties: size-class fragmentation).
-  bool EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes = 0) {
+  // `found_class` (optional) is set when the page evicted was of that class.
+  bool EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes = 0,
+                   bool* found_class = nullptr) {
     const auto n = static_cast<uint32_t>(shards_.size());
     const uint32_t start =
         vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
-    if (slot_bytes != 0) {
+    // A VM holding no blob has no page of any class: skip the scan.
+    if (slot_bytes != 0 && vm.counters.Get(Counter::kStoredBytes) > 0) {
       for (uint32_t i = 0; i < n; ++i) {
         Shard& shard = *shards_[(start + i) % n];
         MutexLock lock(&shard.mu);
         uint32_t e = shard.table.LruTail(vm.slot);
         for (int depth = 0; e != kNoEntry && depth < kScanDepth; ++depth) {
+          ++t_op_work;
           const PageEntry& entry = shard.table.entry(e);
           if (HoldsBlob(entry.kind) &&
               BlobRef::Unpack(entry.payload).slot_bytes() == slot_bytes) {
             EvictLocked(shard, e, vm, reason);
+            CompactLocked(shard);
+            if (found_class != nullptr) *found_class = true;
             return true;
           }
           e = entry.lru_prev;
@@ -1078,9 +1179,11 @@ class TmemStore::Impl {
     for (uint32_t i = 0; i < n; ++i) {
       Shard& shard = *shards_[(start + i) % n];
       MutexLock lock(&shard.mu);
+      ++t_op_work;
       const uint32_t e = shard.table.LruTail(vm.slot);
       if (e == kNoEntry) continue;
       EvictLocked(shard, e, vm, reason);
+      CompactLocked(shard);
       return true;
     }
     return false;
@@ -1088,6 +1191,7 @@ class TmemStore::Impl {
 
   void EvictLocked(Shard& shard, uint32_t e, Vm& owner, Counter reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu) {
+    ++t_op_work;
     NotifyEvictionLocked(shard, e);
     Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
                                    CompactionSkip::kEvicted);
@@ -1096,70 +1200,121 @@ class TmemStore::Impl {
   }
 
   // Evicts the pages of the slab with the fewest live blobs among the
-  // slabs that hold only pages of VMs marked in `evictable` (by VM slot),
-  // so that slab goes back to the pool; the number evicted (0: no such
-  // slab). Two passes over every page, one shard lock at a time: one to
-  // choose the slab, one to evict what is still in it. O(pages held): run
-  // only when budget bytes are needed, and each run frees a slab.
-  uint32_t EvictEmptiestSlab(const std::vector<bool>& evictable) {
-    const uint64_t slabs = slabs_->high_water();
-    // Per slab: pages that may go, and whether a page that may not pins it.
-    std::vector<uint32_t> movable(slabs, 0);
-    std::vector<bool> pinned(slabs, false);
+  // slabs whose every live blob was seen near the LRU tails of VMs marked
+  // in `evictable` (by VM slot), so that slab goes back to the pool; the
+  // number evicted (0: no such slab). Bounded: it looks at most
+  // kSlabChoicePages pages (spread over the shards, one shard lock at a
+  // time) and counts a slab only if the arena's live count for it equals
+  // the pages seen in it, so pages of other VMs and blobs of puts in flight
+  // keep a slab out. Evicting its pages then empties it.
+  uint32_t EvictEmptiestSlab(const std::vector<Vm*>& vms,
+                             const std::vector<bool>& evictable) {
+    struct Seen {
+      uint32_t shard;
+      uint32_t entry;
+      uint64_t payload;
+    };
+    std::vector<Seen> seen;
+    const uint64_t per_shard = std::max<uint64_t>(
+        kMinSlabChoicePagesPerShard, kSlabChoicePages / shards_.size());
     uint64_t walked = 0;
-    for (const auto& shard : shards_) {
-      MutexLock lock(&shard->mu);
-      walked += shard->table.pages();
-      shard->table.ForEachPage([&](uint32_t, const PageEntry& page) {
-        if (!HoldsBlob(page.kind)) return;
-        const uint32_t slab = BlobRef::Unpack(page.payload).slab;
-        // A put may have taken a fresh slab since `slabs` was read.
-        if (slab >= slabs) return;
-        if (evictable[page.vm_slot]) {
-          ++movable[slab];
-        } else {
-          pinned[slab] = true;
+    for (uint32_t i = 0; i < shards_.size(); ++i) {
+      Shard& shard = *shards_[i];
+      MutexLock lock(&shard.mu);
+      uint64_t here = 0;
+      for (const Vm* vm : vms) {
+        if (!evictable[vm->slot]) continue;
+        for (uint32_t e = shard.table.LruTail(vm->slot);
+             e != kNoEntry && here < per_shard;
+             e = shard.table.entry(e).lru_prev) {
+          ++here;
+          const PageEntry& page = shard.table.entry(e);
+          if (HoldsBlob(page.kind)) seen.push_back({i, e, page.payload});
         }
-      });
+      }
+      walked += here;
     }
-    uint32_t target = SlabPool::kNoSlab;
-    for (uint32_t slab = 0; slab < slabs; ++slab) {
-      if (movable[slab] == 0 || pinned[slab]) continue;
-      if (target == SlabPool::kNoSlab || movable[slab] < movable[target]) {
-        target = slab;
+    t_op_work += walked;
+    slab_choice_pages_walked_.fetch_add(walked, std::memory_order_relaxed);
+    absl::flat_hash_map<uint32_t, uint32_t> movable;
+    for (const Seen& s : seen) ++movable[BlobRef::Unpack(s.payload).slab];
+    std::vector<std::pair<uint32_t, uint32_t>> candidates;  // (count, slab)
+    candidates.reserve(movable.size());
+    for (const auto& [slab, count] : movable) {
+      candidates.emplace_back(count, slab);
+    }
+    std::sort(candidates.begin(), candidates.end());
+    t_op_work += candidates.size();
+    // Evicts the seen pages of `slab` that still hold the blob they held;
+    // with `check`, first confirms (under the first page's shard lock, which
+    // keeps the slab's class fixed) that they are all of its live blobs.
+    auto evict_slab = [&](uint32_t slab, uint32_t count) -> uint32_t {
+      uint32_t evicted = 0;
+      bool checked = false;
+      for (size_t k = 0; k < seen.size();) {
+        const uint32_t shard_index = seen[k].shard;
+        Shard& shard = *shards_[shard_index];
+        MutexLock lock(&shard.mu);
+        for (; k < seen.size() && seen[k].shard == shard_index; ++k) {
+          const BlobRef ref = BlobRef::Unpack(seen[k].payload);
+          if (ref.slab != slab || !shard.table.IsLive(seen[k].entry)) continue;
+          const PageEntry& page = shard.table.entry(seen[k].entry);
+          if (!HoldsBlob(page.kind) || page.payload != seen[k].payload) {
+            continue;  // gone since it was seen
+          }
+          if (!checked) {
+            if (arena_.LiveBlobsInSlabOf(ref) != count) return 0;
+            checked = true;
+          }
+          Vm* owner = slots_[page.vm_slot].load(std::memory_order_acquire);
+          if (owner == nullptr) continue;  // being forgotten: it frees it
+          EvictLocked(shard, seen[k].entry, *owner, Counter::kEvictionsHostCap);
+          ++evicted;
+        }
+        // Entry numbers of later shards are untouched by this compaction.
+        CompactLocked(shard);
+      }
+      return evicted;
+    };
+    for (size_t c = 0; c < candidates.size() && c < kSlabChoiceTries; ++c) {
+      if (const uint32_t evicted =
+              evict_slab(candidates[c].second, candidates[c].first)) {
+        slabs_emptied_for_room_.fetch_add(1, std::memory_order_relaxed);
+        return evicted;
       }
     }
-    uint32_t evicted = 0;
-    std::vector<uint32_t> in_target;
-    for (const auto& shard : shards_) {
-      if (target == SlabPool::kNoSlab) break;
-      MutexLock lock(&shard->mu);
-      walked += shard->table.pages();
-      in_target.clear();
-      shard->table.ForEachPage([&](uint32_t e, const PageEntry& page) {
-        if (HoldsBlob(page.kind) && evictable[page.vm_slot] &&
-            BlobRef::Unpack(page.payload).slab == target) {
-          in_target.push_back(e);
-        }
-      });
-      for (const uint32_t e : in_target) {
-        Vm* owner = slots_[shard->table.entry(e).vm_slot].load(
-            std::memory_order_acquire);
-        if (owner == nullptr) continue;  // being forgotten: it frees it
-        EvictLocked(*shard, e, *owner, Counter::kEvictionsHostCap);
+    return 0;
+  }
+
+  // Evicts up to `count` least recently used pages of `vm` from one shard
+  // (the next, round robin, that holds one), then gives back the chunks
+  // they freed: metadata room comes a chunk of one shard at a time, so the
+  // pages it takes are concentrated there. The number evicted.
+  uint32_t EvictBatchFromVm(Vm& vm, uint32_t count) {
+    const auto n = static_cast<uint32_t>(shards_.size());
+    const uint32_t start =
+        vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
+    for (uint32_t i = 0; i < n; ++i) {
+      Shard& shard = *shards_[(start + i) % n];
+      MutexLock lock(&shard.mu);
+      ++t_op_work;
+      uint32_t evicted = 0;
+      for (uint32_t e = shard.table.LruTail(vm.slot);
+           e != kNoEntry && evicted < count; e = shard.table.LruTail(vm.slot)) {
+        EvictLocked(shard, e, vm, Counter::kEvictionsHostCap);
         ++evicted;
       }
+      if (evicted == 0) continue;
+      CompactLocked(shard);
+      return evicted;
     }
-    slab_choice_pages_walked_.fetch_add(walked, std::memory_order_relaxed);
-    if (evicted > 0) {
-      slabs_emptied_for_room_.fetch_add(1, std::memory_order_relaxed);
-    }
-    return evicted;
+    return 0;
   }
 
   // Share inputs of every live VM, for victim choice.
   void CollectShares(std::vector<Vm*>& vms, std::vector<ShareInput>& inputs) {
     const int high = max_slot_.load(std::memory_order_relaxed);
+    t_op_work += static_cast<uint64_t>(high + 1);
     vms.reserve(high + 1);
     inputs.reserve(high + 1);
     for (int i = 0; i <= high; ++i) {
@@ -1192,6 +1347,7 @@ class TmemStore::Impl {
     Vm& vm = *vms[victim];
     EvictLocked(shard, shard.table.LruTail(vm.slot), vm,
                 Counter::kEvictionsHostCap);
+    CompactLocked(shard);
     return true;
   }
 
@@ -1204,7 +1360,12 @@ class TmemStore::Impl {
   // another is over, and one near its share loses at most about a slab's
   // worth, the step its charge moves in anyway. With no such slab, the LRU
   // page of the VM furthest over.
-  uint32_t EvictForHost(Room room, size_t slot_bytes = 0) {
+  // With no such slab the room is metadata, or blobs too scattered for any
+  // slab to empty in reach: a batch of up to kEvictBatch LRU pages of the VM
+  // furthest over, from one shard, whose freed entries and object nodes go
+  // back a chunk at a time. `found_class`: as EvictFromVm's.
+  uint32_t EvictForHost(Room room, size_t slot_bytes = 0,
+                        bool* found_class = nullptr) {
     std::vector<Vm*> vms;
     std::vector<ShareInput> inputs;
     CollectShares(vms, inputs);
@@ -1222,8 +1383,19 @@ class TmemStore::Impl {
           evictable[vms[i]->slot] = true;
         }
       }
-      if (const uint32_t evicted = EvictEmptiestSlab(evictable)) {
+      if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
         return evicted;
+      }
+      // Every slab in reach mixes in pages of VMs within their share. If
+      // the VM furthest over holds blobs, a batch of its pages may empty no
+      // slab, and a whole slab of anyone's costs fewer pages; if it holds
+      // none (metadata only), the batch below is what frees room, and the
+      // slabs of VMs within their share stay.
+      if (vms[furthest]->counters.Get(Counter::kStoredBytes) > 0) {
+        std::fill(evictable.begin(), evictable.end(), true);
+        if (const uint32_t evicted = EvictEmptiestSlab(vms, evictable)) {
+          return evicted;
+        }
       }
     }
     // A VM whose charge is only an in-flight reservation has nothing to
@@ -1231,8 +1403,13 @@ class TmemStore::Impl {
     for (size_t tries = 0; tries < vms.size(); ++tries) {
       const int victim = PickEvictionVictim(inputs);
       if (victim < 0) return 0;
-      if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap,
-                      room == Room::kSlotOfClass ? slot_bytes : 0)) {
+      if (room == Room::kWholeSlab) {
+        if (const uint32_t evicted =
+                EvictBatchFromVm(*vms[victim], kEvictBatch)) {
+          return evicted;
+        }
+      } else if (EvictFromVm(*vms[victim], Counter::kEvictionsHostCap,
+                             slot_bytes, found_class)) {
         return 1;
       }
       inputs[victim].charged_bytes = 0;
@@ -1243,9 +1420,9 @@ class TmemStore::Impl {
   // Evicts until the budget is within a (lowered) cap or nothing is left to
   // evict; the number evicted. Each emptied slab is handed back at once:
   // cached, it would still be charged.
-  uint32_t EvictUntilWithinCap() {
+  uint32_t EvictUntilWithinCap(int max_rounds = INT_MAX) {
     uint32_t evicted = 0;
-    while (budget_->OverCap()) {
+    for (int round = 0; budget_->OverCap() && round < max_rounds; ++round) {
       slabs_->TrimCache();
       if (!budget_->OverCap()) break;
       const uint32_t now = EvictForHost(Room::kWholeSlab);
@@ -1290,10 +1467,22 @@ class TmemStore::Impl {
         slab_choice_pages_walked_.load(std::memory_order_relaxed);
     s.unknown_vm_ids_refused =
         unknown_vm_ids_refused_.load(std::memory_order_relaxed);
+    s.max_op_work = max_op_work_.load(std::memory_order_relaxed);
+    s.metadata_entries_moved = entries_moved_.load(std::memory_order_relaxed);
+    s.metadata_chunks_released =
+        metadata_chunks_released_.load(std::memory_order_relaxed);
+    s.puts_refused_at_work_bound =
+        puts_refused_at_work_bound_.load(std::memory_order_relaxed);
     MutexLock lock(&vms_mu_);
     s.counters = retired_counters_;
-    for (const auto& [name, vm] : by_name_)
+    for (const auto& [name, vm] : by_name_) {
       vm->counters.AccumulateInto(s.counters);
+      s.vm_charged_bytes += vm->charged();
+    }
+    // Read apart from `used`: a snapshot of a changing store can see a
+    // charge before its bytes or the reverse, so the figure is clamped.
+    s.host_overhead_bytes =
+        s.memory_used_bytes - std::min(s.memory_used_bytes, s.vm_charged_bytes);
     s.vms = by_name_.size();
     for (const std::unique_ptr<Vm>& vm : vm_structs_)
       s.vm_structs += vm != nullptr;
@@ -1344,6 +1533,10 @@ class TmemStore::Impl {
   std::atomic<uint64_t> pool_scan_objects_visited_{0};
   std::atomic<uint64_t> slabs_emptied_for_room_{0};
   std::atomic<uint64_t> slab_choice_pages_walked_{0};
+  std::atomic<uint64_t> max_op_work_{0};
+  std::atomic<uint64_t> entries_moved_{0};
+  std::atomic<uint64_t> metadata_chunks_released_{0};
+  std::atomic<uint64_t> puts_refused_at_work_bound_{0};
 
   mutable std::atomic<uint64_t> unknown_vm_ids_refused_{0};
 

@@ -44,27 +44,36 @@
 // charged/weight (furthest over its weighted fair share), least recently used
 // first within a shard, shards taken round robin.
 //
-// No-memory guarantee: a put is refused for memory (no_memory) only when it
-// found no page left to evict, i.e. every page other than those of puts in
-// flight on other threads is gone; never while an evictable page is held.
-// The room a put lacks may be a slot of its size class, a fresh 64 KiB slab
-// or a table's growth. Evictions are chosen for that room:
-//  * a slot: a page of its size class near the victim's LRU tails (its slot
-//    is the room at once), for the first max_evictions_per_put evictions;
+// Bounded work: every put and get does at most a fixed amount of work
+// (HostStats::max_op_work counts it), whatever the store holds. A put that
+// lacks room evicts for it in steps, each of which evicts at least one page:
+//  * a slot of its size class: a page of that class within 32 of a shard's
+//    LRU tail of the VM furthest over its weighted fair share, while one is
+//    found (at most max_evictions_per_put);
 //  * a table's entry: up to 4 pages of the put's own shard;
-//  * budget bytes (a table's growth; a fresh slab once no page of the class
-//    was in reach; a lowered cap): a freed slot returns none until its whole
-//    slab is empty, so every page of the slab with the fewest live blobs
-//    goes, among slabs holding only pages of VMs over their fair share or
-//    within one slab of it (the one furthest over always counts). So a put
-//    that needs a few bytes of index evicts one slab's pages, not the ~half
-//    of the store that LRU order took before some slab happened to empty.
-//    Finding that slab walks every page (two passes, one shard lock at a
-//    time): it runs only when budget bytes are short. With no such slab,
-//    plain fair-share order.
-// Every step evicts a page, so it ends with room or with an empty store,
-// which gives back every slab and every table beyond each shard's first
-// chunk.
+//  * budget bytes (a fresh slab, a table's growth, a lowered cap), at most
+//    8 rounds: the slab with the fewest live blobs among those whose every
+//    blob was seen in a sample of at most 8192 pages near the LRU tails of
+//    VMs over (or within a slab of) their fair share; if the VM furthest
+//    over holds blobs and no such slab exists, any VM's; otherwise a batch
+//    of up to 512 LRU pages of the VM furthest over, from one shard.
+// Removals give entry and object-node chunks back as they free them
+// (ShardTable::Compact: at most 1.25 chunks of each stay free per shard), so
+// evicting metadata-only pages (zero and same-filled) frees budget bytes at
+// once, not only when a whole shard empties. A put whose steps found no room
+// is refused for memory (no_memory; HostStats::puts_refused_at_work_bound);
+// the pages it evicted stay evicted, so the room they freed serves the next
+// put. Operator calls (SetMemoryCap, SetVmPolicy) evict all the way down.
+// Pages that must never be evicted (a persistent pool) would be kept off the
+// per-VM LRU lists the eviction steps walk.
+//
+// Host overhead: memory_used_bytes = what live VMs are charged
+// (HostStats::vm_charged_bytes) + the host's own overhead
+// (host_overhead_bytes), which is at most slab slack (slab_bytes -
+// blob_slot_bytes: free slots of partly used slabs and cached empty slabs)
+// plus kShardOverheadBytes per shard. VM charges count index slots at their
+// worst load, so the sum of charges may exceed what is used by a little;
+// host_overhead_bytes is then 0.
 //
 // Deferred compression (PutMode::kDefer, with a compaction_queue): the put
 // stores the page raw, marks it pending with its put's stamp and queues a
@@ -159,9 +168,8 @@ struct StoreOptions {
   size_t poor_compression_threshold_bytes = 3584;
   PoorCompressionAction poor_compression_action =
       PoorCompressionAction::kStoreRaw;
-  // Evictions a put chooses for the room they free (its size class, its
-  // shard) before it evicts in plain fair-share order. Not a refusal bound:
-  // see "No-memory guarantee" above.
+  // Evictions a put chooses for a slot of its size class (see "Bounded
+  // work" above).
   int max_evictions_per_put = 256;
   const Clock* clock = nullptr;  // nullptr: SteadyClock::Default()
   EvictionListener* eviction_listener = nullptr;  // optional; must outlive
@@ -221,12 +229,34 @@ struct HostStats {
   // choose and empty them ("Eviction when the host is full").
   uint64_t slabs_emptied_for_room = 0;
   uint64_t slab_choice_pages_walked = 0;
+  // The most work one put or get did ("Bounded work"): entries, nodes and
+  // slab candidates visited, pages evicted, entries re-homed.
+  uint64_t max_op_work = 0;
+  // Entry and object chunks given back after removals, and the entries,
+  // nodes and re-indexed pages their compaction moved.
+  uint64_t metadata_chunks_released = 0;
+  uint64_t metadata_entries_moved = 0;
+  // Puts refused for memory because their bounded eviction found no room.
+  uint64_t puts_refused_at_work_bound = 0;
+  // What live VMs are charged (their quotas' measure), and the rest of
+  // memory_used_bytes: the host's own overhead, charged to no VM (see
+  // "Host overhead" above).
+  uint64_t vm_charged_bytes = 0;
+  uint64_t host_overhead_bytes = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };
 
 class TmemStore {
  public:
+  // Host overhead per shard beyond slab slack (HostStats::
+  // host_overhead_bytes): up to 1.25 chunks of free entries and object
+  // nodes plus the partly used chunk of each (ShardTable::Compact), and the
+  // shard's small tables (indexes of up to 255 slots, the pool-head map,
+  // the per-VM LRU heads).
+  static constexpr uint64_t kShardOverheadBytes =
+      2 * 256 * (kPageEntryBytes + kObjectNodeBytes) + 16 * 1024;
+
   static absl::StatusOr<std::unique_ptr<TmemStore>> Create(
       StoreOptions options);
   ~TmemStore();

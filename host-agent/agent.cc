@@ -114,15 +114,30 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   return a;
 }
 
-void Agent::StopServing() {
+bool Agent::StopServing(std::chrono::milliseconds deadline) {
+  const auto start = std::chrono::steady_clock::now();
   {
     MutexLock lock(&ticker_mu_);
     ticker_stop_ = true;
   }
   ticker_cv_.NotifyAll();
   if (ticker_.joinable()) ticker_.join();
-  for (auto& w : workers_) w->Stop();
+  bool stopped = true;
+  for (auto& w : workers_) {
+    // What is left of the deadline. Every worker is asked even after one
+    // missed it, so none keeps serving.
+    std::chrono::milliseconds left = deadline;
+    if (deadline.count() >= 0) {
+      left = std::max(
+          std::chrono::milliseconds(0),
+          deadline - std::chrono::duration_cast<std::chrono::milliseconds>(
+                         std::chrono::steady_clock::now() - start));
+    }
+    stopped = w->Stop(left) && stopped;
+  }
+  if (!stopped) return false;
   if (compactor_ != nullptr) compactor_->Stop();
+  return true;
 }
 
 Agent::~Agent() {

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -148,8 +149,11 @@ class Agent {
 
   // Stops the valve ticker and the workers (idempotent): the data plane is
   // quiet afterwards, so statistics read next are final. The VMs stay until
-  // the agent is destroyed.
-  void StopServing();
+  // the agent is destroyed. With a deadline (not negative), false if a
+  // worker was still busy when it passed: the data plane is then NOT quiet
+  // and the agent must not be torn down (tmemd exits at once instead).
+  bool StopServing(
+      std::chrono::milliseconds deadline = std::chrono::milliseconds(-1));
 
   // One valve period by hand (tests; the ticker does this otherwise). One
   // caller at a time.

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -42,6 +43,12 @@
 namespace tmem {
 namespace {
 
+// How long a stop waits for the workers to leave their loops. A store
+// operation does bounded work, so a healthy worker leaves in microseconds;
+// one that does not is exited on, well inside systemd's stop timeout.
+constexpr std::chrono::milliseconds kShutdownDeadline{5000};
+constexpr int kExitShutdownDeadline = 3;
+
 uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
 
 void LogStats(const Agent& agent, std::string_view event) {
@@ -66,6 +73,8 @@ void LogStats(const Agent& agent, std::string_view event) {
                          C(h.counters, Counter::kEvictionsQuota)},
        {"slabs_emptied_for_room", h.slabs_emptied_for_room},
        {"slab_choice_pages_walked", h.slab_choice_pages_walked},
+       {"max_op_work", h.max_op_work},
+       {"host_overhead_bytes", h.host_overhead_bytes},
        {"compression_ratio", CompressionRatio(h.counters)},
        {"host_busy", st.valve.host_busy_fraction},
        {"agent_busy", st.valve.agent_busy_fraction},
@@ -854,7 +863,14 @@ int Run(int argc, char** argv) {
   metrics.reset();
   domain_manager.reset();
   hypervisor.reset();
-  (*agent)->StopServing();
+  if (!(*agent)->StopServing(kShutdownDeadline)) {
+    // A worker is still inside an operation: tearing the agent down would
+    // free what it touches. Exit now; the guests' regions and sockets are
+    // the kernel's to clean up, and a successor recovers as after a crash.
+    Log(LogLevel::kError, "shutdown_deadline_exceeded",
+        {{"deadline_ms", static_cast<int64_t>(kShutdownDeadline.count())}});
+    std::_Exit(kExitShutdownDeadline);
+  }
   LogStats(**agent, "final_stats");
   if (upgrade) {
     // Workers are stopped and nothing else touches the channels: hand their

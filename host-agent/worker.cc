@@ -73,16 +73,28 @@ absl::Status Worker::Start() {
   return absl::OkStatus();
 }
 
-void Worker::Stop() {
+bool Worker::Stop(std::chrono::milliseconds deadline) {
   {
     MutexLock lock(&mu_);
-    if (!started_ || stop_) return;
-    stop_ = true;
+    if (!started_) return true;
+    if (!stop_) {
+      stop_ = true;
+      uint64_t one = 1;
+      ssize_t unused = write(wake_fd_, &one, sizeof(one));
+      (void)unused;
+    }
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    while (!exited_) {
+      if (deadline.count() < 0) {
+        cv_.Wait(&mu_);
+      } else if (!cv_.WaitUntil(&mu_, until)) {
+        break;  // the deadline passed
+      }
+    }
+    if (!exited_) return false;
   }
-  uint64_t one = 1;
-  ssize_t unused = write(wake_fd_, &one, sizeof(one));
-  (void)unused;
   if (thread_.joinable()) thread_.join();
+  return true;
 }
 
 void Worker::AddChannel(Channel* channel) { RunCommand(channel, true); }
@@ -369,6 +381,7 @@ void Worker::Loop() {
   constexpr int kSpinsPerEventCheck = 16;
   int spins = 0;
   while (running_) {
+    if (options_.round_hook) options_.round_hook();
     int n = 0;
     if (!polling_ || ++spins >= kSpinsPerEventCheck) {
       spins = 0;
@@ -447,6 +460,7 @@ void Worker::Loop() {
   {
     MutexLock lock(&mu_);
     stop_ = true;
+    exited_ = true;
   }
   cv_.NotifyAll();
 }

@@ -23,7 +23,9 @@
 #define TMEMD_HOST_AGENT_WORKER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <functional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -44,6 +46,9 @@ struct WorkerOptions {
   // the light ones, and a light channel's entries per look.
   uint32_t chunk = 1;
   uint32_t light_quantum = 8;
+  // Called on the worker thread at the top of every loop round. Tests use
+  // it to hold the worker busy; empty in tmemd.
+  std::function<void()> round_hook;
 };
 
 class Worker {
@@ -57,7 +62,14 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   absl::Status Start();
-  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Asks the loop to end and waits, up to `deadline`, for the thread to
+  // leave it; true once it has (the thread is joined). False if it is
+  // still busy (in a store operation, say) when the deadline passes: the
+  // caller then decides (tmemd exits without tearing down what the thread
+  // may still touch). May be called again to wait longer.
+  // A negative deadline waits for as long as it takes.
+  bool Stop(std::chrono::milliseconds deadline = std::chrono::milliseconds(-1))
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The channel must outlive its registration (until RemoveChannel returns).
   void AddChannel(Channel* channel) ABSL_LOCKS_EXCLUDED(mu_);
@@ -119,6 +131,7 @@ class Worker {
   uint64_t commands_done_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t commands_queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool exited_ ABSL_GUARDED_BY(mu_) = false;  // the loop has returned
   bool started_ ABSL_GUARDED_BY(mu_) = false;
 
   // Worker thread only.

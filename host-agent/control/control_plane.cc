@@ -249,7 +249,13 @@ v1::HostStatus ControlPlane::Status() const {
       {"pool_scan_objects_visited", st.store.pool_scan_objects_visited},
       {"unknown_vm_ids_refused", st.store.unknown_vm_ids_refused},
       {"slabs_emptied_for_room", st.store.slabs_emptied_for_room},
-      {"slab_choice_pages_walked", st.store.slab_choice_pages_walked}};
+      {"slab_choice_pages_walked", st.store.slab_choice_pages_walked},
+      {"max_op_work", st.store.max_op_work},
+      {"metadata_chunks_released", st.store.metadata_chunks_released},
+      {"metadata_entries_moved", st.store.metadata_entries_moved},
+      {"puts_refused_at_work_bound", st.store.puts_refused_at_work_bound},
+      {"vm_charged_bytes", st.store.vm_charged_bytes},
+      {"host_overhead_bytes", st.store.host_overhead_bytes}};
   for (const auto& [name, value] : host_counters) {
     v1::Counter* m = out.add_counters();
     m->set_name(name);

@@ -156,6 +156,22 @@ constexpr MetricFamily kSlabsEmptiedForRoom{
 constexpr MetricFamily kSlabChoicePagesWalked{
     "tmem_slab_choice_pages_walked_total", kCounter,
     "Pages walked to choose and empty those slabs."};
+constexpr MetricFamily kMaxOpWork{
+    "tmem_store_max_op_work", kGauge,
+    "The most work one put or get did (entries, nodes and slab candidates "
+    "visited, pages evicted, entries moved); bounded by the store."};
+constexpr MetricFamily kMetadataChunksReleased{
+    "tmem_metadata_chunks_released_total", kCounter,
+    "Entry and object-node chunks given back after removals."};
+constexpr MetricFamily kPutsRefusedAtWorkBound{
+    "tmem_puts_refused_at_work_bound_total", kCounter,
+    "Puts refused for memory because their bounded eviction found no room."};
+constexpr MetricFamily kVmChargedBytes{
+    "tmem_memory_vm_charged_bytes", kGauge,
+    "What live VMs are charged against their quotas, in all."};
+constexpr MetricFamily kHostOverheadBytes{
+    "tmem_memory_host_overhead_bytes", kGauge,
+    "Memory used that no VM is charged: slab slack plus per-shard tables."};
 constexpr MetricFamily kCpuBudget{
     "tmem_cpu_budget_ratio", kGauge,
     "tmemd's current CPU budget, as a share of the whole host (0..1)."};
@@ -405,6 +421,11 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
   out.Add(kUnknownVmIds, {}, st.store.unknown_vm_ids_refused);
   out.Add(kSlabsEmptiedForRoom, {}, st.store.slabs_emptied_for_room);
   out.Add(kSlabChoicePagesWalked, {}, st.store.slab_choice_pages_walked);
+  out.Add(kMaxOpWork, {}, st.store.max_op_work);
+  out.Add(kMetadataChunksReleased, {}, st.store.metadata_chunks_released);
+  out.Add(kPutsRefusedAtWorkBound, {}, st.store.puts_refused_at_work_bound);
+  out.Add(kVmChargedBytes, {}, st.store.vm_charged_bytes);
+  out.Add(kHostOverheadBytes, {}, st.store.host_overhead_bytes);
   out.Add(kCpuBudget, {}, st.valve.budget_fraction);
   out.Add(kAgentBusy, {}, st.valve.agent_busy_fraction);
   out.Add(kHostBusy, {}, st.valve.host_busy_fraction);

@@ -357,5 +357,76 @@ TEST(ShardTableTest, InsertReturnsNoEntryWhenTheChunkDoesNotFit) {
   EXPECT_EQ(budget.used(), 0u);
 }
 
+// Removals that leave the shard non-empty give whole chunks back once more
+// than 1.25 chunks are free: live entries and small objects move down, and
+// every remaining page is still found under its key with its payload, in
+// its VM's LRU order and its object's page list.
+TEST(ShardTableTest, CompactGivesChunksBackAndKeepsEveryPage) {
+  MemoryBudget budget(uint64_t{1} << 30);
+  ShardTable table(&budget);
+  constexpr uint64_t kPool = 0x1000;
+  constexpr int kPages = 20000;
+  std::vector<uint32_t> ids;
+  for (int i = 0; i < kPages; ++i) {
+    // Half the pages one object each, half in objects of 8 pages.
+    const uint64_t ino = i % 2 == 0 ? 1000000 + i : i / 16;
+    const uint32_t e = table.InsertPage(
+        kPool, ObjectId::FromInode(ino), i, static_cast<uint16_t>(i % 3),
+        StorageKind::kZero, static_cast<uint64_t>(i));
+    ASSERT_NE(e, kNoEntry);
+    ids.push_back(e);
+  }
+  const uint64_t peak = table.metadata_bytes();
+  std::map<uint32_t, uint32_t> moved;  // old number -> new
+  // Keep one page in 10.
+  for (int i = 0; i < kPages; ++i) {
+    if (i % 10 != 0) table.RemovePage(ids[i]);
+  }
+  const uint64_t work =
+      table.Compact([&](uint32_t from, uint32_t to) { moved[from] = to; });
+  EXPECT_GT(work, 0u);
+  EXPECT_GT(table.chunks_released(), 0u);
+  EXPECT_LE(table.free_entries(), 256u + 64u);
+  EXPECT_LE(table.free_objects(), 256u + 64u);
+  EXPECT_LT(table.metadata_bytes(), peak / 2);
+  EXPECT_EQ(budget.used(), table.metadata_bytes());
+  for (int i = 0; i < kPages; i += 10) {
+    const uint64_t ino = i % 2 == 0 ? 1000000 + i : i / 16;
+    const uint32_t e = table.FindPage(kPool, ObjectId::FromInode(ino), i);
+    ASSERT_NE(e, kNoEntry) << i;
+    EXPECT_EQ(table.entry(e).payload, static_cast<uint64_t>(i));
+    EXPECT_EQ(table.entry(e).vm_slot, i % 3);
+    const auto it = moved.find(ids[i]);
+    EXPECT_EQ(e, it == moved.end() ? ids[i] : it->second) << i;
+  }
+  // Each VM's LRU list still runs oldest to newest over its pages.
+  for (uint16_t vm = 0; vm < 3; ++vm) {
+    uint64_t last = 0;
+    int count = 0;
+    bool first = true;
+    for (uint32_t e = table.LruTail(vm); e != kNoEntry;
+         e = table.entry(e).lru_prev) {
+      if (!first) {
+        EXPECT_GT(table.entry(e).payload, last);
+      }
+      last = table.entry(e).payload;
+      first = false;
+      ++count;
+    }
+    int expected = 0;
+    for (int i = 0; i < kPages; i += 10) expected += i % 3 == vm ? 1 : 0;
+    EXPECT_EQ(count, expected) << "vm " << vm;
+  }
+  // The rest goes too, and the table is reusable.
+  for (int i = 0; i < kPages; i += 10) {
+    const uint64_t ino = i % 2 == 0 ? 1000000 + i : i / 16;
+    table.RemovePage(table.FindPage(kPool, ObjectId::FromInode(ino), i));
+  }
+  EXPECT_EQ(table.pages(), 0u);
+  EXPECT_NE(table.InsertPage(kPool, ObjectId::FromInode(1), 1, 0,
+                             StorageKind::kZero, 0),
+            kNoEntry);
+}
+
 }  // namespace
 }  // namespace tmem
