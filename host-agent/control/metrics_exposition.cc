@@ -166,7 +166,7 @@ constexpr MetricFamily kMetadataChunksReleased{
 constexpr MetricFamily kPutsRefusedAtWorkBound{
     "tmem_puts_refused_at_work_bound_total", kCounter,
     "Puts refused for memory because their bounded eviction found no room."};
-constexpr MetricFamily kVmChargedBytes{
+constexpr MetricFamily kHostVmChargedBytes{
     "tmem_memory_vm_charged_bytes", kGauge,
     "What live VMs are charged against their quotas, in all."};
 constexpr MetricFamily kHostOverheadBytes{
@@ -424,7 +424,7 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
   out.Add(kMaxOpWork, {}, st.store.max_op_work);
   out.Add(kMetadataChunksReleased, {}, st.store.metadata_chunks_released);
   out.Add(kPutsRefusedAtWorkBound, {}, st.store.puts_refused_at_work_bound);
-  out.Add(kVmChargedBytes, {}, st.store.vm_charged_bytes);
+  out.Add(kHostVmChargedBytes, {}, st.store.vm_charged_bytes);
   out.Add(kHostOverheadBytes, {}, st.store.host_overhead_bytes);
   out.Add(kCpuBudget, {}, st.valve.budget_fraction);
   out.Add(kAgentBusy, {}, st.valve.agent_busy_fraction);
