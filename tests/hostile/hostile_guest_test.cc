@@ -196,6 +196,39 @@ TEST_F(HostileGuestTest, MetadataFloodStaysWithinItsQuota) {
   EXPECT_EQ((*tmemd)->Stop(), 0) << (*tmemd)->Log();
 }
 
+// Zero pages, each in an object of its own, cost the store metadata only,
+// so a flooder with no quota fills the host cap with entries and object
+// nodes and no blob. The neighbour's ordinary puts must then find room by
+// evicting those entries in bounded work per put: the worker keeps serving
+// the neighbour (hits, verified), the cap holds, and SIGTERM still ends
+// tmemd cleanly. An eviction that looked for a slab to empty among pages
+// that hold none walked every page twice per put and never returned.
+TEST_F(HostileGuestTest, ZeroPageFloodFillingTheCapLeavesTheNeighbourServed) {
+  auto tmemd =
+      Tmemd::Start(Spec(16 * kMiB, {{"good"}, {"zeros", 0, "always"}}));
+  ASSERT_TRUE(tmemd.ok()) << tmemd.status();
+  auto guest = VerifiedGuest::Connect((*tmemd)->Socket("good"), {});
+  ASSERT_TRUE(guest.ok()) << guest.status();
+  std::vector<std::unique_ptr<RawAttacker>> attackers;
+  auto a =
+      RawAttacker::Connect((*tmemd)->Socket("zeros"), Attack::kZeroPageFlood);
+  ASSERT_TRUE(a.ok()) << a.status();
+  attackers.push_back(std::move(*a));
+  // The flood must fill the cap: the host had to evict for it.
+  auto cap_full = [&] {
+    absl::StatusOr<v1::HostStatus> st = (*tmemd)->Status();
+    return st.ok() && CounterValue(st->counters(), "evictions_host_cap") > 0;
+  };
+  RunAttack(**tmemd, **guest, attackers, {"zeros"}, 2000, cap_full);
+  EXPECT_TRUE(cap_full());
+  absl::StatusOr<v1::HostStatus> st = (*tmemd)->Status();
+  ASSERT_TRUE(st.ok()) << st.status();
+  // The store's own bound on one put's or get's work (tmem_store.h).
+  EXPECT_GT(CounterValue(st->counters(), "max_op_work"), 0);
+  EXPECT_LE(CounterValue(st->counters(), "max_op_work"), 200000);
+  EXPECT_EQ((*tmemd)->Stop(), 0) << (*tmemd)->Log();
+}
+
 // Eight VMs put as fast as their rings allow, ignoring the admission hint,
 // against one verified VM, under a cap the flood fills: the cap holds and
 // the verified VM keeps getting its (exact) pages back. The flooders' valve
