@@ -34,24 +34,10 @@ namespace tmem {
 namespace {
 
 using nlohmann::json;
+using testing::LogInt;
 using testing::Process;
 using testing::RunResult;
 using testing::WaitUntil;
-
-int64_t LogInt(const std::string& log, const std::string& event,
-               const std::string& key) {
-  std::istringstream in(log);
-  std::string line;
-  int64_t v = -1;
-  while (std::getline(in, line)) {
-    if (line.find("event=" + event) == std::string::npos) continue;
-    const size_t at = line.find(" " + key + "=");
-    if (at != std::string::npos) {
-      v = std::strtoll(line.c_str() + at + key.size() + 2, nullptr, 10);
-    }
-  }
-  return v;
-}
 
 // A non-blocking connect to a UNIX socket; -1 if refused or the backlog is
 // full.

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -28,6 +29,23 @@ struct RunResult {
   int code = -1;
   std::string output;  // stdout + stderr
 };
+
+// The integer after " key=" in the last "event=EVENT" line of a tmemd log;
+// -1 if there is none.
+inline int64_t LogInt(const std::string& log, const std::string& event,
+                      const std::string& key) {
+  std::istringstream in(log);
+  std::string line;
+  int64_t v = -1;
+  while (std::getline(in, line)) {
+    if (line.find("event=" + event) == std::string::npos) continue;
+    const size_t at = line.find(" " + key + "=");
+    if (at != std::string::npos) {
+      v = std::strtoll(line.c_str() + at + key.size() + 2, nullptr, 10);
+    }
+  }
+  return v;
+}
 
 inline RunResult Run(const std::vector<std::string>& argv,
                      const std::string& log_path) {

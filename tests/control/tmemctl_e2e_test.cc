@@ -21,25 +21,10 @@ namespace tmem {
 namespace {
 
 using nlohmann::json;
+using testing::LogInt;
 using testing::Process;
 using testing::RunResult;
 using testing::WaitUntil;
-
-// The integer after " key=" in the last "event=EVENT" line; -1 if none.
-int64_t LogInt(const std::string& log, const std::string& event,
-               const std::string& key) {
-  std::istringstream in(log);
-  std::string line;
-  int64_t v = -1;
-  while (std::getline(in, line)) {
-    if (line.find("event=" + event) == std::string::npos) continue;
-    const size_t at = line.find(" " + key + "=");
-    if (at != std::string::npos) {
-      v = std::strtoll(line.c_str() + at + key.size() + 2, nullptr, 10);
-    }
-  }
-  return v;
-}
 
 std::string HttpGet(int port, const std::string& path) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
