@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
+#include <ranges>
 #include <tuple>
 
 #include "absl/hash/hash.h"
@@ -431,9 +432,10 @@ void ShardTable::ReleaseTopEntryChunks(
     moves.emplace_back(e, to);
   }
   free_entry_ = kNoEntry;
-  for (auto it = below.rbegin(); it != below.rend(); ++it) {
-    Slot(*it).lru_next = free_entry_;
-    free_entry_ = *it;
+  // Lowest free slot first on the list: the next puts fill the bottom.
+  for (const uint32_t slot : std::ranges::reverse_view(below)) {
+    Slot(slot).lru_next = free_entry_;
+    free_entry_ = slot;
   }
   free_entries_ = below.size();
   budget_->Release(count * kChunkEntries * sizeof(PageEntry));
@@ -471,9 +473,9 @@ void ShardTable::ReleaseTopObjectChunks(size_t count, uint64_t& work) {
     MoveObject(n, to);
   }
   free_object_ = kNoEntry;
-  for (auto it = below.rbegin(); it != below.rend(); ++it) {
-    Obj(*it).first_page = free_object_;
-    free_object_ = *it;
+  for (const uint32_t node : std::ranges::reverse_view(below)) {
+    Obj(node).first_page = free_object_;
+    free_object_ = node;
   }
   free_objects_ = below.size();
   budget_->Release(can * kChunkEntries * sizeof(ObjectNode));

@@ -255,7 +255,7 @@ class TmemStore {
   // shard's small tables (indexes of up to 255 slots, the pool-head map,
   // the per-VM LRU heads).
   static constexpr uint64_t kShardOverheadBytes =
-      2 * 256 * (kPageEntryBytes + kObjectNodeBytes) + 16 * 1024;
+      2ull * 256 * (kPageEntryBytes + kObjectNodeBytes) + 16ull * 1024;
 
   static absl::StatusOr<std::unique_ptr<TmemStore>> Create(
       StoreOptions options);
