@@ -1,5 +1,5 @@
 // tmem-isolation-bench: how much a hostile neighbour costs a well-behaved
-// VM (issue 15), in one run, as ratios. For each attack a fresh tmemd (all
+// VM, in one run, as ratios. For each attack a fresh tmemd (all
 // VMs on one worker: the worst case) serves a verified guest alone, then
 // next to the attacker(s), then alone again; the ratio is its throughput
 // (ops/s: gets, puts, invalidates) under attack over the mean of the two
@@ -8,7 +8,7 @@
 // ratio (all N ratios printed beside it), so one window's luck does not
 // decide the verdict. The table also shows the flooders' largest
 // all-in charge over their quota and the host's largest use over its cap,
-// sampled every 50 ms over gRPC. Target (issue 15): ratio >= 0.8 for each
+// sampled every 50 ms over gRPC. Target (SPECIFICATION.md): ratio >= 0.8 for each
 // attack, charge <= quota + 5%, cap never exceeded.
 //
 // The simulated guests are threads of this process: on a small host they
@@ -372,7 +372,7 @@ void PrintTimeRow(const std::string& label, const Usage& u) {
 }
 
 int Main(int argc, char** argv) {
-  CLI::App app{"tenant isolation benchmark (issue 15)"};
+  CLI::App app{"tenant isolation benchmark"};
   Settings settings;
   bool smoke = false;
   app.add_option("--tmemd", settings.tmemd_bin, "the tmemd binary")->required();

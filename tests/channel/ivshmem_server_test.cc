@@ -738,9 +738,9 @@ TEST_F(IvshmemServerTest, ChownFailureIsAnErrorAndLeavesNoFile) {
          "13: message does not name chown, 14: socket file left behind";
 }
 
-// Issue 15: the socket was chmod()ed by path after bind(), so whoever could
-// swap the fresh socket for a symlink in between changed the mode of a file
-// of their choosing. Here a thread keeps replacing the socket path with a
+// The socket's mode is set on the fd before bind(), never by path: whoever
+// could swap the fresh socket for a symlink between bind() and a chmod() by
+// path would change the mode of a file of their choosing. Here a thread keeps replacing the socket path with a
 // symlink to a 0600 file while Listen runs again and again: the file's mode
 // must never change, whatever each Listen returns.
 TEST_F(IvshmemServerTest, SymlinkSwapNeverRedirectsTheChmod) {

@@ -185,10 +185,10 @@ class TmemdE2eTest : public ::testing::Test {
   int runs_ = 0;
 };
 
-// Issue 15: out-of-range flags were ignored or clamped (`--cpu-budget nan`,
-// `--stats-interval -7`, `--workers 100000`), `--config DIR` started on
-// defaults and a VM named `--` was accepted. Each is refused, naming the
-// flag, before tmemd creates anything; a socket directory others can write
+// Out-of-range flags (`--cpu-budget nan`, `--stats-interval -7`,
+// `--workers 100000`), `--config DIR` and a VM named `--` are never ignored,
+// clamped or started on defaults. Each is refused, naming the flag, before
+// tmemd creates anything; a socket directory others can write
 // to is refused with the fix.
 TEST_F(TmemdE2eTest, BadFlagsAreRefusedNamingTheFlag) {
   struct Case {
@@ -402,7 +402,7 @@ TEST_F(TmemdE2eTest, StalledAndGarbageClientsDoNotBlockOthers) {
   EXPECT_EQ(StopTmemd(*tmemd), 0) << tmemd->Log();
 }
 
-// Deferred compression (issue 17): the compactor's counters from the last
+// Deferred compression: the compactor's counters from the last
 // `compactor_stats` log line (tmemd logs one per --stats-interval).
 struct CompactorLog {
   int64_t pushed = -1;
