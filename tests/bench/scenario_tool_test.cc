@@ -200,9 +200,9 @@ TEST(ScenarioToolTest, TinyRunProducesSaneTableCsvAndTargets) {
   fs::remove_all(out);
 }
 
-// Deferred compression's scenarios and rows: idle and phases, each mode a row with the
-// compactor's figures, the deferred targets listed for deferred and for
-// the synchronous valve.
+// Deferred compression's scenarios and rows: idle and phases, each mode a row
+// with the compactor's figures, the deferred targets listed for deferred and
+// for the synchronous valve.
 TEST(ScenarioToolTest, DeferredScenariosProduceCompactorRowsAndTargets) {
   const fs::path out = RunScenario(
       "tmem-scenario-deferred-test",
