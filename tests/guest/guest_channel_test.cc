@@ -30,6 +30,7 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
 #include "host-agent/channel/shared_region.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -45,22 +46,6 @@ Page MakePage(uint64_t key, uint64_t version = 1) {
   FillPage(0, key, version, p.data());
   return p;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/guest-channel-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 struct HostOptions {
   std::string vm_name = "vm0";
@@ -245,7 +230,7 @@ class GuestChannelTest : public ::testing::TestWithParam<bool> {
   // in the middle of a post can store its old index over the zero, which
   // the consumer rightly takes for a corrupt ring (and resets again).
   bool host_resets_under_load_ = false;
-  TempDir dir_;
+  tmem::testing::TempDir dir_{"guest-channel-test"};
   std::unique_ptr<TmemStore> store_;
   std::string socket_;
   std::unique_ptr<InProcessTmemd> host_;

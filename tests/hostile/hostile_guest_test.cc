@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_join.h"
 #include "tests/hostile/hostile_harness.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::hostile {
 namespace {
@@ -29,15 +30,7 @@ constexpr int kUntilDeadlineMs = 180000;
 
 class HostileGuestTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-hostile-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
 
   TmemdSpec Spec(uint64_t cap, std::vector<VmSpec> vms) const {
     TmemdSpec spec;
@@ -102,7 +95,8 @@ class HostileGuestTest : public ::testing::Test {
     EXPECT_TRUE(tmemd.Alive()) << tmemd.Log();
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-hostile"};
+  std::string dir_ = tmp_.path();
 };
 
 // INVAL_POOL / DESTROY_POOL cost O(the pool's own objects), never a scan of

@@ -27,6 +27,7 @@
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "proto/tmem_abi.h"
 #include "tests/process.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -130,16 +131,7 @@ void ExpectHostMatchesGuest(const std::string& log, const std::string& vm,
 
 class TmemdE2eTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    EXPECT_FALSE(ec) << ec.message();
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
 
   std::unique_ptr<Process> StartTmemd(
       const std::vector<std::string>& vms,
@@ -181,7 +173,8 @@ class TmemdE2eTest : public ::testing::Test {
     return code;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-e2e"};
+  std::string dir_ = tmp_.path();
   int runs_ = 0;
 };
 
