@@ -36,6 +36,7 @@ namespace tmem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tmem::testing::TempDir;
 using Page = std::array<uint8_t, TMEM_PAGE_SIZE>;
 
 constexpr TmemGuest::ObjectId kFile = {1, 2, 3, 4, 5, 6};
@@ -230,7 +231,7 @@ class GuestChannelTest : public ::testing::TestWithParam<bool> {
   // in the middle of a post can store its old index over the zero, which
   // the consumer rightly takes for a corrupt ring (and resets again).
   bool host_resets_under_load_ = false;
-  tmem::testing::TempDir dir_{"guest-channel-test"};
+  TempDir dir_{"guest-channel-test"};
   std::unique_ptr<TmemStore> store_;
   std::string socket_;
   std::unique_ptr<InProcessTmemd> host_;
@@ -398,7 +399,7 @@ INSTANTIATE_TEST_SUITE_P(Host, GuestChannelTest, ::testing::Bool(),
 
 TEST(GuestChannelSmallRingTest, CoherencyUnderRingPressure) {
   // 8 entries: puts drop, invalidates go to the reserve and the barrier.
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   HostOptions o;
   o.region_bytes = 256 << 10;
@@ -441,7 +442,7 @@ GuestsimRun RunGuestsim(const std::string& args) {
 }
 
 TEST(GuestsimTest, CoherencyOnTwoVmsReportsJson) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   HostOptions a;
   a.vm_name = "vm-a";
@@ -465,7 +466,7 @@ TEST(GuestsimTest, CoherencyOnTwoVmsReportsJson) {
 }
 
 TEST(GuestsimTest, EveryWorkloadRunsWithATextReport) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   const std::string s = dir.path() + "/vm.sock";
   InProcessTmemd host(store.get(), s, HostOptions{});
@@ -483,7 +484,7 @@ TEST(GuestsimTest, EveryWorkloadRunsWithATextReport) {
 }
 
 TEST(GuestsimTest, StopsWhenTmemdGoesAway) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   const std::string s = dir.path() + "/vm.sock";
   auto host = std::make_unique<InProcessTmemd>(store.get(), s, HostOptions{});
