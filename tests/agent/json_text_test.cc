@@ -36,7 +36,7 @@ TEST(JsonTextTest, EveryAsciiByteAndUtf8ReadsBackExactly) {
 }
 
 TEST(JsonTextTest, AppendKeepsWhatIsThere) {
-  std::string out = "{\"k\":\"";
+  std::string out = R"({"k":")";
   AppendJsonEscaped(out, "a\"b");
   out += "\"}";
   EXPECT_EQ(nlohmann::json::parse(out)["k"], "a\"b");
