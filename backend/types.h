@@ -101,8 +101,8 @@ enum class PutMode : uint8_t {
   // tight (the compactor's normal-priority work is for pages a VM has the
   // CPU tokens for): the valve's raw-for-CPU puts, and a backlogged VM's
   // puts the worker defers so that VMs waiting behind it are served first
-  // (issue 15). The raw pages count against their own VM's quota and fair
-  // share, so its neighbours do not pay for the memory.
+  // (a VM that floods slows only itself). The raw pages count against their own
+  // VM's quota and fair share, so its neighbours do not pay for the memory.
   kDeferIdle = 4,
 };
 

@@ -1,4 +1,4 @@
-// Fleet policy propagation (issue 19): how long one policy change in etcd
+// Fleet policy propagation: how long one policy change in etcd
 // takes to be applied by every tmemd, against etcd's own watch
 // notification latency in the same run, and the etcd write load the
 // agents cause in steady state.

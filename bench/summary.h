@@ -42,7 +42,7 @@ namespace tmem::bench {
 // put; both the get and its baseline see the same.
 inline constexpr size_t kGetBatch = 256;
 
-// Targets (design figures: see ../shared/design/facts.md).
+// Targets (the store's promises in SPECIFICATION.md).
 inline constexpr double kTargetPutOverCompress = 1.15;
 inline constexpr double kTargetGetOverDecompress = 1.25;
 inline constexpr double kTargetZeroPutOverMemcpy = 5.0;

@@ -1,6 +1,6 @@
 // Handing a VM's descriptors from one tmemd process to the next, so a
 // running VM keeps its ivshmem device across a tmemd restart or upgrade
-// (QEMU never reconnects to the server socket; facts.md).
+// (QEMU never reconnects to the server socket; docs/operations.md).
 //
 // Each channel is a set of named descriptors, "VM/KIND" with KIND one of
 // shm (the region memfd), listen (the ivshmem socket), client (QEMU's

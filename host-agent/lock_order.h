@@ -16,8 +16,8 @@
 //      AddVm); Worker::mu_ (channel commands; RemoveChannel waits for the
 //      worker thread, which never takes 1-4).
 //   6. The backend's own locks: Valve::mu_, then the store's list in
-//      backend/tmem_store.h. Valve::mu_ no longer nests the store's
-//      locks: the caller samples the store first (backend/memory_sample.h).
+//      backend/tmem_store.h. Valve::mu_ never nests the store's locks:
+//      the caller samples the store first (backend/memory_sample.h).
 //      A worker's put only tries Valve::mu_ (Valve::JudgeAtThreshold,
 //      holding nothing), never waits for it.
 //   LibvirtHypervisor::mu_ (the connection, held across libvirt calls) is

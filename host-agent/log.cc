@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "host-agent/common/json_text.h"
 
 namespace tmem {
 
@@ -33,25 +34,7 @@ std::string_view LevelName(LogLevel l) {
 
 void AppendJsonString(std::string& out, std::string_view s) {
   out.push_back('"');
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          absl::StrAppend(&out, absl::StrFormat("\\u%04x", c));
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
+  AppendJsonEscaped(out, s);
   out.push_back('"');
 }
 

@@ -1,6 +1,6 @@
 // TurnScheduler: the order in which one worker serves its VMs' rings.
 //
-// Contract (issue 15: a VM that floods slows only itself). Every ring is
+// Contract (a VM that floods slows only itself). Every ring is
 // either light (its last turn emptied it, or stopped at an entry its guest
 // waits on) or backlogged (its last turn ended with entries left and its
 // quantum spent). A round serves every light ring once (up to

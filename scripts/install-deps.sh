@@ -24,23 +24,23 @@ PACKAGES=(
   clang-format
   clang-tidy
 
-  # --- backend store (issue 2): codecs, containers, tests, micro-bench ----
+  # --- backend store: codecs, containers, tests, micro-bench --------------
   liblz4-dev
   libabsl-dev
   libgtest-dev
   libgmock-dev
   libbenchmark-dev
 
-  # --- tmemd daemon and data plane (issue 3) ------------------------------
+  # --- tmemd daemon and data plane ----------------------------------------
   libtomlplusplus-dev  # tmemd's TOML config
   libcli11-dev         # command-line flags (tmemd, tmem-guestsim)
   qemu-system-x86      # real QEMU (TCG) for the ivshmem handshake tests
   qemu-utils
 
-  # --- scenario benchmark (issue 4): the 2011 report replayed -------------
+  # --- scenario benchmark: the 2011 report replayed -----------------------
   gnuplot-nox          # bench/scenario: throughput / hit-ratio PNG plot
 
-  # --- gRPC control plane, tmemctl (issue 5) -------------------------------
+  # --- gRPC control plane, tmemctl -----------------------------------------
   protobuf-compiler
   protobuf-compiler-grpc
   libgrpc++-dev        # includes grpc++_reflection
@@ -48,12 +48,12 @@ PACKAGES=(
   nlohmann-json3-dev   # tmemctl -o json, policy files, tmemd's state file
   openssl              # tests/control: throwaway CA and certs for mTLS
 
-  # --- libvirt glue (issue 6) ----------------------------------------------
+  # --- libvirt glue --------------------------------------------------------
   libvirt-dev
   libvirt-daemon-system   # libvirtd + virtlogd for the integration tests
   libvirt-clients         # virsh
 
-  # --- guest kernel 5.10 + initramfs, real-guest e2e test (issue 7) -------
+  # --- guest kernel 5.10 + initramfs, real-guest e2e test -----------------
   # (the kernel source itself, bullseye's linux-source-5.10, is fetched by
   # vm-images/build-kernel.sh through a private apt config)
   bc
@@ -66,10 +66,10 @@ PACKAGES=(
   busybox-static       # the guest's userland
   e2fsprogs            # mkfs.ext4 for the guest's data disk
 
-  # --- restart, upgrade and live migration (issue 14) ----------------------
+  # --- restart, upgrade and live migration ---------------------------------
   libsystemd-dev       # sd_notify fd store, sd_listen_fds_with_names
 
-  # --- Debian package and systemd unit (issue 18) --------------------------
+  # --- Debian package and systemd unit -------------------------------------
   lintian              # tests/package: lint the .deb (errors fail)
   bash-completion      # tests/package: the installed tmemctl completion loads
   dkms                 # tests/package/dkms_test.sh: dkms build of tmem-ivshmem-dkms
@@ -77,11 +77,11 @@ PACKAGES=(
                        # and a real Prometheus scraping tmemd
   # (cpack, dpkg-deb, dpkg-shlibdeps, fakeroot: cmake and dpkg-dev above;
   # systemd-analyze: systemd; setpriv: util-linux; adduser: base system)
-  # --- fleet policy in etcd (issue 19) -------------------------------------
+  # --- fleet policy in etcd ------------------------------------------------
   etcd-server          # tests/fleet start a 3-member cluster on loopback
   etcd-client          # etcdctl, for operators (docs/fleet.md)
 
-  # --- stock Debian 12 guest and swap verification (issue 34) -------------
+  # --- stock Debian 12 guest and swap verification ------------------------
   # (its kernel, linux-image-cloud-amd64, is fetched by
   # vm-images/stock/build.sh with apt-get download, never installed)
   kmod                 # depmod/modprobe -d on the extracted kernel's modules

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Real-guest benchmark (issue 13): a TCG guest with little RAM runs the
+# Real-guest benchmark (docs/real-guest.md): a TCG guest with little RAM runs the
 # workloads a user runs, once with tmem_ivshmem attached to tmemd and once
 # without tmem (no device, module not loaded), in one run, and prints per
 # row MB/s with and without, the ratio, and the guest's time per get and per

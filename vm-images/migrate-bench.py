@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Live-migration cost of tmem (issue 14 benchmark): the same real 5.10
+"""Live-migration cost of tmem: the same real 5.10
 guest (TCG, 1 vCPU) migrated between two QEMU processes on this machine,
 once without a tmem device and once with one (ivshmem master=on, two tmemd
 "hosts"), alternating, --repeats times each, in one run.

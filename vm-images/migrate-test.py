@@ -14,7 +14,7 @@ source tmemd hold no pages of the VM once the source QEMU quit.
 
 The guest core rings the peer the header names (host_peer_id 1 here).
 
-Live precopy is not reliable on this machine (QEMU 7.2, TCG, 2026-12-01),
+Live precopy is not reliable on this machine (QEMU 7.2, TCG),
 and not because of tmem: the destination guest's memory came out corrupt
 within two hops in every configuration tried (kernel oopses in
 __run_timers, bio_advance, __kmalloc, "Bad page state", "virtio_blk ...

@@ -20,11 +20,9 @@ namespace tmem::bench::ring {
 
 RingHost::RingHost(int guests, const WorkerOptions& worker_options,
                    const TmemGuestOptions& guest_options) {
-  char tmpl[] = "/tmp/tmem-ring-bench-XXXXXX";
-  if (mkdtemp(tmpl) == nullptr) {
+  if (dir_.empty()) {
     Die("mkdtemp", absl::InternalError(std::generic_category().message(errno)));
   }
-  dir_ = tmpl;
   store_ = NewBenchStore(kStoreCapBytes);
   // Distinct per host, like tmemd's (a guest compares for equality).
   static uint64_t generation =
@@ -87,7 +85,6 @@ RingHost::~RingHost() {
   clients_.clear();
   channels_.clear();  // unlinks the sockets, forgets the VMs
   store_.reset();
-  rmdir(dir_.c_str());
 }
 
 // TmemGuest::Put never blocks: with the ring full it drops the put (sending

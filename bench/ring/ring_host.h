@@ -20,6 +20,7 @@
 #include "host-agent/channel/channel_metrics.h"
 #include "host-agent/worker.h"
 #include "proto/tmem_abi.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::bench::ring {
 
@@ -76,7 +77,9 @@ class RingHost {
   }
 
  private:
-  std::string dir_;
+  // Declared first, so it goes last: the channels unlink their sockets in it.
+  tmem::testing::TempDir tmp_{"tmem-ring-bench"};
+  std::string dir_ = tmp_.path();
   std::vector<std::string> paths_;
   std::unique_ptr<TmemStore> store_;
   std::vector<std::unique_ptr<Channel>> channels_;

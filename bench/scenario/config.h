@@ -20,7 +20,7 @@
 
 namespace tmem::scenario {
 
-// The phases scenario's busy and idle periods (issue 17: every 2 s).
+// The phases scenario's busy and idle periods: every 2 s.
 inline constexpr std::chrono::milliseconds kPhasePeriod(2000);
 
 struct Config {
@@ -32,7 +32,7 @@ struct Config {
   std::string tmemd = TMEMD_BIN;
   std::string guest = SCENARIO_GUEST_BIN;
   std::vector<std::string> scenarios = {"stream", "reread", "both"};
-  // deferred (issue 17) is opt-in in tmemd and here: --modes ...,deferred.
+  // deferred compression is opt-in in tmemd and here: --modes ...,deferred.
   std::vector<std::string> modes = {"none", "off", "always", "adaptive"};
   std::string memory_cap = "64MiB";
   double cpu_budget = 25;

@@ -43,11 +43,11 @@ std::map<std::string, double> DeferredMetrics(const TmemdLog& log,
   // What the compactor owed: every page it compressed (late ones count
   // against the share), and the queued pages it could not (no room, queue
   // full). Pages read back or invalidated before their turn are not owed
-  // (the issue wants them skipped), nor poorly compressible ones (kept
+  // (skipping them is the point), nor poorly compressible ones (kept
   // raw). Puts the valve decided raw for want of CPU are queued too with
   // deferred compression (Valve::DecidePut returns kDefer for them), so
-  // they are in these counts already: adding valve_raw again counted each
-  // such page twice (the 47.2% of 2026-12-02 04:30).
+  // they are in these counts already: adding valve_raw would count each
+  // such page twice.
   const double owed =
       compressed + Num(k, "no_room") + Num(k, "queue_overflows");
   m["compact_owed"] = owed;

@@ -1,10 +1,10 @@
-// Issue 17's benchmark in the scenario report: deferred compression (mode
+// Deferred compression in the scenario report: the compactor (mode
 // `deferred`) beside the synchronous valve (`adaptive`) and `always`/`none`.
 //
 // Per run, DeferredMetrics turns tmemd's compactor_stats line, its
 // steady-state compression ratio and (scenario `phases`) tmemd's CPU per
 // busy/idle phase into named metrics; the scenario medians them over rounds
-// like its other metrics. DeferredTargets then gives the issue's verdict
+// like its other metrics. DeferredTargets then gives the verdict
 // rows, each for `deferred` and, as "the same table for the current valve",
 // for synchronous `adaptive`:
 //   idle    >= 95% of the compactor's pages compressed within 2 s of their

@@ -1,5 +1,5 @@
-// Alternating host load for the `phases` scenario (issue 17's "host
-// alternating busy/idle"): the CPU hogs (one per core) run for a period,
+// Alternating host load for the `phases` scenario (deferred compression's
+// "host alternating busy/idle"): the CPU hogs (one per core) run for a period,
 // are stopped (SIGSTOP) for the next, and so on, starting busy; tmemd's CPU
 // is sampled at every switch so it can be split into busy and idle phases.
 //

@@ -281,7 +281,7 @@ std::string DeferredSection(const Config& c, const std::vector<Row>& rows) {
   const std::string table = DeferredTable(c.scenarios, c.modes, rows);
   if (table.empty()) return "";
   return absl::StrCat(
-      "\ndeferred compression (issue 17): ratio: host compression ratio in "
+      "\ndeferred compression: ratio: host compression ratio in "
       "steady state; compacted / <=2s %: pages the compactor compressed and "
       "the share within 2 s of their put (of compacted + no room + "
       "overflows + the valve's raw decisions); skipped / stale: pages gone "

@@ -71,7 +71,7 @@ RunResult Runner::Run(const std::string& scenario, const std::string& mode,
   const std::vector<std::string> vms = VmsOf(scenario);
 
   // tmemd. adaptive: the synchronous valve; deferred: the same valve with
-  // compression left to the idle-priority compactor (issue 17).
+  // compression left to the idle-priority compactor (deferred compression).
   const std::string tmemd_mode = mode == "none"       ? std::string("off")
                                  : mode == "deferred" ? std::string("adaptive")
                                                       : mode;

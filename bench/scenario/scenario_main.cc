@@ -1,4 +1,4 @@
-// tmem-scenario: the scenario benchmark (issue 4), the 2011 LKML report
+// tmem-scenario: the scenario benchmark, the 2011 LKML report
 // replayed against tmemd.
 //
 //   tmem-scenario [--quick] [--rounds R] [--duration S] [--out DIR] ...
@@ -21,10 +21,10 @@
 //   both    the two VMs together, on one tmemd;
 //   idle    (on request) the reread VM on a host with no hogs at all: the
 //           compactor's put-to-compressed time and the compression ratio
-//           (issue 17);
+//           (deferred compression);
 //   phases  (on request) the reread VM with a hog on every core, switched
 //           on and off every 2 s (host_phases.h): hit ratio and tmemd's CPU
-//           in the busy phases (issue 17).
+//           in the busy phases (deferred compression).
 // Rounds interleave the modes (the order rotates every round) so that noise
 // from this shared 2-core machine hits every mode alike; figures are medians
 // over rounds, ratios medians of per-round ratios.
@@ -108,7 +108,7 @@ int Main(int argc, char** argv) {
   app.add_option("--scenarios", c.scenarios,
                  "stream,reread,both; idle (reread, never hogs) and phases "
                  "(reread, hogs on every core switched every 2 s) on request "
-                 "(issue 17's rows, with --modes ...,deferred)")
+                 "(deferred compression's rows, with --modes ...,deferred)")
       ->delimiter(',')
       ->check(CLI::IsMember({"stream", "reread", "both", "idle", "phases"}));
   app.add_option("--modes", c.modes,

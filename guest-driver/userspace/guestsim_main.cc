@@ -24,6 +24,7 @@
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "guest-driver/userspace/tmem_guest.h"
 #include "guest-driver/userspace/workloads.h"
+#include "host-agent/common/json_text.h"
 
 namespace tmem {
 namespace {
@@ -143,32 +144,6 @@ void RunGuest(const Options& opt, const WorkloadConfig& config, GuestRun* run,
 
 double Rate(double n, double seconds) { return seconds > 0 ? n / seconds : 0; }
 
-std::string JsonEscape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
-}
-
 std::string JsonCounters(const GuestCounters& c) {
   std::string out = "{";
   bool first = true;
@@ -200,14 +175,14 @@ void PrintJson(const Options& opt, const std::vector<GuestRun>& runs,
       absl::StrCat(R"({"workload": ")", opt.workload, R"(", "pages": )",
                    opt.pages, R"(, "ops": )", opt.ops, R"(, "seed": )",
                    opt.seed, R"(, "shared_uuid": ")",
-                   JsonEscape(opt.shared_uuid), R"(", "guests": [)");
+                   JsonEscaped(opt.shared_uuid), R"(", "guests": [)");
   for (size_t i = 0; i < runs.size(); ++i) {
     const GuestRun& g = runs[i];
     absl::StrAppend(
-        &out, i == 0 ? "" : ", ", R"({"socket": ")", JsonEscape(g.socket),
+        &out, i == 0 ? "" : ", ", R"({"socket": ")", JsonEscaped(g.socket),
         R"(", "ok": )", g.status.ok() ? "true" : "false", R"(, "error": ")",
-        JsonEscape(std::string(g.status.message())),
-        R"(", "mismatch_report": ")", JsonEscape(g.result.mismatch_report),
+        JsonEscaped(std::string(g.status.message())),
+        R"(", "mismatch_report": ")", JsonEscaped(g.result.mismatch_report),
         R"(", )", JsonRun(g.result, g.counters, g.result.seconds), "}");
   }
   absl::StrAppend(&out, R"(], "total": {"wall_seconds": )", wall, ", ",

@@ -51,8 +51,8 @@ namespace tmem {
 struct IvshmemClientOptions {
   // The device's vectors= (QEMU's -device ivshmem-doorbell,vectors=N).
   int vectors = 1;
-  // For connecting and the whole handshake. QEMU itself waits forever
-  // (facts.md); a test tool should not.
+  // For connecting and the whole handshake. QEMU itself reads the
+  // handshake synchronously and waits forever; a test tool should not.
   std::chrono::milliseconds timeout{5000};
 };
 

@@ -1,11 +1,11 @@
 // IvshmemServer: the ivshmem-doorbell server side of one VM's channel.
 //
-// Speaks QEMU 7.2's ivshmem server protocol on a UNIX socket (see
-// ../shared/design/facts.md): each message is one little-endian int64,
-// optionally with one fd (SCM_RIGHTS). To a new client it sends, in order:
-// the protocol version 0; the client's peer id (1); -1 with the shared
-// memory fd; tmemd's own peer id (0) `vectors` times, each with one of
-// tmemd's doorbell eventfds; then the client's id (1) `vectors` times with
+// Speaks QEMU 7.2's ivshmem server protocol on a UNIX socket (QEMU's
+// docs/specs/ivshmem-spec.rst, docs/data-plane.md): each message is one
+// little-endian int64, optionally with one fd (SCM_RIGHTS). To a new client it
+// sends, in order: the protocol version 0; the client's peer id (1); -1 with
+// the shared memory fd; tmemd's own peer id (0) `vectors` times, each with one
+// of tmemd's doorbell eventfds; then the client's id (1) `vectors` times with
 // the client's own (interrupt) eventfds. A guest doorbell (0 << 16) | v
 // then signals doorbell_fd(v); tmemd interrupts the guest by writing
 // interrupt_fd(v).

@@ -6,7 +6,7 @@
 //    root or tmemd's effective user, or is writable by its group or by
 //    others. In such a directory a local user could swap a socket for a
 //    symlink between tmemd's bind() and chmod() and turn a file of tmemd's
-//    choosing world-writable (issue 15).
+//    choosing world-writable.
 //  * PrivateSocketDir gives a bind() a private place: a fresh 0700 directory
 //    beside the final path. The socket is bound there (by tmemd or by a
 //    library such as gRPC), its mode and owner set there where nobody else

@@ -1,6 +1,7 @@
 #include "host-agent/fleet/etcd_client.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,20 @@ std::string EtcdPrefixEnd(const std::string& prefix) {
     end.pop_back();
   }
   return {'\0'};  // every key
+}
+
+EtcdOptions EtcdOptionsFor(std::vector<std::string> endpoints, std::string cert,
+                           std::string key, std::string ca,
+                           const std::string& setting_prefix) {
+  EtcdOptions o;
+  o.endpoints = std::move(endpoints);
+  o.tls.cert = std::move(cert);
+  o.tls.key = std::move(key);
+  o.tls.ca = std::move(ca);
+  o.tls.cert_source = setting_prefix + "cert";
+  o.tls.key_source = setting_prefix + "key";
+  o.tls.ca_source = setting_prefix + "ca";
+  return o;
 }
 
 absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(

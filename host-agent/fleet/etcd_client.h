@@ -36,6 +36,15 @@ struct EtcdOptions {
   std::chrono::milliseconds call_timeout{5000};
 };
 
+// Options for `endpoints` with the TLS files `cert`, `key` and `ca` (all ""
+// for plaintext), each named in errors by `setting_prefix` and its kind:
+// "[fleet] tls_" names them "[fleet] tls_cert", ...; "--etcd-" names them
+// "--etcd-cert", .... tmemd's [fleet] section and tmemctl's flags both
+// build their client this way.
+EtcdOptions EtcdOptionsFor(std::vector<std::string> endpoints, std::string cert,
+                           std::string key, std::string ca,
+                           const std::string& setting_prefix);
+
 // The key just past every key starting with `prefix` (etcd's range_end).
 std::string EtcdPrefixEnd(const std::string& prefix);
 

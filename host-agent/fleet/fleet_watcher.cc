@@ -115,14 +115,9 @@ absl::StatusOr<std::unique_ptr<FleetWatcher>> FleetWatcher::Start(
   if (config.host.empty()) {
     return absl::InvalidArgumentError("fleet: no host name");
   }
-  EtcdOptions eo;
-  eo.endpoints = config.endpoints;
-  eo.tls.cert = config.tls_cert;
-  eo.tls.key = config.tls_key;
-  eo.tls.ca = config.tls_ca;
-  eo.tls.cert_source = "[fleet] tls_cert";
-  eo.tls.key_source = "[fleet] tls_key";
-  eo.tls.ca_source = "[fleet] tls_ca";
+  const EtcdOptions eo =
+      EtcdOptionsFor(config.endpoints, config.tls_cert, config.tls_key,
+                     config.tls_ca, "[fleet] tls_");
   absl::StatusOr<std::unique_ptr<EtcdClient>> watch = EtcdClient::Create(eo);
   if (!watch.ok()) return watch.status();
   absl::StatusOr<std::unique_ptr<EtcdClient>> status = EtcdClient::Create(eo);

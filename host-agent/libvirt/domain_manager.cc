@@ -40,8 +40,8 @@ void DomainManager::FirstSyncLocked() {
   synced_ = true;
   SyncAllLocked(/*autoattach=*/true);
   // A domain already running with the device was attached to an earlier
-  // tmemd: QEMU never reconnects to a new socket (facts.md), so say how
-  // to get tmem back rather than serve a channel nobody will use.
+  // tmemd: QEMU never reconnects to a new socket (docs/operations.md), so say
+  // how to get tmem back rather than serve a channel nobody will use.
   for (auto& [name, st] : domains_) {
     if (!st.live_device || !st.channel) continue;
     absl::StatusOr<VmInfo> vm = agent_->GetVm(st.vm);

@@ -275,14 +275,8 @@ absl::StatusOr<std::map<std::string, std::string>> ParseFleetFile(
 
 int RunFleetCommand(const FleetCliOptions& o, std::ostream& out,
                     std::ostream& err) {
-  EtcdOptions eo;
-  eo.endpoints = o.endpoints;
-  eo.tls.cert = o.tls_cert;
-  eo.tls.key = o.tls_key;
-  eo.tls.ca = o.tls_ca;
-  eo.tls.cert_source = "--etcd-cert";
-  eo.tls.key_source = "--etcd-key";
-  eo.tls.ca_source = "--etcd-ca";
+  const EtcdOptions eo =
+      EtcdOptionsFor(o.endpoints, o.tls_cert, o.tls_key, o.tls_ca, "--etcd-");
   absl::StatusOr<std::unique_ptr<EtcdClient>> etcd = EtcdClient::Create(eo);
   if (!etcd.ok()) {
     err << "tmemctl: " << etcd.status().message() << "\n";

@@ -206,9 +206,9 @@ TEST(ParseConfigTest, LibvirtIsOffUnlessAskedAndAUriAsks) {
 namespace tmem {
 namespace {
 
-// Issue 15: toml++ converted across types, so `memory_cap = true` gave a
-// 1-byte cap and `ring_entries = 8.0` was taken as 8. A wrong type is an
-// error naming the key and FILE:LINE.
+// A value of the wrong type is an error naming the key and FILE:LINE, never
+// converted: toml++ would turn `memory_cap = true` into a 1-byte cap and
+// `ring_entries = 8.0` into 8.
 TEST(ParseConfigTest, WrongTypesAreErrorsWithFileAndLine) {
   struct Case {
     const char* toml;
@@ -274,8 +274,8 @@ TEST(ParseConfigTest, RangesComeFromTheOneTableAndNameTheSource) {
   }
 }
 
-// Issue 15: `quota = 0` refused every put while tmemctl showed "unlimited".
-// 0 means unlimited everywhere (setting_ranges.h).
+// `quota = 0` means unlimited everywhere (setting_ranges.h): the store
+// must not refuse every put while tmemctl shows "unlimited".
 TEST(ParseConfigTest, QuotaZeroMeansUnlimited) {
   absl::StatusOr<TmemdConfig> r = ParseConfig(
       "[[vm]]\nname = \"a\"\nquota = 0\n[[vm]]\nname = \"b\"\nquota = "

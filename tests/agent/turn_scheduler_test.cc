@@ -1,8 +1,8 @@
-// TurnScheduler's guarantees (issue 15), on fake rings: how many of other
-// VMs' entries can stand in front of a light VM's entry, that backlogged
-// VMs share their turns equally, and that no guest buys priority by how it
-// posts. The worker that drives real rings with it is exercised end to end
-// by hostile_guest_test and the tmemd e2e tests.
+// TurnScheduler's guarantees (a VM that floods slows only itself), on fake
+// rings: how many of other VMs' entries can stand in front of a light VM's
+// entry, that backlogged VMs share their turns equally, and that no guest buys
+// priority by how it posts. The worker that drives real rings with it is
+// exercised end to end by hostile_guest_test and the tmemd e2e tests.
 #include "host-agent/turn_scheduler.h"
 
 #include <gtest/gtest.h>
@@ -138,7 +138,7 @@ TEST(TurnSchedulerTest, LightRingWaitsBehindAtMostOneChunkOfAFlooder) {
   }
 }
 
-// Issue 15: a backlogged ring is told when a light ring may be waiting
+// A backlogged ring is told when a light ring may be waiting
 // behind it (the worker then leaves its compression to the compactor), and
 // only then: alone, or beside other backlogged rings only, its entries run
 // as before; a light ring is never told, whether it posts or not.

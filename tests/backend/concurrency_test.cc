@@ -630,7 +630,7 @@ TEST(ConcurrencyTest, MixedOperationsNeverReturnWrongBytes) {
   RecordProperty("churn_hits", static_cast<int>(churn_hits));
 }
 
-// Issue 15: VMs added and forgotten in a loop on two threads while two
+// VMs added and forgotten in a loop on two threads while two
 // steady VMs put and get on two more. Every call with a forgotten VM's id
 // (whose slot a later VM often holds by then) is refused and counted, the
 // steady VMs never see wrong bytes, and VM churn allocates no new VM

@@ -18,8 +18,9 @@ namespace tmem {
 namespace {
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-// Issue 15 saw a 1.2M-object neighbour make each invalidate-pool cost 40-75
-// ms. One million objects, one zero page each, is the attack's shape.
+// A neighbour with a million objects must not make another VM's
+// invalidate-pool cost more: a scan of every object would take tens of ms.
+// One million objects, one zero page each, is the attack's shape.
 constexpr uint64_t kNeighbourObjects = 1'000'000;
 
 uint64_t Held(const TmemStore& store, VmId vm) {
@@ -223,7 +224,7 @@ TEST_P(MetadataFloodQuotaTest, RealMemoryStaysWithinQuotaAtEveryStep) {
 INSTANTIATE_TEST_SUITE_P(
     Shapes, MetadataFloodQuotaTest,
     ::testing::Values(
-        // Issue 15: 8 MiB quota, a zero page per object, held 2.8x.
+        // 8 MiB quota, a zero page per object: charged its metadata too.
         FloodShape{"ZeroPagePerObject", 8 * kMiB, 200'000, 1, 1, 'z'},
         FloodShape{"SameFilledPerObject", 8 * kMiB, 200'000, 1, 1, 's'},
         FloodShape{"ZeroPagesManyPerObject", 8 * kMiB, 400'000, 64, 1, 'z'},

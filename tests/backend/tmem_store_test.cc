@@ -1148,9 +1148,9 @@ TEST_F(TmemStoreTest, SetMemoryCapBeyondTheReservationIsInvalid) {
   EXPECT_EQ(store_->GetHostStats().memory_cap_bytes, 128 * kMiB);
 }
 
-// Issue 15: the 16-bit generation wrapped after 65,536 re-adds of a slot, so
-// a handle kept from the first VM reached a later one; and every forgotten
-// VM's struct was kept.
+// A handle kept from a forgotten VM never reaches a later VM in the same
+// slot, even after more than 65,536 re-adds (a 16-bit generation would wrap
+// there), and forgotten VMs' structs are reused, not kept.
 TEST(VmIdTest, AStaleHandleNeverReachesALaterVm) {
   StoreOptions options;
   options.memory_cap_bytes = 16 << 20;

@@ -138,7 +138,8 @@ TEST(ValveTest, DeferredCompressionDefersAdaptiveOnly) {
   EXPECT_EQ(Count(v, 1, ValveCounter::kCompressed), 1u);
   EXPECT_EQ(v.Decide(2, 7, true), PutMode::kCompress);  // always: in the put
   // Out of tokens: stored raw now and queued too, so idle cycles compress
-  // it later (issue 17: a page raw for want of CPU is not raw for good),
+  // it later (deferred compression: a page raw for want of CPU is not raw
+  // for good),
   // and only idle cycles, even when memory is tight: the VM has no tokens.
   Starve(v, 1);
   const uint64_t raw = Count(v, 1, ValveCounter::kRaw);
@@ -404,7 +405,7 @@ TEST(ValveTest, StreamingVmIsThrottledAndRecoversWhenPagesReturn) {
 }
 
 // A guest that re-reads a data set cyclically (the real-guest streaming
-// case of issue 13: files read again and again, never fitting): every
+// case: files read again and again, never fitting): every
 // page-cache miss asks for the page (a get), every eviction offers it (a put
 // the guest sends at the admission rate it is told), and the host keeps the
 // last `capacity` admitted pages (LRU), evicting the oldest. Returns the

@@ -41,6 +41,7 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/shared_region.h"
 #include "proto/tmem_abi.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -232,21 +233,13 @@ void ReadHandshake(int sock, int vectors, Handshake* out) {
 class IvshmemServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmem-ivshmem-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << ErrnoText();
-    dir_ = tmpl;
-    path_ = dir_ + "/vm.sock";
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp: " << ErrnoText();
     absl::StatusOr<RegionLayout> layout = RegionLayout::ForSize(kRegionBytes);
     ASSERT_TRUE(layout.ok()) << layout.status();
     absl::StatusOr<std::unique_ptr<SharedRegion>> region =
         SharedRegion::Create("ivshmem-test", *layout, 1);
     ASSERT_TRUE(region.ok()) << region.status();
     region_ = std::move(region).value();
-  }
-
-  void TearDown() override {
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
   }
 
   IvshmemServerOptions Options(int vectors = 2) const {
@@ -274,8 +267,9 @@ class IvshmemServerTest : public ::testing::Test {
 
   uint64_t Count(ChannelCounter c) const { return metrics_.Get(c); }
 
-  std::string dir_;
-  std::string path_;
+  tmem::testing::TempDir tmp_{"tmem-ivshmem"};
+  std::string dir_ = tmp_.path();
+  std::string path_ = dir_ + "/vm.sock";
   std::unique_ptr<SharedRegion> region_;
   ChannelMetrics metrics_;
 };
@@ -738,11 +732,12 @@ TEST_F(IvshmemServerTest, ChownFailureIsAnErrorAndLeavesNoFile) {
          "13: message does not name chown, 14: socket file left behind";
 }
 
-// Issue 15: the socket was chmod()ed by path after bind(), so whoever could
-// swap the fresh socket for a symlink in between changed the mode of a file
-// of their choosing. Here a thread keeps replacing the socket path with a
-// symlink to a 0600 file while Listen runs again and again: the file's mode
-// must never change, whatever each Listen returns.
+// The socket's mode is set on the fd before bind(), never by path: whoever
+// could swap the fresh socket for a symlink between bind() and a chmod() by
+// path would change the mode of a file of their choosing. Here a thread keeps
+// replacing the socket path with a symlink to a 0600 file while Listen runs
+// again and again: the file's mode must never change, whatever each Listen
+// returns.
 TEST_F(IvshmemServerTest, SymlinkSwapNeverRedirectsTheChmod) {
   const std::string victim = dir_ + "/victim";
   { std::ofstream(victim) << "secret"; }

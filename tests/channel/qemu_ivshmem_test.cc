@@ -56,6 +56,7 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/shared_region.h"
 #include "proto/tmem_abi.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -630,9 +631,7 @@ class QemuIvshmemTest : public ::testing::Test {
                       "qemu-system-x86; scripts/install-deps.sh installs it)";
     }
     qemu_ = *qemu;
-    char tmpl[] = "/tmp/tmem-qemu-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr) << ErrnoText();
-    dir_ = tmpl;
+    ASSERT_FALSE(dir_.empty()) << "mkdtemp: " << ErrnoText();
   }
 
   void TearDown() override {
@@ -640,12 +639,6 @@ class QemuIvshmemTest : public ::testing::Test {
       kill(pid, SIGKILL);
       waitpid(pid, nullptr, 0);
     }
-    if (dir_.empty()) return;
-    for (const char* f : {"vm.sock", "qmp1.sock", "qmp2.sock", "guest.bin",
-                          "qemu1.log", "qemu2.log", "qemu3.log"}) {
-      unlink((dir_ + "/" + f).c_str());
-    }
-    rmdir(dir_.c_str());
   }
 
   // Starts QEMU (run `n`) while the server thread does the handshake, and
@@ -749,7 +742,8 @@ class QemuIvshmemTest : public ::testing::Test {
   }
 
   std::string qemu_;
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmem-qemu"};
+  std::string dir_ = tmp_.path();
   std::vector<pid_t> pids_;
 };
 

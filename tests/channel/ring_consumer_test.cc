@@ -378,7 +378,7 @@ TEST_F(RingConsumerTest, PutsThenGetsReturnExactBytes) {
   EXPECT_EQ(ch_->Count(ChannelCounter::kSqeStoreErrors), 0u);
 }
 
-// Issue 15: while other VMs wait on the worker (Drain's compress_later),
+// While other VMs wait on the worker (Drain's compress_later),
 // a put the advisor would compress is stored raw with its compression
 // queued for the compactor, counted, and reads back exactly; without it,
 // or for a put the advisor stores raw anyway, nothing is queued.

@@ -15,18 +15,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
 
 class SocketFileTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmem-sockfile-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
 
   std::string MakeDir(const std::string& name, mode_t mode) {
     std::string d = dir_ + "/" + name;
@@ -55,7 +51,8 @@ class SocketFileTest : public ::testing::Test {
     return n;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmem-sockfile"};
+  std::string dir_ = tmp_.path();
 };
 
 TEST_F(SocketFileTest, DirectoryWritableByOthersIsRefusedWithTheFix) {

@@ -1,4 +1,4 @@
-// Fleet policy against a real etcd (issue 19): a 3-member etcd cluster on
+// Fleet policy against a real etcd: a 3-member etcd cluster on
 // loopback ports started from the Debian package's binary, real tmemd
 // processes with [fleet] configured, and tmemctl fleet. Skipped (with the
 // reason) only when /usr/bin/etcd is missing; scripts/install-deps.sh

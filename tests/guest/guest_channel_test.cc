@@ -30,11 +30,13 @@
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
 #include "host-agent/channel/shared_region.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
 
 using ::testing::HasSubstr;
+using ::tmem::testing::TempDir;
 using Page = std::array<uint8_t, TMEM_PAGE_SIZE>;
 
 constexpr TmemGuest::ObjectId kFile = {1, 2, 3, 4, 5, 6};
@@ -45,22 +47,6 @@ Page MakePage(uint64_t key, uint64_t version = 1) {
   FillPage(0, key, version, p.data());
   return p;
 }
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/guest-channel-test-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 struct HostOptions {
   std::string vm_name = "vm0";
@@ -245,7 +231,7 @@ class GuestChannelTest : public ::testing::TestWithParam<bool> {
   // in the middle of a post can store its old index over the zero, which
   // the consumer rightly takes for a corrupt ring (and resets again).
   bool host_resets_under_load_ = false;
-  TempDir dir_;
+  TempDir dir_{"guest-channel-test"};
   std::unique_ptr<TmemStore> store_;
   std::string socket_;
   std::unique_ptr<InProcessTmemd> host_;
@@ -413,7 +399,7 @@ INSTANTIATE_TEST_SUITE_P(Host, GuestChannelTest, ::testing::Bool(),
 
 TEST(GuestChannelSmallRingTest, CoherencyUnderRingPressure) {
   // 8 entries: puts drop, invalidates go to the reserve and the barrier.
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   HostOptions o;
   o.region_bytes = 256 << 10;
@@ -456,7 +442,7 @@ GuestsimRun RunGuestsim(const std::string& args) {
 }
 
 TEST(GuestsimTest, CoherencyOnTwoVmsReportsJson) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   HostOptions a;
   a.vm_name = "vm-a";
@@ -480,7 +466,7 @@ TEST(GuestsimTest, CoherencyOnTwoVmsReportsJson) {
 }
 
 TEST(GuestsimTest, EveryWorkloadRunsWithATextReport) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   const std::string s = dir.path() + "/vm.sock";
   InProcessTmemd host(store.get(), s, HostOptions{});
@@ -498,7 +484,7 @@ TEST(GuestsimTest, EveryWorkloadRunsWithATextReport) {
 }
 
 TEST(GuestsimTest, StopsWhenTmemdGoesAway) {
-  TempDir dir;
+  TempDir dir{"guest-channel-test"};
   std::unique_ptr<TmemStore> store = MakeStore();
   const std::string s = dir.path() + "/vm.sock";
   auto host = std::make_unique<InProcessTmemd>(store.get(), s, HostOptions{});

@@ -23,6 +23,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -90,9 +91,7 @@ bool Send(int sock, const Msg& m) {
 class FakeServer {
  public:
   FakeServer() {
-    char tmpl[] = "/tmp/ivshmem-client-test-XXXXXX";
-    dir_ = mkdtemp(tmpl);
-    path_ = dir_ + "/sock";
+    EXPECT_FALSE(dir_.path().empty()) << "mkdtemp failed";
     listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     sockaddr_un addr{};
     addr.sun_family = AF_UNIX;
@@ -105,8 +104,6 @@ class FakeServer {
     if (thread_.joinable()) thread_.join();
     for (int fd : owned_) close(fd);
     close(listen_fd_);
-    unlink(path_.c_str());
-    rmdir(dir_.c_str());
   }
 
   const std::string& path() const { return path_; }
@@ -175,8 +172,8 @@ class FakeServer {
   bool client_wrote() const { return client_wrote_; }
 
  private:
-  std::string dir_;
-  std::string path_;
+  tmem::testing::TempDir dir_{"ivshmem-client-test"};
+  std::string path_ = dir_.path() + "/sock";
   int listen_fd_ = -1;
   std::vector<int> owned_;
   std::thread thread_;

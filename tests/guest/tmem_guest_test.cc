@@ -518,7 +518,7 @@ TEST(TmemGuestSlotTest, WithoutTheFilterEveryDropInvalidates) {
   EXPECT_EQ(guest->counters().drop_invalidates_avoided, 0u);
 }
 
-// Issue 13, a streamer's cost per page-cache event: once the pool holds
+// A streamer's cost per page-cache event: once the pool holds
 // something, a put the hint refuses of a key never sent, and a get of such a
 // key, are decided by the sent-keys filter alone: no ring entry, no wait,
 // not even a reap of the completion waiting in the CQ.
@@ -566,7 +566,7 @@ TEST(TmemGuestSlotTest, RefusedNewKeysAndTheirGetsNeverTouchTheRing) {
   EXPECT_FALSE(guest->Get(pool, kFile, 100, out)) << "the old version died";
 }
 
-// Issue 13, cheap when off: before any put reached a private pool the host
+// Cheap when off: before any put reached a private pool the host
 // holds nothing of it, filter or not, so nothing crosses the ring.
 TEST(TmemGuestSlotTest, NothingSentYetNeedsNoInvalidateEvenWithoutAFilter) {
   FakeHost host;
@@ -866,8 +866,8 @@ TEST(TmemGuestFlushTest, WithoutBarrierSupportTheGuestResetsItsGeneration) {
 // epochs start at block boundaries), and a block shut out in one epoch gets
 // its chance in the next. Whole blocks of
 // TMEM_GET_BATCH_MAX pages of an object, so a re-read window is served wholly
-// by tmem or wholly by the disk (issue 13: per-page samples fragmented the
-// disk's readahead).
+// by tmem or wholly by the disk (per-page samples would fragment the disk's
+// readahead).
 TEST(TmemGuestHintTest, AdmitsTheHintedFractionInWholeBlocks) {
   FakeHostOptions o;
   o.region_bytes = 8 << 20;

@@ -1,4 +1,4 @@
-// Hostile guests against a real tmemd (issue 15): each attack runs next to
+// Hostile guests against a real tmemd: each attack runs next to
 // a well-behaved guest whose every page read back is verified, all VMs on
 // one worker (the worst case for sharing). The assertions are guarantees
 // that hold on a loaded 2-core machine under ASan, never rates: 0
@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_join.h"
 #include "tests/hostile/hostile_harness.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::hostile {
 namespace {
@@ -29,15 +30,7 @@ constexpr int kUntilDeadlineMs = 180000;
 
 class HostileGuestTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-hostile-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
 
   TmemdSpec Spec(uint64_t cap, std::vector<VmSpec> vms) const {
     TmemdSpec spec;
@@ -102,14 +95,15 @@ class HostileGuestTest : public ::testing::Test {
     EXPECT_TRUE(tmemd.Alive()) << tmemd.Log();
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-hostile"};
+  std::string dir_ = tmp_.path();
 };
 
-// Issue 15, break 1: INVAL_POOL / DESTROY_POOL on an empty pool scanned
-// every object of every VM; with a 1M-object neighbour on the same worker,
-// the neighbour could not even create its pool. Now each costs O(the
-// pool's own objects): the storm visits none of the neighbour's objects,
-// and the neighbour keeps its pools and its hits.
+// INVAL_POOL / DESTROY_POOL cost O(the pool's own objects), never a scan of
+// every VM's objects (which, beside a 1M-object neighbour on the same
+// worker, would keep the neighbour from even creating its pool): the storm
+// visits none of the neighbour's objects, and the neighbour keeps its pools
+// and its hits.
 TEST_F(HostileGuestTest, PoolStormsDoNotReachAMillionObjectNeighbour) {
   constexpr uint64_t kObjects = 1'000'000;
   // The neighbour's mode is "always": its million puts are never read
@@ -160,9 +154,9 @@ TEST_F(HostileGuestTest, PoolStormsDoNotReachAMillionObjectNeighbour) {
   EXPECT_EQ((*tmemd)->Stop(), 0) << (*tmemd)->Log();
 }
 
-// Issue 15, break 2: a zero page in its own object was charged 48 B but
-// cost ~120 B, so a flooder held 2.8x its quota and host-cap eviction took
-// pages from its neighbour. Now the all-in charge holds at every sample.
+// The all-in charge holds at every sample: a zero page in its own object is
+// charged what it costs with its metadata, so a flooder never holds more
+// than its quota and host-cap eviction never takes its neighbour's pages.
 // The flooders' valve mode is "always": the valve would otherwise drop
 // their puts (no reuse) long before the quota is reached, and the quota
 // must hold on its own.

@@ -1,4 +1,4 @@
-// Hostile-guest harness (issue 15): a real tmemd process, a well-behaved
+// Hostile-guest harness: a real tmemd process, a well-behaved
 // guest whose every page read back is verified, hostile guests that write
 // raw ring entries, and a sampler that watches quotas and the host cap over
 // gRPC while they run. Shared by tests/hostile/hostile_guest_test.cc (which

@@ -1,6 +1,6 @@
 // FakeSystemd: plays systemd's part for a daemon under test, on a machine
-// where systemd is not PID 1 (facts.md). It is what systemd does for a
-// Type=notify service with FileDescriptorStoreMax= set:
+// where systemd is not PID 1 (containers, CI runners). It is what systemd does
+// for a Type=notify service with FileDescriptorStoreMax= set:
 //  * $NOTIFY_SOCKET: a datagram socket receiving "READY=1", "STOPPING=1",
 //    "FDSTORE=1\nFDNAME=x" with descriptors (SCM_RIGHTS) and
 //    "FDSTOREREMOVE=1\nFDNAME=x";

@@ -27,6 +27,7 @@
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "proto/tmem_abi.h"
 #include "tests/process.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -130,16 +131,7 @@ void ExpectHostMatchesGuest(const std::string& log, const std::string& vm,
 
 class TmemdE2eTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/tmemd-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-  }
-  void TearDown() override {
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-    EXPECT_FALSE(ec) << ec.message();
-  }
+  void SetUp() override { ASSERT_FALSE(dir_.empty()) << "mkdtemp failed"; }
 
   std::unique_ptr<Process> StartTmemd(
       const std::vector<std::string>& vms,
@@ -181,14 +173,15 @@ class TmemdE2eTest : public ::testing::Test {
     return code;
   }
 
-  std::string dir_;
+  tmem::testing::TempDir tmp_{"tmemd-e2e"};
+  std::string dir_ = tmp_.path();
   int runs_ = 0;
 };
 
-// Issue 15: out-of-range flags were ignored or clamped (`--cpu-budget nan`,
-// `--stats-interval -7`, `--workers 100000`), `--config DIR` started on
-// defaults and a VM named `--` was accepted. Each is refused, naming the
-// flag, before tmemd creates anything; a socket directory others can write
+// Out-of-range flags (`--cpu-budget nan`, `--stats-interval -7`,
+// `--workers 100000`), `--config DIR` and a VM named `--` are never ignored,
+// clamped or started on defaults. Each is refused, naming the flag, before
+// tmemd creates anything; a socket directory others can write
 // to is refused with the fix.
 TEST_F(TmemdE2eTest, BadFlagsAreRefusedNamingTheFlag) {
   struct Case {
@@ -402,7 +395,7 @@ TEST_F(TmemdE2eTest, StalledAndGarbageClientsDoNotBlockOthers) {
   EXPECT_EQ(StopTmemd(*tmemd), 0) << tmemd->Log();
 }
 
-// Deferred compression (issue 17): the compactor's counters from the last
+// Deferred compression: the compactor's counters from the last
 // `compactor_stats` log line (tmemd logs one per --stats-interval).
 struct CompactorLog {
   int64_t pushed = -1;

@@ -106,8 +106,9 @@ TEST_F(DomainManagerTest, StartupCreatesChannelsForDomainsWithTheDevice) {
   EXPECT_TRUE(agent_->HasVm("web2"));
 }
 
-// Issue 15: a domain's <server path> was used as is, so whoever could define
-// a domain made tmemd bind, chmod, chown and unlink anywhere.
+// A domain's <server path> must lie in the socket directory: used as is,
+// whoever could define a domain would make tmemd bind, chmod, chown and
+// unlink anywhere.
 TEST_F(DomainManagerTest, SocketPathOutsideTheSocketDirectoryIsRefused) {
   tmem::testing::TempDir elsewhere{"tmemd-dm-elsewhere"};
   const std::string outside = elsewhere.path() + "/evil.sock";
@@ -467,7 +468,7 @@ TEST_F(DomainManagerTest, MetadataIsAppliedAndFollowedLive) {
   EXPECT_NE(st->detail.find("quota"), std::string::npos) << st->detail;
 }
 
-// Issue 14: devices are migratable (role='master', QEMU master=on) by
+// Devices are migratable (role='master', QEMU master=on) by
 // default, because tmemd is ivshmem peer 1 by default; a peer-0 tmemd (for
 // guest drivers older than ABI v2) attaches peer-mode devices, which QEMU
 // would otherwise refuse (master=on needs the VM to be peer 0).
@@ -502,7 +503,7 @@ TEST_F(DomainManagerTest, DevicesAreMigratableExactlyWhenTmemdIsPeerOne) {
   m0.Stop();
 }
 
-// Issue 14: a policy set through gRPC is written into the domain's metadata
+// A policy set through gRPC is written into the domain's metadata
 // (live and persistent, autoattach kept), so it travels with the domain; a
 // restarted tmemd applies it from there, over its own state file's value.
 TEST_F(DomainManagerTest, PolicyChangesAreWrittenIntoTheDomainMetadata) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# libvirt's qemu hook (issue 14: transient domains and incoming migrations).
+# libvirt's qemu hook (transient domains and incoming migrations).
 # A real libvirtd on qemu:///system runs packaging/libvirt/tmemd-qemu-hook's
 # command (tmemctl libvirt-hook) from /etc/libvirt/hooks/qemu.d/; a real
 # tmemd (--libvirt-uri) answers it:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# virsh migrate between two libvirt "hosts" on this machine (issue 14).
+# virsh migrate between two libvirt "hosts" on this machine.
 #
 # Two hosts, A and B, each a mount namespace (unshare -m) holding its own
 # libvirtd and its own tmemd. Private copies of /etc/libvirt, /run/libvirt,

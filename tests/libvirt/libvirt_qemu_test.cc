@@ -331,7 +331,7 @@ TEST_F(LibvirtQemuTest, PersistentDeviceListensBeforeStartAndAgainAfterStop) {
   ASSERT_TRUE(WaitFor([&] { return Connected(name); }, kTimeout));
 }
 
-// Issue 14: a policy set through the control plane (what the gRPC
+// A policy set through the control plane (what the gRPC
 // SetVmPolicy calls) lands in the domain's tmemd metadata, live and
 // persistent, in libvirtd itself; a tmemd started afresh (new agent, empty
 // state file) applies it from there, as a migration destination would.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tmemd's /metrics against the real Prometheus tools (issue 18, item 5).
+"""tmemd's /metrics against the real Prometheus tools (docs/monitoring.md).
 
 1. The shipped monitoring files (docs/monitoring/): `promtool check config`
    on the sample scrape config, `promtool check rules` and `promtool test

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The operator's chain of issue 18, end to end on this machine (ctest
+# The operator's install chain, end to end on this machine (ctest
 # `package_libvirt_test`, release build only; needs root, libvirtd and no
 # tmemd package installed already). The commands are README's "Install"
 # section, in its order:

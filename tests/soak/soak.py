@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Soak (issue 15): one real tmemd serving 64 simulated VMs with mixed
+"""Soak: one real tmemd serving 64 simulated VMs with mixed
 workloads for a while, checked every second.
 
 Every VM is a guest thread of a tmem-guestsim process, speaking the ivshmem
@@ -10,7 +10,7 @@ generation: tmemd drops the VM's pages and starts it over).
 
 Checked every --interval seconds, from tmemd's control socket (tmemctl
 -o json): the host's memory use never exceeds its cap, and no VM with a
-quota is charged more than its quota plus 5% (the all-in charge, issue 15).
+quota is charged more than its quota plus 5% (the all-in charge).
 tmemd's private RSS (RssAnon) is sampled from /proc; after --warmup of the run it must stay
 flat: the mean of the last fifth of the samples may exceed the mean of the
 first fifth after warm-up by at most max(--rss-slack-mib, 5%).
