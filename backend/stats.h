@@ -54,6 +54,11 @@ Counter RefusedCounter(RefuseReason reason);
 
 using CounterValues = std::array<uint64_t, kNumCounters>;
 
+// The value of counter `c` in `v`.
+inline uint64_t CounterValueOf(const CounterValues& v, Counter c) {
+  return v[static_cast<int>(c)];
+}
+
 // Derived figure: logical bytes (pages held x 4096) over charged bytes
 // (blob slots plus per-page metadata). Returns 0 when nothing is held.
 double CompressionRatio(const CounterValues& v);

@@ -51,7 +51,7 @@ struct VmConfig {
   VmPolicy policy;
 };
 
-// [control]: the gRPC control plane and the metrics endpoint (issue 5).
+// [control]: the gRPC control plane and the metrics endpoint.
 struct ControlConfig {
   // Admin UNIX socket (mode 0600). Unset: SOCKET_DIR/control.sock; "" turns
   // the socket off.
@@ -83,7 +83,7 @@ struct LibvirtConfig {
   int detach_timeout_seconds = 30;  // a guest that never acks an unplug
 };
 
-// [fleet]: policy from etcd (issue 19, docs/fleet.md); off unless
+// [fleet]: policy from etcd (docs/fleet.md); off unless
 // `endpoints` is set.
 struct FleetConfig {
   std::vector<std::string> endpoints;  // "host:port"
@@ -109,8 +109,9 @@ struct TmemdConfig {
   WorkerOptions worker;
   int workers = 0;  // worker threads; 0: one per online CPU
   // Deferred compression is opt-in ([valve] deferred_compression = true, or
-  // --deferred-compression=true) until the scenario benchmark has measured
-  // it against the synchronous valve (issue 17).
+  // --deferred-compression=true): it pays a second copy of every page and
+  // compaction beside the VMs, and wins only where the cap, not the CPU,
+  // limits what is kept (docs/valve.md, "When each mode wins").
   ValveOptions valve{.deferred_compression = false};
   std::vector<VmConfig> vms;
   ControlConfig control;

@@ -49,28 +49,28 @@ namespace {
 constexpr std::chrono::milliseconds kShutdownDeadline{5000};
 constexpr int kExitShutdownDeadline = 3;
 
-uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
-
 void LogStats(const Agent& agent, std::string_view event) {
   const AgentStatus st = agent.Status();
   const HostStats& h = st.store;
   Log(LogLevel::kInfo, event,
       {{"memory_used", h.memory_used_bytes},
        {"memory_cap", h.memory_cap_bytes},
-       {"pages", C(h.counters, Counter::kPagesHeld)},
-       {"puts_compressed", C(h.counters, Counter::kPutsCompressed)},
-       {"puts_raw", C(h.counters, Counter::kPutsRaw)},
-       {"puts_zero_same", C(h.counters, Counter::kPutsZero) +
-                              C(h.counters, Counter::kPutsSameFilled)},
+       {"pages", CounterValueOf(h.counters, Counter::kPagesHeld)},
+       {"puts_compressed",
+        CounterValueOf(h.counters, Counter::kPutsCompressed)},
+       {"puts_raw", CounterValueOf(h.counters, Counter::kPutsRaw)},
+       {"puts_zero_same",
+        CounterValueOf(h.counters, Counter::kPutsZero) +
+            CounterValueOf(h.counters, Counter::kPutsSameFilled)},
        {"puts_refused",
-        C(h.counters, Counter::kPutsRefusedQuota) +
-            C(h.counters, Counter::kPutsRefusedPoorCompression) +
-            C(h.counters, Counter::kPutsRefusedNoMemory) +
-            C(h.counters, Counter::kPutsRefusedPolicy)},
-       {"gets_hit", C(h.counters, Counter::kGetsHit)},
-       {"gets_miss", C(h.counters, Counter::kGetsMiss)},
-       {"evictions", C(h.counters, Counter::kEvictionsHostCap) +
-                         C(h.counters, Counter::kEvictionsQuota)},
+        CounterValueOf(h.counters, Counter::kPutsRefusedQuota) +
+            CounterValueOf(h.counters, Counter::kPutsRefusedPoorCompression) +
+            CounterValueOf(h.counters, Counter::kPutsRefusedNoMemory) +
+            CounterValueOf(h.counters, Counter::kPutsRefusedPolicy)},
+       {"gets_hit", CounterValueOf(h.counters, Counter::kGetsHit)},
+       {"gets_miss", CounterValueOf(h.counters, Counter::kGetsMiss)},
+       {"evictions", CounterValueOf(h.counters, Counter::kEvictionsHostCap) +
+                         CounterValueOf(h.counters, Counter::kEvictionsQuota)},
        {"slabs_emptied_for_room", h.slabs_emptied_for_room},
        {"slab_choice_pages_walked", h.slab_choice_pages_walked},
        {"max_op_work", h.max_op_work},
@@ -119,9 +119,9 @@ void LogStats(const Agent& agent, std::string_view event) {
         {{"vm", vm.name},
          {"connected", vm.connected},
          {"mode", ValveModeName(vm.valve.effective_mode)},
-         {"pages", C(vm.stats.counters, Counter::kPagesHeld)},
-         {"gets_hit", C(vm.stats.counters, Counter::kGetsHit)},
-         {"gets_miss", C(vm.stats.counters, Counter::kGetsMiss)},
+         {"pages", CounterValueOf(vm.stats.counters, Counter::kPagesHeld)},
+         {"gets_hit", CounterValueOf(vm.stats.counters, Counter::kGetsHit)},
+         {"gets_miss", CounterValueOf(vm.stats.counters, Counter::kGetsMiss)},
          {"admission", vm.valve.admission},
          {"reuse", vm.valve.reuse_ratio},
          {"valve_compressed", vc(ValveCounter::kCompressed)},
@@ -285,7 +285,7 @@ int Run(int argc, char** argv) {
   app.add_option("--log-format", log_format, "text|json");
   app.add_option("--stats-interval", stats_interval,
                  "log statistics every N seconds (0: only at exit)");
-  // Control plane (issue 5).
+  // Control plane (docs/control-plane.md).
   std::optional<std::string> control_socket;
   std::string control_ro_socket, control_tcp, tls_cert, tls_key, tls_ca,
       state_file;
@@ -622,7 +622,7 @@ int Run(int argc, char** argv) {
         {{"error", policies.status().message()}});
     return 1;
   }
-  // libvirt glue (issue 6): built before the control plane, which takes it
+  // libvirt glue: built before the control plane, which takes it
   // as its DomainControl (gRPC AttachDomain/DetachDomain); started after the
   // control plane has installed its policy resolver, so the VMs libvirt adds
   // get their pushed policies. nullptr when libvirt is not enabled.
@@ -748,7 +748,7 @@ int Run(int argc, char** argv) {
        {"tcp_port", (*control_server)->tcp_port()},
        {"metrics_port", metrics ? metrics->port() : -1},
        {"state_file", config.control.state_file}});
-  // Fleet policy (issue 19): after the local state is applied, so etcd's
+  // Fleet policy: after the local state is applied, so etcd's
   // view lands on top of it.
   std::unique_ptr<FleetWatcher> fleet;
   if (config.fleet.enabled()) {

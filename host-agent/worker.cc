@@ -282,7 +282,7 @@ RingConsumer::DrainResult Worker::ActiveRings::Serve(size_t i,
   // reads of a switch (the previous VM, if any, is charged for them).
   if (ch->consumer().Pending() > 0) ChargeTo(ch);
   // A backlogged VM's compression waits for the compactor while others
-  // are light (issue 15: a flood of compressing puts slows only itself).
+  // are light: a flood of compressing puts slows only itself.
   const RingConsumer::DrainResult r =
       ch->consumer().Drain(max_entries, others_light);
   if (r.interrupt) {

@@ -21,8 +21,6 @@ namespace {
 
 using google::protobuf::RepeatedPtrField;
 
-uint64_t C(const CounterValues& v, Counter c) { return v[static_cast<int>(c)]; }
-
 void AddStoreCounters(const CounterValues& v,
                       RepeatedPtrField<v1::Counter>* out) {
   for (int i = 0; i < kNumCounters; ++i) {
@@ -243,7 +241,7 @@ v1::HostStatus ControlPlane::Status() const {
   out.set_vms(static_cast<int32_t>(agent_->VmNames().size()));
   AddStoreCounters(st.store.counters, out.mutable_counters());
   // Host-only store figures: what isolation tests and operators watch for
-  // a VM reaching beyond its own data or ids (issue 15), and what choosing
+  // a VM reaching beyond its own data or ids, and what choosing
   // whole slabs to empty costs.
   const std::pair<const char*, uint64_t> host_counters[] = {
       {"pool_scan_objects_visited", st.store.pool_scan_objects_visited},
@@ -320,20 +318,20 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   s->set_name(info.name);
   s->set_connected(info.connected);
   *s->mutable_policy() = PolicyMessage(info.name, CurrentPolicy(info));
-  s->set_pages(C(c, Counter::kPagesHeld));
-  s->set_stored_bytes(C(c, Counter::kStoredBytes));
-  s->set_charged_bytes(C(c, Counter::kChargedBytes));
+  s->set_pages(CounterValueOf(c, Counter::kPagesHeld));
+  s->set_stored_bytes(CounterValueOf(c, Counter::kStoredBytes));
+  s->set_charged_bytes(CounterValueOf(c, Counter::kChargedBytes));
   uint64_t puts = 0;
   for (Counter k :
        {Counter::kPutsCompressed, Counter::kPutsRaw, Counter::kPutsZero,
         Counter::kPutsSameFilled, Counter::kPutsRefusedQuota,
         Counter::kPutsRefusedPoorCompression, Counter::kPutsRefusedNoMemory,
         Counter::kPutsRefusedPolicy}) {
-    puts += C(c, k);
+    puts += CounterValueOf(c, k);
   }
   s->set_puts(puts);
-  const uint64_t hit = C(c, Counter::kGetsHit);
-  const uint64_t miss = C(c, Counter::kGetsMiss);
+  const uint64_t hit = CounterValueOf(c, Counter::kGetsHit);
+  const uint64_t miss = CounterValueOf(c, Counter::kGetsMiss);
   s->set_gets_hit(hit);
   s->set_gets_miss(miss);
   s->set_hit_ratio(hit + miss == 0 ? 0.0
@@ -652,7 +650,8 @@ absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
   MutexLock lock(&write_mu_);
   absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
   if (!info.ok()) return UnknownVm(vm);
-  const uint64_t before = C(info->stats.counters, Counter::kPagesHeld);
+  const uint64_t before =
+      CounterValueOf(info->stats.counters, Counter::kPagesHeld);
   // Private pools only: a shared pool's pages belong to every member.
   for (const PoolStats& p : info->stats.pools) {
     if (p.shared) continue;
@@ -662,7 +661,8 @@ absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
   }
   absl::StatusOr<VmInfo> after = agent_->GetVm(vm);
   const uint64_t left =
-      after.ok() ? C(after->stats.counters, Counter::kPagesHeld) : 0;
+      after.ok() ? CounterValueOf(after->stats.counters, Counter::kPagesHeld)
+                 : 0;
   v1::FlushVmResponse out;
   out.set_pages_dropped(before > left ? before - left : 0);
   return out;

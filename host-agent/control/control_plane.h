@@ -83,7 +83,7 @@ class ControlPlane {
   absl::StatusOr<v1::FlushVmResponse> FlushVm(const std::string& vm);
   absl::Status AuthorizeSharedPool(
       const v1::AuthorizeSharedPoolRequest& request);
-  // Fleet policy (issue 19): the host part and every present VM's part of
+  // Fleet policy (docs/fleet.md): the host part and every present VM's part of
   // one etcd revision, checked by the same rules as SetHostPolicy and
   // SetVmPolicy, then applied all together or not at all (a failed step
   // puts back what was changed before it). VMs added later get it through

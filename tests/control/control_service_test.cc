@@ -667,8 +667,8 @@ TEST_F(ControlServiceTest, ShutdownEndsOpenWatchStreams) {
   reader->Finish();
 }
 
-// Issue 15: 10 connections x 100 streams on the world-accessible socket
-// made 1,069 threads. Streams are bounded per listener; a refused one says
+// 10 connections x 100 streams on the world-accessible socket must not
+// make a thread each: streams are bounded per listener; a refused one says
 // why; a cancelled one frees its slot within its cancel check, not at the
 // end of its (here 60 s) interval.
 TEST_F(ControlServiceTest, WatchStreamsPerSocketAreBoundedAndFreedOnCancel) {

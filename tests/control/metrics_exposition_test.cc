@@ -1,4 +1,4 @@
-// The Prometheus exposition (issue 18): PrometheusText keeps each family
+// The Prometheus exposition: PrometheusText keeps each family
 // whole whatever the order samples are added in, escapes label values and
 // HELP text, and refuses a family redefined with another type or HELP; the
 // counter mapping gives every counter a family with HELP text, named as

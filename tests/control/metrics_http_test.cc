@@ -1,4 +1,4 @@
-// The /metrics responder against hostile and slow clients (issue 15): a
+// The /metrics responder against hostile and slow clients: a
 // client that connects and sends nothing, one that trickles its request, and
 // more clients than the server keeps open must never keep a well-behaved
 // scraper from its answer, and each is counted.

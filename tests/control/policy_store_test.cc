@@ -124,8 +124,8 @@ TEST_F(PolicyStoreTest, WriteFailureIsReported) {
   EXPECT_EQ((*store)->Vm("a")->generation, 1u);
 }
 
-// Issue 15: the temporary was opened through whatever sat at its name. A
-// symlink planted there must neither be followed nor its target changed.
+// The state file's temporary is never opened through whatever sits at its
+// name: a symlink planted there is neither followed nor its target changed.
 TEST_F(PolicyStoreTest, TemporaryNeverFollowsAPlantedSymlink) {
   const std::string victim = dir_ + "/victim";
   { std::ofstream(victim) << "precious"; }
@@ -150,8 +150,8 @@ TEST_F(PolicyStoreTest, TemporaryNeverFollowsAPlantedSymlink) {
   EXPECT_EQ((*reopened)->Vm("a")->generation, 1u);
 }
 
-// Issue 15: state-file values were not range-checked (weight 5000000000
-// wrapped to 705032704). They use the same table as flags, config and RPCs.
+// State-file values are range-checked with the same table as flags, config
+// and RPCs: a weight of 5000000000 is refused, never wrapped to 705032704.
 TEST_F(PolicyStoreTest, StateFileValuesAreRangeChecked) {
   auto write = [&](const std::string& vm_json) {
     std::ofstream(path_) << R"({"version": 1, "vms": {"a": )" << vm_json

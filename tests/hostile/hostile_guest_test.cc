@@ -195,8 +195,8 @@ TEST_F(HostileGuestTest, MetadataFloodStaysWithinItsQuota) {
 // nodes and no blob. The neighbour's ordinary puts must then find room by
 // evicting those entries in bounded work per put: the worker keeps serving
 // the neighbour (hits, verified), the cap holds, and SIGTERM still ends
-// tmemd cleanly. An eviction that looked for a slab to empty among pages
-// that hold none walked every page twice per put and never returned.
+// tmemd cleanly: looking for a slab to empty among pages that hold no blob
+// must never cost a put a walk over every page the store holds.
 TEST_F(HostileGuestTest, ZeroPageFloodFillingTheCapLeavesTheNeighbourServed) {
   auto tmemd =
       Tmemd::Start(Spec(16 * kMiB, {{"good"}, {"zeros", 0, "always"}}));
