@@ -545,20 +545,24 @@ TEST_F(DeferredCompressionE2eTest, CompactorStaysOffABusyCpuAndLosesNothing) {
   const int64_t compactor0 = SumRunNanos(compactors);
   const int64_t hog0 = hog_ns();
 
-  // `kept` stays attached after its puts (--hold): a guest that leaves
-  // takes its pages with it, and a starved compactor would then rightly
-  // find nothing left to compress once the hogs stop.
+  // Both guests stay attached after their workloads (--hold): a guest that
+  // leaves takes its pages with it, and a starved compactor would then
+  // rightly find nothing left to compress once the hogs stop. `kept` shows
+  // no reuse, so the valve throttles it and its pages are left raw
+  // (skipped_no_reuse); the re-reader's are the ones compressed.
   auto kept =
       Guestsim("kept", {"--workload", "seq", "--pages", "4000", "--hold"});
   auto reread = Guestsim("reread", {"--workload", "reread", "--pages", "2000",
-                                    "--ops", "20000", "--seed", "4"});
-  EXPECT_TRUE(WaitUntil(
-      [&] {
-        return kept->Log().find("holding until SIGTERM") != std::string::npos;
-      },
-      180000))
-      << kept->Log();
-  EXPECT_EQ(reread->Wait(), 0) << reread->Log();
+                                    "--ops", "20000", "--seed", "4", "--hold"});
+  for (Process* guest : {kept.get(), reread.get()}) {
+    EXPECT_TRUE(WaitUntil(
+        [&] {
+          return guest->Log().find("holding until SIGTERM") !=
+                 std::string::npos;
+        },
+        180000))
+        << guest->Log();
+  }
   // A stats line written after the guests finished, hogs still running.
   std::this_thread::sleep_for(milliseconds(2500));
   const CompactorLog busy = ReadCompactorLog(tmemd->Log());
@@ -583,6 +587,7 @@ TEST_F(DeferredCompressionE2eTest, CompactorStaysOffABusyCpuAndLosesNothing) {
   EXPECT_GT(idle.compressed, 0) << tmemd->Log();
   EXPECT_GE(idle.compressed, busy.compressed) << tmemd->Log();
   EXPECT_EQ(kept->Stop(), 0) << kept->Log();
+  EXPECT_EQ(reread->Stop(), 0) << reread->Log();
   ASSERT_TRUE(tmemd->Running()) << tmemd->Log();
   EXPECT_EQ(StopTmemd(*tmemd), 0) << tmemd->Log();
   const std::string log = tmemd->Log();
