@@ -133,6 +133,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "backend/clock.h"
+#include "backend/eviction_listener.h"
 #include "backend/page_charge.h"
 #include "backend/page_codec.h"
 #include "backend/stats.h"
@@ -147,15 +148,6 @@ enum class PoorCompressionAction : uint8_t { kStoreRaw, kRefuse };
 
 class CompactionQueue;
 struct CompactionTicket;
-
-// Told about every page the store evicts (not invalidates), so the valve
-// can remember the key as a "ghost". Called with a shard lock held: must be
-// quick, must not block and must not call back into the store.
-class EvictionListener {
- public:
-  virtual ~EvictionListener() = default;
-  virtual void OnEvicted(VmId vm, uint64_t key_hash) = 0;
-};
 
 struct StoreOptions {
   uint64_t memory_cap_bytes = uint64_t{1} << 30;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backend/page_charge.h"
+#include "backend/tmem_store.h"  // kMaxVms
 
 namespace tmem {
 namespace {

@@ -75,10 +75,10 @@
 #include "absl/status/status.h"
 #include "backend/clock.h"
 #include "backend/cpu_sample.h"
+#include "backend/eviction_listener.h"
 #include "backend/memory_sample.h"
 #include "backend/mutex.h"
 #include "backend/put_advisor.h"
-#include "backend/tmem_store.h"
 #include "backend/types.h"
 
 namespace tmem {

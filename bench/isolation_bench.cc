@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/method.h"
 #include "bench/results_file.h"
@@ -560,7 +561,7 @@ int Main(int argc, char** argv) {
                    const std::string& unit, bench::Goal goal, double target,
                    std::string verdict, std::string note) {
       bench::ResultRecord rec;
-      rec.name = who + ": " + what;
+      rec.name = absl::StrCat(who, ": ", what);
       rec.value = value;
       rec.unit = unit;
       rec.goal = bench::GoalSymbol(goal);

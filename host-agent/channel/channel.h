@@ -40,12 +40,12 @@
 #include "absl/status/statusor.h"
 #include "backend/tmem_store.h"
 #include "host-agent/channel/channel_metrics.h"
+#include "host-agent/channel/fd_handoff.h"
 #include "host-agent/channel/guest_report.h"
 #include "host-agent/channel/ivshmem_server.h"
 #include "host-agent/channel/region_layout.h"
 #include "host-agent/channel/ring_consumer.h"
 #include "host-agent/channel/shared_region.h"
-#include "host-agent/fd_handoff.h"
 
 namespace tmem {
 

@@ -64,6 +64,10 @@ std::string_view ChannelCounterName(ChannelCounter c) {
       return "restored_across_restart";
     case ChannelCounter::kForeignRegions:
       return "foreign_regions";
+    case ChannelCounter::kAcceptBackoffs:
+      return "accept_backoffs";
+    case ChannelCounter::kAcceptsFromReserve:
+      return "accepts_from_reserve";
     case ChannelCounter::kNumCounters:
       break;
   }

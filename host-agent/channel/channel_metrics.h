@@ -50,6 +50,9 @@ enum class ChannelCounter : int {
   // Operations (restart, upgrade, migration).
   kRestoredAcrossRestart,  // channel taken over from a previous tmemd
   kForeignRegions,         // header held another host's generation (migration)
+  // Descriptors.
+  kAcceptBackoffs,      // accept failed (out of descriptors): socket disarmed
+  kAcceptsFromReserve,  // a queued guest let in by the spare descriptors
   kNumCounters,
 };
 inline constexpr int kNumChannelCounters =

@@ -438,7 +438,10 @@ int IvshmemServer::AcceptOne() {
     const int fd =
         accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd >= 0) {
-      if (used_reserve) ++accepts_from_reserve_;
+      if (used_reserve) {
+        ++accepts_from_reserve_;
+        metrics_->Inc(ChannelCounter::kAcceptsFromReserve);
+      }
       return fd;
     }
     if (errno == EINTR) continue;
@@ -463,6 +466,7 @@ int IvshmemServer::AcceptOne() {
     metrics_->Inc(ChannelCounter::kHandshakeFailures);
     accept_blocked_ = true;
     ++accept_backoffs_;
+    metrics_->Inc(ChannelCounter::kAcceptBackoffs);
     return -1;
   }
 }

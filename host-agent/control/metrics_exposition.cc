@@ -311,6 +311,12 @@ std::string_view ChannelCounterHelp(ChannelCounter c) {
       return "Channels taken over from a previous tmemd (restart, upgrade).";
     case ChannelCounter::kForeignRegions:
       return "Regions that held another host's generation (migration).";
+    case ChannelCounter::kAcceptBackoffs:
+      return "Times the VM's socket could not accept for want of descriptors "
+             "and was disarmed, to be retried after a back-off.";
+    case ChannelCounter::kAcceptsFromReserve:
+      return "Guests let in by closing tmemd's spare descriptors when it had "
+             "run out.";
     case ChannelCounter::kNumCounters:
       break;
   }

@@ -27,7 +27,7 @@
 #include "guest-driver/userspace/tmem_guest.h"
 #include "guest-driver/userspace/workloads.h"
 #include "host-agent/channel/channel.h"
-#include "host-agent/fd_handoff.h"
+#include "host-agent/channel/fd_handoff.h"
 #include "tests/temp_dir.h"
 
 namespace tmem {

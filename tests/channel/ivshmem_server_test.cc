@@ -528,6 +528,8 @@ TEST_F(IvshmemServerTest, ReserveLetsAQueuedGuestInWhenOutOfDescriptors) {
   EXPECT_FALSE(blocked);
   EXPECT_EQ(server->accepts_from_reserve(), 1u);
   EXPECT_EQ(server->accept_backoffs(), 0u);
+  EXPECT_EQ(Count(ChannelCounter::kAcceptsFromReserve), 1u);
+  EXPECT_EQ(Count(ChannelCounter::kAcceptBackoffs), 0u);
   Handshake hs;
   ReadHandshake(client.get(), server->vectors(), &hs);
   EXPECT_EQ(hs.own_eventfds.size(), 2u);
@@ -554,6 +556,7 @@ TEST_F(IvshmemServerTest, WithNoDescriptorAtAllAcceptStopsAndSaysSo) {
   EXPECT_FALSE(attached);
   EXPECT_TRUE(blocked);
   EXPECT_EQ(server->accept_backoffs(), 1u);
+  EXPECT_EQ(Count(ChannelCounter::kAcceptBackoffs), 1u);
   EXPECT_EQ(Count(ChannelCounter::kHandshakeFailures), 1u);
   EXPECT_FALSE(server->connected());
 

@@ -22,8 +22,8 @@
 //
 // Thread safety: SystemdFdStore may be used from any thread (each call is
 // one datagram); InheritedFds and ExecWithFds are for the main thread.
-#ifndef TMEMD_HOST_AGENT_FD_HANDOFF_H_
-#define TMEMD_HOST_AGENT_FD_HANDOFF_H_
+#ifndef TMEMD_HOST_AGENT_CHANNEL_FD_HANDOFF_H_
+#define TMEMD_HOST_AGENT_CHANNEL_FD_HANDOFF_H_
 
 #include <atomic>
 #include <chrono>
@@ -120,4 +120,4 @@ void NotifyWatchdog(const std::string& status);
 
 }  // namespace tmem
 
-#endif  // TMEMD_HOST_AGENT_FD_HANDOFF_H_
+#endif  // TMEMD_HOST_AGENT_CHANNEL_FD_HANDOFF_H_

@@ -1,4 +1,4 @@
-#include "host-agent/fd_handoff.h"
+#include "host-agent/channel/fd_handoff.h"
 
 #include <fcntl.h>
 #include <sys/socket.h>
