@@ -273,7 +273,8 @@ TEST_F(ControlFdExhaustionTest, ReadOnlyFloodLeavesAdminAndGuestsServed) {
             static_cast<uint64_t>(kReadonlyCap));
   EXPECT_GT(Counter(st, "control_readonly_connections_refused"), 0u);
   // tmemd's descriptors did not grow with the flood.
-  EXPECT_LE(OpenFds(tmemd_->pid()).size(), fds_at_start + 2 * kReadonlyCap + 8);
+  EXPECT_LE(OpenFds(tmemd_->pid()).size(),
+            fds_at_start + size_t{2} * kReadonlyCap + 8);
 
   // A guest attaches (QEMU's handshake on its channel socket) during the
   // flood, and an admin write goes through.
