@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cassert>
-#include <ranges>
 #include <tuple>
 
 #include "absl/hash/hash.h"
@@ -433,7 +432,8 @@ void ShardTable::ReleaseTopEntryChunks(
   }
   free_entry_ = kNoEntry;
   // Lowest free slot first on the list: the next puts fill the bottom.
-  for (const uint32_t slot : std::ranges::reverse_view(below)) {
+  std::reverse(below.begin(), below.end());
+  for (const uint32_t slot : below) {
     Slot(slot).lru_next = free_entry_;
     free_entry_ = slot;
   }
@@ -473,7 +473,8 @@ void ShardTable::ReleaseTopObjectChunks(size_t count, uint64_t& work) {
     MoveObject(n, to);
   }
   free_object_ = kNoEntry;
-  for (const uint32_t node : std::ranges::reverse_view(below)) {
+  std::reverse(below.begin(), below.end());
+  for (const uint32_t node : below) {
     Obj(node).first_page = free_object_;
     free_object_ = node;
   }

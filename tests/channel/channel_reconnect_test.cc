@@ -204,12 +204,13 @@ TEST(ChannelReconnectTest, NewcomerAcceptedBeforeTheHangupSeesNothingOfIt) {
   }));
   PageBuf out{};
   ASSERT_TRUE(first.guest->Get(*pool, kFile, 0, out));
+  // The host's state is read only while its thread is paused.
+  host.Pause();
   const ino_t first_conn = InodeOf(ch.server().client_fd());
   EXPECT_EQ(fd_store.Inode("vm0/client"), first_conn);
 
   // The race: the first guest hangs up and the next connects while the
   // host looks away; it then sees the listening socket first.
-  host.Pause();
   first.guest.reset();
   first.client.reset();
   std::future<Guest> next =
@@ -219,6 +220,7 @@ TEST(ChannelReconnectTest, NewcomerAcceptedBeforeTheHangupSeesNothingOfIt) {
   host.Resume();
   Guest second = next.get();
   ASSERT_NE(second.guest, nullptr);
+  host.Pause();
 
   // The predecessor left the whole way before the newcomer was answered.
   EXPECT_EQ(ch.metrics().Get(ChannelCounter::kClientDisconnects), 1u);
@@ -231,6 +233,7 @@ TEST(ChannelReconnectTest, NewcomerAcceptedBeforeTheHangupSeesNothingOfIt) {
       << "the fd store kept the dead connection";
   EXPECT_EQ(fd_store.Inode("vm0/client"), InodeOf(ch.server().client_fd()));
   EXPECT_EQ(fd_store.Inode("vm0/attaching"), 0u);
+  host.Resume();
 
   // And it reads none of the first guest's pages.
   absl::StatusOr<TmemGuest::PoolHandle> pool2 = second.guest->InitFs();
