@@ -21,6 +21,19 @@ namespace {
 
 using nlohmann::json;
 
+// Writes all of `text` to `fd` (retrying short writes and EINTR); false
+// with errno set on the first failure.
+bool WriteAll(int fd, const std::string& text) {
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
 absl::Status WriteFileAtomically(const std::string& path,
                                  const std::string& text) {
   const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
@@ -34,15 +47,9 @@ absl::Status WriteFileAtomically(const std::string& path,
   const int fd = open(
       tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return fail("cannot create");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      return fail("cannot write");
-    }
-    done += static_cast<size_t>(n);
+  if (!WriteAll(fd, text)) {
+    close(fd);
+    return fail("cannot write");
   }
   if (fsync(fd) != 0) {
     close(fd);
@@ -63,15 +70,9 @@ absl::Status AppendFileSynced(const std::string& path,
       open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_CLOEXEC,
            0600);
   if (fd < 0) return fail("cannot open");
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd, text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      close(fd);
-      return fail("cannot write");
-    }
-    done += static_cast<size_t>(n);
+  if (!WriteAll(fd, text)) {
+    close(fd);
+    return fail("cannot write");
   }
   if (fdatasync(fd) != 0) {
     close(fd);
