@@ -246,9 +246,17 @@ void AssignRowIds(std::vector<ResultRecord>& rows) {
 }
 
 std::string CommandLine(int argc, const char* const* argv) {
+  const char* root_env = std::getenv("TMEM_REPO_ROOT");
+  const std::string root = root_env != nullptr && *root_env != '\0'
+                               ? std::string(root_env) + "/"
+                               : "";
   std::string out;
   for (int i = 0; i < argc; ++i) {
-    const std::string a = argv[i];
+    std::string a = argv[i];
+    for (size_t at = root.empty() ? std::string::npos : a.find(root);
+         at != std::string::npos; at = a.find(root, at)) {
+      a.erase(at, root.size());
+    }
     if (!out.empty()) out += ' ';
     const bool plain =
         !a.empty() && a.find_first_not_of(

@@ -105,7 +105,9 @@ std::string RowSlug(std::string_view name);
 // "-3", ... suffix in order, so ids are unique within the section.
 void AssignRowIds(std::vector<ResultRecord>& rows);
 
-// argv as one shell-quoted command line.
+// argv as one shell-quoted command line. Paths under $TMEM_REPO_ROOT (set by
+// bench/results/results.sh) are written relative to it, so the results file
+// names files by their place in the repository, not on one machine.
 std::string CommandLine(int argc, const char* const* argv);
 
 }  // namespace tmem::bench

@@ -189,7 +189,9 @@ def main():
             rows.append(row_from_fields(*fields))
     assign_ids(rows)
     try:
-        merge(a.results, {"benchmark": a.benchmark, "command": a.command,
+        root = os.environ.get("TMEM_REPO_ROOT", "")
+        command = a.command.replace(root + "/", "") if root else a.command
+        merge(a.results, {"benchmark": a.benchmark, "command": command,
                           "rows": rows, "warnings": a.warning})
     except (OSError, ValueError) as e:
         print("results not recorded: %s" % e, file=sys.stderr)

@@ -13,7 +13,8 @@ results_setup() {
   root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
   RESULTS_JSON="${RESULTS_JSON:-${root}/bench/results/latest.json}"
   TMEM_COMMIT="${TMEM_COMMIT:-$(git -C "${root}" describe --always --dirty 2>/dev/null || echo unknown)}"
-  export RESULTS_JSON TMEM_COMMIT
+  TMEM_REPO_ROOT="${root}"
+  export RESULTS_JSON TMEM_COMMIT TMEM_REPO_ROOT
 }
 results_render() {
   local root

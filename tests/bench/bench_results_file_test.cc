@@ -257,5 +257,16 @@ TEST(CommandLineTest, QuotesWhatAShellWouldSplit) {
             "tmem_ring_bench --sections put1,get_poll 'a b' 'it'\\''s' ''");
 }
 
+TEST(CommandLineTest, PathsUnderTheRepositoryAreRelative) {
+  setenv("TMEM_REPO_ROOT", "/src/tmemd", 1);
+  const char* argv[] = {"/src/tmemd/build/release/bench/tmem_ring_bench",
+                        "--results", "/src/tmemd/bench/results/latest.json",
+                        "/elsewhere/x"};
+  EXPECT_EQ(CommandLine(4, argv),
+            "build/release/bench/tmem_ring_bench --results "
+            "bench/results/latest.json /elsewhere/x");
+  unsetenv("TMEM_REPO_ROOT");
+}
+
 }  // namespace
 }  // namespace tmem::bench
