@@ -29,7 +29,8 @@ namespace fs = std::filesystem;
 json Number(double v) { return std::isfinite(v) ? json(v) : json(nullptr); }
 
 std::string ErrnoText(const std::string& what, const std::string& path) {
-  return what + " " + path + ": " + std::strerror(errno);
+  return what + " " + path + ": " +
+         std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
 }
 
 std::string FirstField(const std::string& file, const std::string& key) {
@@ -246,7 +247,9 @@ void AssignRowIds(std::vector<ResultRecord>& rows) {
 }
 
 std::string CommandLine(int argc, const char* const* argv) {
-  const char* root_env = std::getenv("TMEM_REPO_ROOT");
+  // Read once per call on the benchmark's main thread.
+  const char* root_env =
+      std::getenv("TMEM_REPO_ROOT");  // NOLINT(concurrency-mt-unsafe)
   const std::string root = root_env != nullptr && *root_env != '\0'
                                ? std::string(root_env) + "/"
                                : "";

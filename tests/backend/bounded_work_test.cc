@@ -71,7 +71,8 @@ TEST(BoundedWorkTest, ZeroPageFloodThenNeighbourPutsStayBoundedAndHit) {
   HostStats host = store->GetHostStats();
   ASSERT_GT(key, 10000u) << "the flood should hold many pages";
   ASSERT_EQ(host.slab_bytes, 0u) << "zero pages hold no blob";
-  ASSERT_GE(host.memory_used_bytes + 64 * 1024, host.memory_cap_bytes);
+  ASSERT_GE(host.memory_used_bytes + uint64_t{64} * 1024,
+            host.memory_cap_bytes);
 
   const PoolId pb = store->NewPool(b, nullptr).value();
   const uint64_t walked_before = host.slab_choice_pages_walked;

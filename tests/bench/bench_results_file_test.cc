@@ -258,14 +258,14 @@ TEST(CommandLineTest, QuotesWhatAShellWouldSplit) {
 }
 
 TEST(CommandLineTest, PathsUnderTheRepositoryAreRelative) {
-  setenv("TMEM_REPO_ROOT", "/src/tmemd", 1);
+  setenv("TMEM_REPO_ROOT", "/src/tmemd", 1);  // NOLINT(concurrency-mt-unsafe)
   const char* argv[] = {"/src/tmemd/build/release/bench/tmem_ring_bench",
                         "--results", "/src/tmemd/bench/results/latest.json",
                         "/elsewhere/x"};
   EXPECT_EQ(CommandLine(4, argv),
             "build/release/bench/tmem_ring_bench --results "
             "bench/results/latest.json /elsewhere/x");
-  unsetenv("TMEM_REPO_ROOT");
+  unsetenv("TMEM_REPO_ROOT");  // NOLINT(concurrency-mt-unsafe)
 }
 
 }  // namespace

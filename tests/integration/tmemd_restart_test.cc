@@ -83,12 +83,13 @@ class TmemdRestartTest : public ::testing::Test {
   std::unique_ptr<Process> StartTmemd(const std::vector<std::string>& vms,
                                       bool pass_store,
                                       const std::string& abort_at = "") {
+    // NOLINTNEXTLINE(concurrency-mt-unsafe): set before the fork, one thread.
     if (!abort_at.empty()) setenv("TMEMD_TEST_ABORT_AT", abort_at.c_str(), 1);
     auto p = systemd_.Start(
         TmemdArgs(vms),
         dir_.path() + "/tmemd-" + std::to_string(++starts_) + ".log",
         pass_store);
-    unsetenv("TMEMD_TEST_ABORT_AT");
+    unsetenv("TMEMD_TEST_ABORT_AT");  // NOLINT(concurrency-mt-unsafe)
     const int ready_before = ready_;
     EXPECT_TRUE(WaitUntil(
         [&] { return systemd_.ready_count() > ready_before || !p->Running(); },

@@ -93,7 +93,7 @@ class FrontEnd {
   }
   // Reads one reply; its payload, or nullopt on EOF/timeout.
   std::optional<std::vector<uint8_t>> Recv() {
-    std::array<uint8_t, 12> h;
+    std::array<uint8_t, 12> h{};
     if (!ReadAll(h.data(), h.size())) return std::nullopt;
     uint32_t size;
     std::memcpy(&size, h.data() + 8, 4);
@@ -143,7 +143,7 @@ std::vector<uint8_t> State(uint32_t index, uint32_t num) {
 std::vector<uint8_t> MemTable(
     const std::vector<std::array<uint64_t, 4>>& regions) {
   std::vector<uint8_t> b(8, 0);
-  const uint32_t n = static_cast<uint32_t>(regions.size());
+  const auto n = static_cast<uint32_t>(regions.size());
   std::memcpy(b.data(), &n, 4);
   for (const auto& r : regions) {
     for (uint64_t v : r) {
@@ -300,7 +300,7 @@ class Guest {
     Kick();
     EXPECT_TRUE(WaitUsed(submitted_));
     int bad = 0;
-    std::array<uint8_t, 4096> want;
+    std::array<uint8_t, 4096> want{};
     for (int i = 0; i < pages; ++i) {
       Fill(want.data(), seed, first + i);
       if (*drv_->Host(status[i]) != kVirtioBlkSOk ||
@@ -462,10 +462,10 @@ TEST_F(SwapDeviceTest, HostileFrontEndsBesideAVerifiedNeighbour) {
   uint32_t round = 0;
   const auto neighbour_ok = [&] {
     ++round;
-    for (uint8_t s : good.WritePages(round * 8, 8, round)) {
+    for (uint8_t s : good.WritePages(uint64_t{round} * 8, 8, round)) {
       EXPECT_EQ(s, kVirtioBlkSOk);
     }
-    EXPECT_EQ(good.VerifyPages(round * 8, 8, round), 0);
+    EXPECT_EQ(good.VerifyPages(uint64_t{round} * 8, 8, round), 0);
   };
 
   struct Case {

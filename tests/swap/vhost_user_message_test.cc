@@ -48,9 +48,9 @@ Frame MemTable(uint32_t n) {
   Frame f(5);
   f.Put32(n).Put32(0);
   for (uint32_t i = 0; i < n; ++i) {
-    f.Put64(0x100000ull * i)
+    f.Put64(0x100000ULL * i)
         .Put64(0x1000)
-        .Put64(0x7f0000000000ull + i * 0x100000)
+        .Put64(0x7f0000000000ULL + uint64_t{i} * 0x100000)
         .Put64(0);
   }
   return f;

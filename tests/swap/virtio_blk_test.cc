@@ -70,8 +70,8 @@ class BlkTest : public ::testing::Test {
     for (size_t i = 0; i < segs.size(); ++i) {
       uint8_t* p = drv_->Host(seg) + 16 * i;
       const uint64_t sector = segs[i][0];
-      const uint32_t num = static_cast<uint32_t>(segs[i][1]);
-      const uint32_t flags = static_cast<uint32_t>(segs[i][2]);
+      const auto num = static_cast<uint32_t>(segs[i][1]);
+      const auto flags = static_cast<uint32_t>(segs[i][2]);
       std::memcpy(p, &sector, 8);
       std::memcpy(p + 8, &num, 4);
       std::memcpy(p + 12, &flags, 4);
@@ -126,7 +126,8 @@ TEST_F(BlkTest, PartialPagesAreReadModifyWritten) {
   std::vector<uint8_t> got;
   EXPECT_EQ(Rw(kVirtioBlkTIn, 0, 8192, 0, &got), kVirtioBlkSOk);
   for (size_t i = 0; i < 8192; ++i) {
-    const uint8_t want = i < 3 * 512 ? 0x11 : (i < 11 * 512 ? 0x22 : 0x00);
+    const uint8_t want =
+        i < size_t{3} * 512 ? 0x11 : (i < size_t{11} * 512 ? 0x22 : 0x00);
     ASSERT_EQ(got[i], want) << i;
   }
   // A read of a single sector in the middle.
@@ -226,7 +227,7 @@ TEST_F(BlkTest, DiscardFreesAndWriteZeroesZeroes) {
       kVirtioBlkSOk);  // sectors 17..23: partial page 2
   std::vector<uint8_t> got;
   EXPECT_EQ(Rw(kVirtioBlkTIn, 0, 4096 * 4, 0, &got), kVirtioBlkSOk);
-  for (size_t i = 0; i < 4096 * 4; ++i) {
+  for (size_t i = 0; i < size_t{4096} * 4; ++i) {
     const uint8_t want =
         i < 8192 + 512 ? (i < 8192 ? 0 : 0x99) : (i < 12288 ? 0 : 0x99);
     ASSERT_EQ(got[i], want) << i;

@@ -75,7 +75,7 @@ class VirtqDriver {
   uint16_t Chain(const std::vector<Buf>& bufs) {
     const uint16_t head = next_desc_;
     for (size_t i = 0; i < bufs.size(); ++i) {
-      const uint16_t idx = static_cast<uint16_t>((head + i) % qsize_);
+      const auto idx = static_cast<uint16_t>((head + i) % qsize_);
       const bool last = i + 1 == bufs.size();
       uint16_t flags = bufs[i].device_writes ? kVirtqDescFWrite : 0;
       if (!last) flags |= kVirtqDescFNext;
@@ -105,7 +105,7 @@ class VirtqDriver {
   // Makes `head` available (entry, then idx with release order).
   void Publish(uint16_t head) {
     const uint16_t idx = avail_idx_;
-    std::memcpy(host_ + avail_off_ + 4 + 2 * (idx % qsize_), &head, 2);
+    std::memcpy(host_ + avail_off_ + 4 + size_t{2} * (idx % qsize_), &head, 2);
     ++avail_idx_;
     __atomic_store_n(reinterpret_cast<uint16_t*>(host_ + avail_off_ + 2),
                      avail_idx_, __ATOMIC_RELEASE);
@@ -116,9 +116,9 @@ class VirtqDriver {
                      __ATOMIC_RELEASE);
   }
   void SetUsedEvent(uint16_t v) {
-    __atomic_store_n(
-        reinterpret_cast<uint16_t*>(host_ + avail_off_ + 4 + 2 * qsize_), v,
-        __ATOMIC_RELEASE);
+    __atomic_store_n(reinterpret_cast<uint16_t*>(host_ + avail_off_ + 4 +
+                                                 size_t{2} * qsize_),
+                     v, __ATOMIC_RELEASE);
   }
   void SetAvailFlags(uint16_t v) {
     __atomic_store_n(reinterpret_cast<uint16_t*>(host_ + avail_off_), v,
@@ -130,13 +130,13 @@ class VirtqDriver {
         __ATOMIC_ACQUIRE);
   }
   uint16_t AvailEvent() const {
-    return __atomic_load_n(
-        reinterpret_cast<const uint16_t*>(host_ + used_off_ + 4 + 8 * qsize_),
-        __ATOMIC_ACQUIRE);
+    return __atomic_load_n(reinterpret_cast<const uint16_t*>(
+                               host_ + used_off_ + 4 + size_t{8} * qsize_),
+                           __ATOMIC_ACQUIRE);
   }
   // The used element at position i: {id, len}.
   std::pair<uint32_t, uint32_t> Used(uint16_t i) const {
-    const uint8_t* e = host_ + used_off_ + 4 + 8 * (i % qsize_);
+    const uint8_t* e = host_ + used_off_ + 4 + size_t{8} * (i % qsize_);
     uint32_t id;
     uint32_t len;
     std::memcpy(&id, e, 4);
