@@ -575,7 +575,7 @@ absl::StatusOr<v1::SetHostPolicyResponse> ControlPlane::SetHostPolicy(
   return out;
 }
 
-absl::Status ControlPlane::ApplyPolicySet(const ResolvedFleetPolicy& policy,
+absl::Status ControlPlane::ApplyPolicySet(const PolicySet& policy,
                                           bool dry_run) {
   MutexLock lock(&write_mu_);
   // 1. Plan everything; nothing changes until every part is valid.

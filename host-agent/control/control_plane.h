@@ -24,9 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "host-agent/agent.h"
+#include "host-agent/control/policy_set.h"
 #include "host-agent/control/policy_store.h"
 #include "host-agent/domain_control.h"
-#include "host-agent/fleet/fleet_policy.h"
 #include "proto/tmem/v1/control.pb.h"
 
 namespace tmem {
@@ -88,8 +88,7 @@ class ControlPlane {
   // SetVmPolicy, then applied all together or not at all (a failed step
   // puts back what was changed before it). VMs added later get it through
   // ResolveVmPolicy. With dry_run, only checks.
-  absl::Status ApplyPolicySet(const ResolvedFleetPolicy& policy,
-                              bool dry_run = false);
+  absl::Status ApplyPolicySet(const PolicySet& policy, bool dry_run = false);
 
   // Domains (forwarded to DomainControl).
   absl::StatusOr<v1::DomainState> AttachDomain(const v1::DomainRequest& r);
@@ -128,7 +127,7 @@ class ControlPlane {
   // Taken inside the Agent's mutex (ResolveVmPolicy runs there): nothing
   // is called while holding it.
   mutable Mutex fleet_mu_ ABSL_ACQUIRED_AFTER(write_mu_);
-  std::optional<ResolvedFleetPolicy> fleet_ ABSL_GUARDED_BY(fleet_mu_);
+  std::optional<PolicySet> fleet_ ABSL_GUARDED_BY(fleet_mu_);
   // Held across the source's call (the fleet watcher's counters), never
   // with another of ours.
   mutable Mutex extra_mu_;

@@ -139,28 +139,6 @@ bool operator==(const FleetLayer& a, const FleetLayer& b) {
   return SameMessage(a.host, b.host) && SameMessage(a.vm, b.vm);
 }
 
-bool operator==(const ResolvedFleetPolicy& a, const ResolvedFleetPolicy& b) {
-  if (!SameMessage(a.host, b.host) ||
-      !SameMessage(a.vm_defaults, b.vm_defaults) ||
-      a.vms.size() != b.vms.size()) {
-    return false;
-  }
-  for (auto ia = a.vms.begin(), ib = b.vms.begin(); ia != a.vms.end();
-       ++ia, ++ib) {
-    if (ia->first != ib->first || !SameMessage(ia->second, ib->second)) {
-      return false;
-    }
-  }
-  return true;
-}
-
-v1::SetVmPolicyRequest ResolvedFleetPolicy::ForVm(const std::string& vm) const {
-  v1::SetVmPolicyRequest r = vm_defaults;
-  if (auto it = vms.find(vm); it != vms.end()) r.MergeFrom(it->second);
-  r.set_vm(vm);
-  return r;
-}
-
 std::optional<size_t> InvalidUtf8Offset(std::string_view s) {
   size_t i = 0;
   while (i < s.size()) {
@@ -301,10 +279,10 @@ std::string FormatFleetLayer(const FleetLayer& layer) {
   return j.dump();
 }
 
-absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
+absl::StatusOr<PolicySet> ResolveFleetPolicy(
     const std::map<std::string, std::string>& keys, const std::string& host,
     const std::vector<std::string>& groups) {
-  ResolvedFleetPolicy out;
+  PolicySet out;
   for (const std::string& key : HostLayerKeys(host, groups)) {
     auto it = keys.find(key);
     if (it == keys.end()) continue;

@@ -31,6 +31,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "host-agent/control/policy_set.h"
 #include "proto/tmem/v1/control.pb.h"
 
 namespace tmem {
@@ -55,19 +56,6 @@ struct FleetLayer {
   friend bool operator==(const FleetLayer& a, const FleetLayer& b);
 };
 
-// What one host applies: the merged host fields, the merged defaults for
-// its VMs, and each VM's override (vms/<vm> keys, all of them: a VM may
-// arrive here later).
-struct ResolvedFleetPolicy {
-  v1::SetHostPolicyRequest host;
-  v1::SetVmPolicyRequest vm_defaults;
-  std::map<std::string, v1::SetVmPolicyRequest> vms;
-  // The request one VM gets (defaults overlaid by its own key).
-  v1::SetVmPolicyRequest ForVm(const std::string& vm) const;
-  friend bool operator==(const ResolvedFleetPolicy& a,
-                         const ResolvedFleetPolicy& b);
-};
-
 // Keys and values in etcd are bytes. The offset of the first byte of `s`
 // that is not (shortest-form, non-surrogate) UTF-8, if any.
 std::optional<size_t> InvalidUtf8Offset(std::string_view s);
@@ -87,9 +75,12 @@ absl::StatusOr<FleetLayer> ParseFleetLayer(const std::string& key,
 std::string FormatFleetLayer(const FleetLayer& layer);
 
 // Resolves the keys relevant to `host` (in `groups`) from all keys under
-// the prefix (full key -> value). The first invalid relevant key makes it
-// fail with its reason; keys meant for other hosts and groups are not read.
-absl::StatusOr<ResolvedFleetPolicy> ResolveFleetPolicy(
+// the prefix (full key -> value) into what this host applies: the merged
+// host fields, the merged defaults for its VMs, and each VM's override (all
+// vms/<vm> keys: a VM may arrive here later). The first invalid relevant
+// key makes it fail with its reason; keys meant for other hosts and groups
+// are not read.
+absl::StatusOr<PolicySet> ResolveFleetPolicy(
     const std::map<std::string, std::string>& keys, const std::string& host,
     const std::vector<std::string>& groups);
 

@@ -76,12 +76,12 @@ void FleetView::Clear() {
   keys_.clear();
   host_layers_.clear();
   refused_.clear();
-  policy_ = ResolvedFleetPolicy();
+  policy_ = PolicySet();
   host_dirty_ = true;
   changed_ = true;
 }
 
-absl::StatusOr<const ResolvedFleetPolicy*> FleetView::Resolve() {
+absl::StatusOr<const PolicySet*> FleetView::Resolve() {
   if (!refused_.empty()) {
     std::string reason = refused_.begin()->second;
     if (refused_.size() > 1) {

@@ -41,7 +41,7 @@ class FleetView {
   const std::map<std::string, std::string>& keys() const { return keys_; }
   // The policy the keys resolve to (valid until the next change), or the
   // first refused key's reason (INVALID_ARGUMENT, keys shown escaped).
-  absl::StatusOr<const ResolvedFleetPolicy*> Resolve();
+  absl::StatusOr<const PolicySet*> Resolve();
   // Whether what Resolve gives may differ from what was last marked
   // applied (true until the first MarkApplied).
   bool changed() const { return changed_; }
@@ -61,7 +61,7 @@ class FleetView {
   std::map<std::string, std::string> keys_;
   std::map<std::string, FleetLayer> host_layers_;  // fleet, groups, hosts/
   std::map<std::string, std::string> refused_;     // key -> reason
-  ResolvedFleetPolicy policy_;  // vms kept per key; host parts by Resolve
+  PolicySet policy_;  // vms kept per key; host parts by Resolve
   bool host_dirty_ = true;
   bool changed_ = true;
   uint64_t layers_parsed_ = 0;

@@ -282,7 +282,7 @@ void FleetWatcher::LoadState() {
     return;
   }
   for (const auto& [k, v] : keys) view_.Put(k, v);
-  absl::StatusOr<const ResolvedFleetPolicy*> resolved = view_.Resolve();
+  absl::StatusOr<const PolicySet*> resolved = view_.Resolve();
   if (resolved.ok() && p.rejected_reason.empty()) {
     if (absl::Status s = control_->ApplyPolicySet(**resolved); s.ok()) {
       view_.MarkApplied();
@@ -377,7 +377,7 @@ absl::Status FleetWatcher::SaveState(const Changes& changes) {
 constexpr std::chrono::milliseconds kStatusSpread{500};
 
 void FleetWatcher::Process(int64_t revision, const Changes& changes) {
-  absl::StatusOr<const ResolvedFleetPolicy*> resolved = view_.Resolve();
+  absl::StatusOr<const PolicySet*> resolved = view_.Resolve();
   absl::Status outcome = resolved.status();
   bool changed = false;
   if (resolved.ok() && view_.changed()) {

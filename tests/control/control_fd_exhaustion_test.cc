@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tests/control/test_util.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -134,9 +135,9 @@ class ControlFdExhaustionTest : public ::testing::Test {
     GTEST_SKIP() << "skipped under TSan: Debian's gRPC is not TSan-"
                     "instrumented (see tests/control/CMakeLists.txt)";
 #endif
-    char tmpl[] = "/tmp/tmem-fdx-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<testing::TempDir>("tmem-fdx");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
     // The flood's client ends live in this process.
     rlimit lim{};
     getrlimit(RLIMIT_NOFILE, &lim);
@@ -148,7 +149,7 @@ class ControlFdExhaustionTest : public ::testing::Test {
   void TearDown() override {
     CloseFlood();
     tmemd_.reset();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    tmp_.reset();
   }
 
   void StartTmemd(const std::vector<std::string>& prefix,
@@ -213,7 +214,8 @@ class ControlFdExhaustionTest : public ::testing::Test {
     flood_.clear();
   }
 
-  std::string dir_;
+  std::unique_ptr<testing::TempDir> tmp_;
+  std::string dir_;  // tmp_'s path
   std::unique_ptr<Process> tmemd_;
   std::vector<int> flood_;
   int metrics_port_ = -1;

@@ -23,6 +23,7 @@
 #include "host-agent/control/policy_store.h"
 #include "proto/tmem/v1/control.grpc.pb.h"
 #include "tests/control/test_util.h"
+#include "tests/temp_dir.h"
 #include "tests/test_pages.h"
 
 namespace tmem {
@@ -74,21 +75,15 @@ class FakeDomains : public DomainControl {
   std::vector<std::pair<std::string, VmPolicy>> written;  // guarded by mu
 };
 
-std::string TempDir(const char* name) {
-  std::string tmpl = std::string("/tmp/") + name + "-XXXXXX";
-  return mkdtemp(tmpl.data());
-}
-
 class ControlServiceTest : public ::testing::Test {
  protected:
   static constexpr int kMaxWatchStreams = 4;
 
   static void SetUpTestSuite() {
-    cert_dir_ = new std::string(TempDir("tmem-certs"));
-    certs_ = new TestCerts(MakeTestCerts(*cert_dir_));
+    cert_dir_ = new testing::TempDir("tmem-certs");
+    certs_ = new TestCerts(MakeTestCerts(cert_dir_->path()));
   }
   static void TearDownTestSuite() {
-    std::filesystem::remove_all(*cert_dir_);
     delete certs_;
     delete cert_dir_;
   }
@@ -100,12 +95,14 @@ class ControlServiceTest : public ::testing::Test {
                     "(see tests/control/CMakeLists.txt); runs in release/asan";
 #endif
     ASSERT_TRUE(certs_->error.empty()) << certs_->error;
-    dir_ = TempDir("tmem-control");
+    tmp_ = std::make_unique<testing::TempDir>("tmem-control");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
     StartAll(/*with_domains=*/true);
   }
   void TearDown() override {
     StopAll();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    tmp_.reset();
   }
 
   void StartAll(bool with_domains) {
@@ -215,9 +212,10 @@ class ControlServiceTest : public ::testing::Test {
     return d;
   }
 
-  static inline std::string* cert_dir_ = nullptr;
+  static inline testing::TempDir* cert_dir_ = nullptr;
   static inline TestCerts* certs_ = nullptr;
-  std::string dir_;
+  std::unique_ptr<testing::TempDir> tmp_;
+  std::string dir_;  // tmp_'s path
   FakeDomains domains_;
   std::unique_ptr<Agent> agent_;
   std::unique_ptr<PolicyStore> policies_;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "tests/control/test_util.h"
+#include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
@@ -54,13 +55,13 @@ class TmemctlE2eTest : public ::testing::Test {
                     "instrumented, so RPC traffic reports races inside gRPC "
                     "(see tests/control/CMakeLists.txt); runs in release/asan";
 #endif
-    char tmpl[] = "/tmp/tmemctl-e2e-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<testing::TempDir>("tmemctl-e2e");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
   }
   void TearDown() override {
     daemons_.clear();
-    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+    tmp_.reset();
   }
 
   // Starts tmemd #i with VMs g1, g2 and its control socket; waits until the
@@ -131,7 +132,8 @@ class TmemctlE2eTest : public ::testing::Test {
     return code;
   }
 
-  std::string dir_;
+  std::unique_ptr<testing::TempDir> tmp_;
+  std::string dir_;  // tmp_'s path
   std::vector<std::unique_ptr<Process>> daemons_;
   int runs_ = 0;
   int starts_ = 0;

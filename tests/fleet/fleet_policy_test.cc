@@ -74,8 +74,7 @@ TEST(FleetPolicyTest, MostSpecificWinsFieldByField) {
       {kP + "hosts/h2", "not even json"},  // another host's problem
       {kP + "vms/web1", R"({"version":1,"vm":{"weight":7}})"},
   };
-  absl::StatusOr<ResolvedFleetPolicy> r =
-      ResolveFleetPolicy(keys, "h1", {"g1", "g2"});
+  absl::StatusOr<PolicySet> r = ResolveFleetPolicy(keys, "h1", {"g1", "g2"});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_DOUBLE_EQ(r->host.cpu_budget_percent(), 25);  // g2 after g1
   EXPECT_EQ(r->host.default_mode(), v1::MODE_OFF);     // not group other
@@ -85,7 +84,7 @@ TEST(FleetPolicyTest, MostSpecificWinsFieldByField) {
   EXPECT_EQ(r->ForVm("web1").weight(), 7);             // VM key wins
   EXPECT_EQ(r->ForVm("web1").vm(), "web1");
   // The broken key concerns h2 only.
-  absl::StatusOr<ResolvedFleetPolicy> h2 = ResolveFleetPolicy(keys, "h2", {});
+  absl::StatusOr<PolicySet> h2 = ResolveFleetPolicy(keys, "h2", {});
   ASSERT_FALSE(h2.ok());
   EXPECT_NE(h2.status().message().find("hosts/h2"), std::string::npos);
   EXPECT_TRUE(FleetKeyConcernsHost(kP + "vms/x", "h1", {}));

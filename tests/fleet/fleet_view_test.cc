@@ -34,7 +34,7 @@ TEST(FleetViewTest, BadBytesAreRefusedWithTheirReasonEscaped) {
   ASSERT_TRUE(v.Resolve().ok());
   v.MarkApplied();
   ASSERT_TRUE(v.Put(kP + "fleet", "\xff"));
-  absl::StatusOr<const ResolvedFleetPolicy*> r = v.Resolve();
+  absl::StatusOr<const PolicySet*> r = v.Resolve();
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find(
                 "fleet: value: byte 0xff at offset 0 is not UTF-8"),
@@ -73,7 +73,7 @@ TEST(FleetViewTest, KeysOutsideTheLayoutAreKeptAndRefused) {
   EXPECT_TRUE(v.Keeps(kP + "host/h1"));     // a typo: refused, not ignored
   EXPECT_TRUE(v.Keeps(kP + "hosts/"));
   ASSERT_TRUE(v.Put(kP + "host/h1", R"({"version":1})"));
-  absl::StatusOr<const ResolvedFleetPolicy*> r = v.Resolve();
+  absl::StatusOr<const PolicySet*> r = v.Resolve();
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("key '/tmemd/v1/policy/host/h1': want"),
             std::string::npos)
@@ -93,9 +93,8 @@ TEST(FleetViewTest, ResolvesAsResolveFleetPolicyDoes) {
   };
   FleetView v("h1", {"g1", "g2"});
   for (const auto& [k, val] : keys) v.Put(k, val);
-  absl::StatusOr<const ResolvedFleetPolicy*> got = v.Resolve();
-  absl::StatusOr<ResolvedFleetPolicy> want =
-      ResolveFleetPolicy(keys, "h1", {"g1", "g2"});
+  absl::StatusOr<const PolicySet*> got = v.Resolve();
+  absl::StatusOr<PolicySet> want = ResolveFleetPolicy(keys, "h1", {"g1", "g2"});
   ASSERT_TRUE(got.ok() && want.ok());
   EXPECT_TRUE(**got == *want);
   // One change at a time, same answer.
@@ -124,7 +123,7 @@ TEST(FleetViewTest, OneChangeParsesOneValue) {
   v.Put(kP + "vms/vm0007", R"({"version":1,"vm":{"weight":200}})");
   EXPECT_EQ(v.layers_parsed(), 1001u);
   EXPECT_TRUE(v.changed());
-  absl::StatusOr<const ResolvedFleetPolicy*> r = v.Resolve();
+  absl::StatusOr<const PolicySet*> r = v.Resolve();
   ASSERT_TRUE(r.ok());
   EXPECT_EQ((*r)->ForVm("vm0007").weight(), 200);
   v.MarkApplied();
