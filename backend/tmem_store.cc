@@ -231,6 +231,10 @@ absl::Status TmemStore::Impl::ForgetVm(VmId id) {
            e = shard->table.LruTail(vm.slot)) {
         RemoveEntryLocked(*shard, e);
       }
+      for (uint32_t e = shard->table.PinnedTail(vm.slot); e != kNoEntry;
+           e = shard->table.PinnedTail(vm.slot)) {
+        RemoveEntryLocked(*shard, e);
+      }
       CompactLocked(*shard);
     }
     MutexLock lock(&pools_mu_);
@@ -265,8 +269,16 @@ void TmemStore::Impl::RevokeSharedPool(const PoolUuid& uuid,
   if (it->second.empty()) shared_auth_.erase(it);
 }
 
-absl::StatusOr<PoolId> TmemStore::Impl::NewPool(VmId id,
-                                                const PoolUuid* shared) {
+absl::StatusOr<PoolId> TmemStore::Impl::NewPool(VmId id, const PoolUuid* shared,
+                                                PoolKind kind) {
+  if (kind != PoolKind::kEphemeral && kind != PoolKind::kPersistent) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown pool kind ", static_cast<int>(kind)));
+  }
+  if (kind == PoolKind::kPersistent && shared != nullptr) {
+    return absl::InvalidArgumentError(
+        "a persistent pool is private: it cannot be shared");
+  }
   absl::StatusOr<Vm*> found = LookupVm(id);
   if (!found.ok()) return found.status();
   Vm& vm = **found;
@@ -287,6 +299,7 @@ absl::StatusOr<PoolId> TmemStore::Impl::NewPool(VmId id,
     if (shared == nullptr) {
       auto owned = std::make_unique<Pool>();
       pool = owned.get();
+      pool->kind = kind;
       pools_[pool] = std::move(owned);
     } else {
       auto auth = shared_auth_.find(*shared);
@@ -394,27 +407,38 @@ TmemStore::Impl::Pool& TmemStore::Impl::RemoveEntryLocked(Shard& shard,
   }
   const auto charge = static_cast<int64_t>(ChargeOf(removed));
   const auto stored = static_cast<int64_t>(StoredBytesOf(removed));
+  const bool pinned = removed.pinned != 0;
   Vm* owner = slots_[removed.vm_slot].load(std::memory_order_acquire);
   if (owner != nullptr) {
+    // Persistent first: a lock-free reader (Vm::MayHoldEvictable) then
+    // never sees fewer evictable pages than there are.
+    if (pinned) owner->counters.Add(Counter::kPersistentPagesHeld, -1);
     owner->counters.Add(Counter::kPagesHeld, -1);
-    owner->counters.Add(Counter::kChargedBytes, -charge);
     owner->counters.Add(Counter::kStoredBytes, -stored);
   }
   pool.counters.Add(Counter::kPagesHeld, -1);
-  pool.counters.Add(Counter::kChargedBytes, -charge);
   pool.counters.Add(Counter::kStoredBytes, -stored);
+  if (pinned) pool.counters.Add(Counter::kPersistentPagesHeld, -1);
+  AddCharge(owner, pool, pinned, -charge);
   if (gone.heir != kNoEntry) {
     // A page of the same pool now pays the object or pool slot this one
     // paid; its owner (possibly another VM sharing the pool) is charged.
-    const auto moved = static_cast<int64_t>(SharedCharge(gone.heir_gained));
-    Vm* heir_owner = slots_[shard.table.entry(gone.heir).vm_slot].load(
-        std::memory_order_acquire);
-    if (heir_owner != nullptr) {
-      heir_owner->counters.Add(Counter::kChargedBytes, moved);
-    }
-    pool.counters.Add(Counter::kChargedBytes, moved);
+    const PageEntry& heir = shard.table.entry(gone.heir);
+    AddCharge(slots_[heir.vm_slot].load(std::memory_order_acquire), pool,
+              heir.pinned != 0,
+              static_cast<int64_t>(SharedCharge(gone.heir_gained)));
   }
   return pool;
+}
+
+void TmemStore::Impl::AddCharge(Vm* owner, Pool& pool, bool pinned,
+                                int64_t delta) {
+  if (owner != nullptr) {
+    owner->counters.Add(Counter::kChargedBytes, delta);
+    if (pinned) owner->counters.Add(Counter::kPersistentChargedBytes, delta);
+  }
+  pool.counters.Add(Counter::kChargedBytes, delta);
+  if (pinned) pool.counters.Add(Counter::kPersistentChargedBytes, delta);
 }
 
 void TmemStore::Impl::RemoveKeyLocked(Shard& shard, Pool& pool,
@@ -533,6 +557,11 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
     }
     vm.counters.Inc(RefusedCounter(reason));
     pool.counters.Inc(RefusedCounter(reason));
+    if (pool.persistent() &&
+        (reason == RefuseReason::kQuota || reason == RefuseReason::kNoMemory)) {
+      vm.counters.Inc(Counter::kPersistentPutsRefusedForRoom);
+      pool.counters.Inc(Counter::kPersistentPutsRefusedForRoom);
+    }
     result.stored = false;
     result.reason = reason;
     return result;
@@ -592,7 +621,7 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
       uint32_t entry = kNoEntry;
       for (int in_shard = 0;; ++in_shard) {
         entry = shard.table.InsertPage(pool.key(), oid, index, vm.slot,
-                                       enc.kind, payload);
+                                       enc.kind, payload, pool.persistent());
         stored = entry != kNoEntry;
         if (stored || in_shard == kInShardEvictions || !targeted() ||
             !EvictInShardLocked(shard)) {
@@ -614,6 +643,14 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
         pool.counters.Inc(Counter::kPagesHeld);
         pool.counters.Add(Counter::kStoredBytes, stored_bytes);
         pool.counters.Add(Counter::kChargedBytes, static_cast<int64_t>(actual));
+        if (pool.persistent()) {
+          vm.counters.Inc(Counter::kPersistentPagesHeld);
+          vm.counters.Add(Counter::kPersistentChargedBytes,
+                          static_cast<int64_t>(actual));
+          pool.counters.Inc(Counter::kPersistentPagesHeld);
+          pool.counters.Add(Counter::kPersistentChargedBytes,
+                            static_cast<int64_t>(actual));
+        }
         if (defer)
           result.deferred =
               QueueDeferredLocked(shard, entry, id, pid, oid, index, idle_only);
@@ -754,11 +791,10 @@ DeferredOutcome TmemStore::Impl::CompleteDeferred(
                                   static_cast<int64_t>(StoredBytesOf(before));
         Vm* owner = slots_[before.vm_slot].load(std::memory_order_acquire);
         if (owner != nullptr) {
-          owner->counters.Add(Counter::kChargedBytes, charge_delta);
           owner->counters.Add(Counter::kStoredBytes, stored_delta);
         }
-        pool.counters.Add(Counter::kChargedBytes, charge_delta);
         pool.counters.Add(Counter::kStoredBytes, stored_delta);
+        AddCharge(owner, pool, before.pinned != 0, charge_delta);
         raw = BlobRef::Unpack(before.payload);
         blob.reset();  // the page owns it now
         outcome = DeferredOutcome::kCompressed;
@@ -802,15 +838,16 @@ absl::StatusOr<bool> TmemStore::Impl::GetWork(VmId id, PoolId pid,
     const uint32_t e = shard.table.FindPage(pool.key(), oid, index);
     if (e != kNoEntry) {
       hit = true;
-      if (!pool.shared) {
-        // Private pools are exclusive: the guest now holds the only copy.
-        // The entry goes now; its blob is decoded after the lock drops.
+      if (!pool.shared && !pool.persistent()) {
+        // Private ephemeral pools are exclusive: the guest now holds the
+        // only copy. The entry goes now; its blob is decoded after the lock
+        // drops.
         taken = shard.table.entry(e);
         RemoveEntryLocked(shard, e, /*keep_blob=*/true, CompactionSkip::kRead);
         CompactLocked(shard);
       } else {
-        // Shared pages stay, so another VM may free the blob once the
-        // lock drops: decode under the lock.
+        // Shared and persistent pages stay, so a later put or invalidate
+        // may free the blob once the lock drops: decode under the lock.
         shard.table.Touch(e);
         corrupt = !DecodeEntry(shard.table.entry(e), out);
         if (corrupt) {
@@ -863,6 +900,7 @@ absl::StatusOr<uint64_t> TmemStore::Impl::GetRun(VmId id, PoolId pid,
   }
   // Every page of one object lives in one shard.
   Shard& shard = ShardFor(pool, oid);
+  if (pool.persistent()) return GetRunKept(vm, pool, shard, oid, first, n, out);
   // Only the entries of hits are read (bit k of `hits`).
   // NOLINTNEXTLINE(*-member-init)
   std::array<PageEntry, TmemStore::kMaxGetRun> taken;
@@ -891,6 +929,44 @@ absl::StatusOr<uint64_t> TmemStore::Impl::GetRun(VmId id, PoolId pid,
     if (HoldsBlob(taken[k].kind)) {
       arena_.Free(BlobRef::Unpack(taken[k].payload));
     }
+  }
+  const auto hit_count = static_cast<int64_t>(std::popcount(hits));
+  const auto miss_count = static_cast<int64_t>(n) - hit_count;
+  vm.counters.Add(Counter::kGetsHit, hit_count);
+  vm.counters.Add(Counter::kGetsMiss, miss_count);
+  pool.counters.Add(Counter::kGetsHit, hit_count);
+  pool.counters.Add(Counter::kGetsMiss, miss_count);
+  if (corrupt) {
+    return absl::DataLossError(
+        "stored LZ4 block failed to decompress; page dropped");
+  }
+  return hits;
+}
+
+absl::StatusOr<uint64_t> TmemStore::Impl::GetRunKept(Vm& vm, Pool& pool,
+                                                     Shard& shard,
+                                                     const ObjectId& oid,
+                                                     PageIndex first, size_t n,
+                                                     std::span<uint8_t> out) {
+  uint64_t hits = 0;
+  bool corrupt = false;
+  {
+    MutexLock lock(&shard.mu);
+    for (size_t k = 0; k < n; ++k) {
+      const uint32_t e = shard.table.FindPage(pool.key(), oid, first + k);
+      if (e == kNoEntry) continue;
+      // The page stays, so a later put or invalidate may free its blob once
+      // the lock drops: decode under the lock, as Get does.
+      shard.table.Touch(e);
+      if (DecodeEntry(shard.table.entry(e),
+                      MutablePage(out.data() + k * kPageSize, kPageSize))) {
+        hits |= uint64_t{1} << k;
+      } else {
+        corrupt = true;
+        RemoveEntryLocked(shard, e);
+      }
+    }
+    if (corrupt) CompactLocked(shard);
   }
   const auto hit_count = static_cast<int64_t>(std::popcount(hits));
   const auto miss_count = static_cast<int64_t>(n) - hit_count;
@@ -1036,7 +1112,11 @@ HostStats TmemStore::Impl::GetHostStats() const {
   for (const auto& [name, vm] : by_name_) {
     vm->counters.AccumulateInto(s.counters);
     s.vm_charged_bytes += vm->charged();
+    s.persistent_pages += vm->counters.Get(Counter::kPersistentPagesHeld);
+    s.persistent_bytes += vm->counters.Get(Counter::kPersistentChargedBytes);
   }
+  s.persistent_puts_refused_for_room =
+      CounterValueOf(s.counters, Counter::kPersistentPutsRefusedForRoom);
   // Read apart from `used`: a snapshot of a changing store can see a
   // charge before its bytes or the reverse, so the figure is clamped.
   s.host_overhead_bytes =
@@ -1061,12 +1141,17 @@ absl::StatusOr<VmStats> TmemStore::Impl::GetVmStats(VmId id) const {
   s.policy.enabled = vm.enabled.load(std::memory_order_relaxed);
   s.policy.frozen = vm.frozen.load(std::memory_order_relaxed);
   s.counters = vm.counters.Snapshot();
+  s.persistent_pages =
+      CounterValueOf(s.counters, Counter::kPersistentPagesHeld);
+  s.persistent_bytes =
+      CounterValueOf(s.counters, Counter::kPersistentChargedBytes);
   for (PoolId pid = 0; pid < static_cast<PoolId>(vm.pools.size()); ++pid) {
     const Pool* pool = vm.pools[pid];
     if (pool == nullptr) continue;
     PoolStats p;
     p.id = pid;
     p.shared = pool->shared;
+    p.kind = pool->kind;
     p.uuid = pool->uuid;
     p.counters = pool->counters.Snapshot();
     s.pools.push_back(p);
@@ -1140,8 +1225,9 @@ void TmemStore::RevokeSharedPool(const PoolUuid& uuid,
                                  const std::string& vm_name) {
   impl_->RevokeSharedPool(uuid, vm_name);
 }
-absl::StatusOr<PoolId> TmemStore::NewPool(VmId vm, const PoolUuid* shared) {
-  return impl_->NewPool(vm, shared);
+absl::StatusOr<PoolId> TmemStore::NewPool(VmId vm, const PoolUuid* shared,
+                                          PoolKind kind) {
+  return impl_->NewPool(vm, shared, kind);
 }
 absl::Status TmemStore::DestroyPool(VmId vm, PoolId pool) {
   return impl_->DestroyPool(vm, pool);

@@ -2,6 +2,7 @@
 // a lowered quota finds room (tmem_store.h: "Eviction when the host is
 // full", "Bounded work").
 #include <algorithm>
+#include <cassert>
 #include <climits>
 #include <vector>
 
@@ -23,6 +24,8 @@ void TmemStore::Impl::NotifyEvictionLocked(Shard& shard, uint32_t e) {
 
 bool TmemStore::Impl::EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes,
                                   bool* found_class) {
+  // Only persistent pages (or none): nothing on its LRU lists to walk.
+  if (!vm.MayHoldEvictable()) return false;
   const auto n = static_cast<uint32_t>(shards_.size());
   const uint32_t start =
       vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
@@ -61,6 +64,8 @@ bool TmemStore::Impl::EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes,
 
 void TmemStore::Impl::EvictLocked(Shard& shard, uint32_t e, Vm& owner,
                                   Counter reason) {
+  assert(shard.table.entry(e).pinned == 0 &&
+         "a persistent page is never evicted");
   ++t_op_work;
   NotifyEvictionLocked(shard, e);
   Pool& pool = RemoveEntryLocked(shard, e, /*keep_blob=*/false,
@@ -149,6 +154,7 @@ uint32_t TmemStore::Impl::EvictEmptiestSlab(
 }
 
 uint32_t TmemStore::Impl::EvictBatchFromVm(Vm& vm, uint32_t count) {
+  if (!vm.MayHoldEvictable()) return 0;
   const auto n = static_cast<uint32_t>(shards_.size());
   const uint32_t start =
       vm.evict_cursor.fetch_add(1, std::memory_order_relaxed);
@@ -210,8 +216,15 @@ uint32_t TmemStore::Impl::EvictForHost(Room room, size_t slot_bytes,
   std::vector<Vm*> vms;
   std::vector<ShareInput> inputs;
   CollectShares(vms, inputs);
+  // Victims are the VMs that may hold an evictable page, furthest over
+  // their share first; how far over counts every page (persistent ones
+  // too), but a VM holding only persistent pages has nothing to give.
+  std::vector<ShareInput> victims = inputs;
+  for (size_t i = 0; i < vms.size(); ++i) {
+    if (!vms[i]->MayHoldEvictable()) victims[i].charged_bytes = 0;
+  }
   if (room == Room::kWholeSlab) {
-    const int furthest = PickEvictionVictim(inputs);
+    const int furthest = PickEvictionVictim(victims);
     if (furthest < 0) return 0;
     std::vector<bool> evictable(kMaxVms, false);
     const uint64_t cap = budget_->cap();
@@ -242,7 +255,7 @@ uint32_t TmemStore::Impl::EvictForHost(Room room, size_t slot_bytes,
   // A VM whose charge is only an in-flight reservation has nothing to
   // evict; skip it and try the next furthest over.
   for (size_t tries = 0; tries < vms.size(); ++tries) {
-    const int victim = PickEvictionVictim(inputs);
+    const int victim = PickEvictionVictim(victims);
     if (victim < 0) return 0;
     if (room == Room::kWholeSlab) {
       if (const uint32_t evicted =
@@ -253,7 +266,7 @@ uint32_t TmemStore::Impl::EvictForHost(Room room, size_t slot_bytes,
                            found_class)) {
       return 1;
     }
-    inputs[victim].charged_bytes = 0;
+    victims[victim].charged_bytes = 0;
   }
   return 0;
 }

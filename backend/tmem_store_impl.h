@@ -51,6 +51,7 @@ class TmemStore::Impl {
  public:
   struct Pool {
     bool shared = false;
+    PoolKind kind = PoolKind::kEphemeral;  // fixed at NewPool
     PoolUuid uuid;
     CounterSet counters;
     int members = 0;  // shared pools: VMs that hold it (pools_mu_)
@@ -58,6 +59,8 @@ class TmemStore::Impl {
     // removed before it is freed, so a reused address never meets a stale
     // page.
     uint64_t key() const { return reinterpret_cast<uint64_t>(this); }
+    // Its pages are pinned (ShardTable): never evicted, gets not exclusive.
+    bool persistent() const { return kind == PoolKind::kPersistent; }
   };
 
   struct Vm {
@@ -88,6 +91,12 @@ class TmemStore::Impl {
     std::atomic<uint32_t> evict_cursor{0};
     CounterSet counters;
     uint64_t charged() const { return counters.Get(Counter::kChargedBytes); }
+    // Whether it may hold a page eviction can take (not only persistent
+    // ones). Read without a lock: a hint for victim choice.
+    bool MayHoldEvictable() const {
+      return counters.Get(Counter::kPagesHeld) >
+             counters.Get(Counter::kPersistentPagesHeld);
+    }
   };
 
   struct Shard {
@@ -149,7 +158,7 @@ class TmemStore::Impl {
   void RevokeSharedPool(const PoolUuid& uuid, const std::string& vm_name);
 
   // -------------------------------------------------------------- pools
-  absl::StatusOr<PoolId> NewPool(VmId id, const PoolUuid* shared)
+  absl::StatusOr<PoolId> NewPool(VmId id, const PoolUuid* shared, PoolKind kind)
       ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_);
   absl::Status DestroyPool(VmId id, PoolId pid)
       ABSL_LOCKS_EXCLUDED(vms_mu_, pools_mu_);
@@ -168,6 +177,11 @@ class TmemStore::Impl {
   // Compact). Called after removals, while no entry number is held; pending
   // deferred pages follow their entries.
   void CompactLocked(Shard& shard) ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
+
+  // Adds `delta` to what a page of `pool` owned by `owner` (nullptr: a VM
+  // being forgotten) is charged: the owner's and the pool's gauges, and
+  // their persistent share if the page is pinned.
+  static void AddCharge(Vm* owner, Pool& pool, bool pinned, int64_t delta);
 
   // Removes an entry and settles every account it touched: blob, owner VM's
   // gauges, pool gauges. Callers count why (eviction, invalidate, ...).
@@ -216,6 +230,13 @@ class TmemStore::Impl {
   absl::StatusOr<uint64_t> GetRun(VmId id, PoolId pid, const ObjectId& oid,
                                   PageIndex first, size_t n,
                                   std::span<uint8_t> out);
+
+  // GetRun of a persistent pool: hits stay (not exclusive), decoded under
+  // the shard lock.
+  absl::StatusOr<uint64_t> GetRunKept(Vm& vm, Pool& pool, Shard& shard,
+                                      const ObjectId& oid, PageIndex first,
+                                      size_t n, std::span<uint8_t> out)
+      ABSL_SHARED_LOCKS_REQUIRED(vm.op_mu) ABSL_LOCKS_EXCLUDED(shard.mu);
 
   // Fills `out` from an entry whose blob is live. False on a corrupt block
   // (which only memory corruption could produce).
@@ -268,6 +289,8 @@ class TmemStore::Impl {
   // `found_class` (optional) is set when the page evicted was of that class.
   bool EvictFromVm(Vm& vm, Counter reason, size_t slot_bytes = 0,
                    bool* found_class = nullptr);
+  // Evicts entry `e`, never a pinned (persistent) one: callers find their
+  // victims on LRU lists, which hold no pinned entry.
   void EvictLocked(Shard& shard, uint32_t e, Vm& owner, Counter reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
