@@ -65,9 +65,9 @@
 // kPoolInShardCharge for each (pool, shard) its pages brought in. A put
 // reserves the most a page can cost (blob + kMaxPageMetadataCharge) and keeps
 // what it used. A put that would take the VM over its quota first evicts the
-// VM's own least recently used pages; a page that cannot fit even in an empty
-// quota is refused (quota). In a shared pool, when the page paying for its
-// object or pool slot goes, another page of that pool (possibly another
+// VM's own least recently used (ephemeral) pages; a page that cannot fit even
+// in an empty quota is refused (quota). In a shared pool, when the page paying
+// for its object or pool slot goes, another page of that pool (possibly another
 // VM's) takes the charge over: that VM may then be over its quota by that
 // charge (at most kObjectCharge + kPoolInShardCharge) until its next put.
 //
@@ -289,7 +289,9 @@ class TmemStore {
   // host_overhead_bytes): up to 1.25 chunks of free entries and object
   // nodes plus the partly used chunk of each (ShardTable::Compact), and the
   // shard's small tables (indexes of up to 255 slots, the pool-head map,
-  // the per-VM LRU heads).
+  // the per-VM LRU and pinned-list heads: 8 bytes per VM slot each, the
+  // pinned ones only up to the highest slot of a VM with persistent pages
+  // in the shard).
   static constexpr uint64_t kShardOverheadBytes =
       2ull * 256 * (kPageEntryBytes + kObjectNodeBytes) + 16ull * 1024;
 

@@ -37,6 +37,8 @@ using test::TextPage;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
+// The most work one put or get may do (bounded_work_test's kWorkBound).
+constexpr uint64_t kWorkBound = 200000;
 
 uint64_t Value(const CounterValues& v, Counter c) {
   return v[static_cast<int>(c)];
@@ -517,9 +519,10 @@ TEST_F(PersistentPoolTest, ManyPersistentPagesAddNoEvictionWork) {
   }
   const HostStats host = store_->GetHostStats();
   EXPECT_GT(Value(VmCounters(b), Counter::kEvictionsHostCap), 0u);
-  // The same bound bounded_work_test holds every op to, with room to
-  // spare: a walk of a's 20000 pages would blow it.
-  EXPECT_LE(host.max_op_work, 20000u);
+  // A tenth of the bound bounded_work_test holds every op to: a walk of
+  // a's 20000 pages would pass it.
+  EXPECT_LE(host.max_op_work, kWorkBound / 10);
+  RecordProperty("max_op_work", static_cast<int>(host.max_op_work));
   EXPECT_EQ(host.persistent_pages, 20000u);
   for (PageIndex i = 0; i < 20000; i += 97) {
     const Page page = i % 16 == 0 ? TextPage(i) : FilledWith(i + 1);
@@ -682,6 +685,8 @@ TEST_F(PersistentPoolTest, RandomizedMixNeverLosesAPersistentPage) {
     if (any_ephemeral) {
       ASSERT_LE(host.memory_used_bytes, host.memory_cap_bytes) << "op " << op;
     }
+    // bounded_work_test's bound on one put or get.
+    ASSERT_LE(host.max_op_work, kWorkBound) << "op " << op;
     if (op % 2000 == 0) {
       for (VmState& v : vms) {
         for (const auto& [k, val] : v.persistent) {
@@ -703,6 +708,9 @@ TEST_F(PersistentPoolTest, RandomizedMixNeverLosesAPersistentPage) {
   EXPECT_GT(persistent_refused, 0u);
   EXPECT_GT(ephemeral_hits, 0u);
   RecordProperty("persistent_refused", static_cast<int>(persistent_refused));
+  RecordProperty("persistent_stored", static_cast<int>(persistent_stored));
+  RecordProperty("max_op_work",
+                 static_cast<int>(store_->GetHostStats().max_op_work));
 }
 
 // Threads: each VM's own thread puts, reads back and discards its
