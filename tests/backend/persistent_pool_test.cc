@@ -545,9 +545,9 @@ TEST_F(PersistentPoolTest, RandomizedMixNeverLosesAPersistentPage) {
   std::mt19937_64 rng(seed);
   Open(3 * kMiB, 8);
   struct VmState {
-    VmId id;
-    PoolId swap;
-    PoolId cache;
+    VmId id = 0;
+    PoolId swap = -1;
+    PoolId cache = -1;
     // (ino, index) -> (style, page seed) of the latest stored put.
     std::map<std::pair<uint64_t, PageIndex>, std::pair<PageStyle, uint64_t>>
         persistent;
@@ -556,8 +556,9 @@ TEST_F(PersistentPoolTest, RandomizedMixNeverLosesAPersistentPage) {
   };
   std::vector<VmState> vms(kVms);
   for (int v = 0; v < kVms; ++v) {
-    vms[v].id = AddVm("vm" + std::to_string(v),
-                      v == 0 ? kUnlimitedQuota : (v + 1) * 256 * kKiB);
+    vms[v].id = AddVm(
+        "vm" + std::to_string(v),
+        v == 0 ? kUnlimitedQuota : static_cast<uint64_t>(v + 1) * 256 * kKiB);
     vms[v].swap = Persistent(vms[v].id);
     vms[v].cache = Ephemeral(vms[v].id);
   }
