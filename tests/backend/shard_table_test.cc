@@ -428,5 +428,60 @@ TEST(ShardTableTest, CompactGivesChunksBackAndKeepsEveryPage) {
             kNoEntry);
 }
 
+// Pinned pages (a persistent pool's) are on their VM's pinned list, never
+// on its LRU list, through touches, removals and compaction moving them.
+TEST(ShardTableTest, PinnedPagesStayOffTheLruListThroughCompaction) {
+  MemoryBudget budget(uint64_t{1} << 30);
+  ShardTable table(&budget);
+  constexpr uint64_t kPool = 0x2000;
+  constexpr uint64_t kPinnedPool = 0x3000;
+  constexpr int kPages = 6000;
+  std::vector<uint32_t> ids;
+  for (int i = 0; i < kPages; ++i) {
+    const bool pinned = i % 3 == 0;
+    const uint32_t e = table.InsertPage(
+        pinned ? kPinnedPool : kPool, ObjectId::FromInode(i / 4), i,
+        static_cast<uint16_t>(i % 2), StorageKind::kZero,
+        static_cast<uint64_t>(i), pinned);
+    ASSERT_NE(e, kNoEntry);
+    EXPECT_EQ(table.entry(e).pinned, pinned ? 1 : 0);
+    ids.push_back(e);
+  }
+  table.Touch(ids[0]);  // a pinned page: moves within its pinned list
+  for (int i = 0; i < kPages; ++i) {
+    if (i % 5 != 0) table.RemovePage(ids[i]);
+  }
+  EXPECT_GT(table.Compact([](uint32_t, uint32_t) {}), 0u);
+  EXPECT_GT(table.chunks_released(), 0u);
+  for (uint16_t vm = 0; vm < 2; ++vm) {
+    int lru = 0;
+    for (uint32_t e = table.LruTail(vm); e != kNoEntry;
+         e = table.entry(e).lru_prev) {
+      ASSERT_EQ(table.entry(e).pinned, 0) << "vm " << vm;
+      ASSERT_EQ(table.entry(e).payload % 3 == 0, false);
+      ++lru;
+    }
+    int pinned = 0;
+    for (uint32_t e = table.PinnedTail(vm); e != kNoEntry;
+         e = table.entry(e).lru_prev) {
+      ASSERT_EQ(table.entry(e).pinned, 1) << "vm " << vm;
+      ASSERT_EQ(table.entry(e).payload % 3, 0u);
+      ++pinned;
+    }
+    int want_lru = 0;
+    int want_pinned = 0;
+    for (int i = 0; i < kPages; i += 5) {
+      if (i % 2 != vm) continue;
+      (i % 3 == 0 ? want_pinned : want_lru) += 1;
+    }
+    EXPECT_EQ(lru, want_lru) << "vm " << vm;
+    EXPECT_EQ(pinned, want_pinned) << "vm " << vm;
+  }
+  int visited = 0;
+  table.ForEachPage([&](uint32_t, const PageEntry&) { ++visited; });
+  EXPECT_EQ(visited, kPages / 5);
+  EXPECT_EQ(budget.used(), table.metadata_bytes());
+}
+
 }  // namespace
 }  // namespace tmem
