@@ -715,8 +715,16 @@ absl::StatusOr<v1::DomainState> ControlPlane::AttachDomain(
   if (r.domain().empty()) {
     return absl::InvalidArgumentError("the request names no domain");
   }
+  if (!r.swap() && r.swap_size_bytes() != 0) {
+    return absl::InvalidArgumentError(
+        "swap_size_bytes: set without swap (attach --swap SIZE)");
+  }
+  if (r.swap() && r.swap_size_bytes() == 0) {
+    return absl::InvalidArgumentError("swap_size_bytes: 0 (want a size)");
+  }
   absl::StatusOr<DomainAttachState> st =
-      domains_->Attach(r.domain(), r.persistent());
+      r.swap() ? domains_->AttachSwap(r.domain(), r.swap_size_bytes())
+               : domains_->Attach(r.domain(), r.persistent());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }
@@ -728,7 +736,8 @@ absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
     return absl::InvalidArgumentError("the request names no domain");
   }
   absl::StatusOr<DomainAttachState> st =
-      domains_->Detach(r.domain(), r.persistent());
+      r.swap() ? domains_->DetachSwap(r.domain())
+               : domains_->Detach(r.domain(), r.persistent());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }
@@ -736,18 +745,20 @@ absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
 absl::StatusOr<v1::DomainState> ControlPlane::LibvirtHook(
     const v1::LibvirtHookRequest& r) {
   if (absl::Status s = NeedDomains(); !s.ok()) return s;
-  if (r.operation() != "prepare" && r.operation() != "release") {
+  if (r.operation() != "prepare" && r.operation() != "release" &&
+      r.operation() != "migrate") {
     return absl::InvalidArgumentError(
         absl::StrCat("operation: '", r.operation(),
                      "' is not a hook operation tmemd handles (prepare, "
-                     "release)"));
+                     "release, migrate)"));
   }
   if (r.domain_xml().empty()) {
     return absl::InvalidArgumentError("domain_xml: empty");
   }
   absl::StatusOr<DomainAttachState> st =
-      r.operation() == "prepare" ? domains_->PrepareFromHook(r.domain_xml())
-                                 : domains_->ReleaseFromHook(r.domain_xml());
+      r.operation() == "prepare"   ? domains_->PrepareFromHook(r.domain_xml())
+      : r.operation() == "release" ? domains_->ReleaseFromHook(r.domain_xml())
+                                   : domains_->MigrateFromHook(r.domain_xml());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }

@@ -6,6 +6,7 @@
 //   tmemctl freeze NAME | thaw NAME | flush NAME
 //   tmemctl authorize NAME UUID [--revoke]
 //   tmemctl attach DOMAIN [--persistent] | detach DOMAIN [--persistent]
+//   tmemctl attach --swap SIZE DOMAIN | detach --swap DOMAIN
 //   tmemctl policy apply FILE
 //   tmemctl libvirt-hook DOMAIN OPERATION SUB-OP EXTRA  (libvirt's qemu hook;
 //     the domain XML on stdin)
@@ -56,6 +57,9 @@ struct Options {
   // Command arguments.
   std::string vm, value, domain, uuid, file;
   bool persistent = false, revoke = false;
+  std::string swap_size;  // attach --swap SIZE
+  uint64_t swap_bytes = 0;
+  bool swap = false;  // attach --swap / detach --swap
   std::string memory_cap, mode;
   double cpu_budget = -1;
   std::vector<std::string> watch_vms;
@@ -342,9 +346,15 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
   v1::DomainRequest req;
   req.set_domain(o.domain);
   req.set_persistent(o.persistent);
+  req.set_swap(o.swap);
+  if (attach) req.set_swap_size_bytes(o.swap_bytes);
   auto r = attach ? h.Call(&Stub::AttachDomain, req)
                   : h.Call(&Stub::DetachDomain, req);
   if (!r.ok()) return r.status();
+  if (o.swap) {
+    return Result{ToJson(*r), absl::StrFormat("%s: vm %s, %s\n", r->domain(),
+                                              r->vm(), r->detail())};
+  }
   return Result{ToJson(*r),
                 absl::StrFormat("%s: vm %s, %s%s%s\n", r->domain(), r->vm(),
                                 r->attached() ? "attached" : "not attached",
@@ -359,6 +369,12 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
 // an ivshmem-doorbell device (without asking tmemd: those domains must
 // start even when tmemd is down), and fails, saying why, only when a tmem
 // domain's socket could not be made ready.
+//
+// "migrate" runs on the destination before the incoming QEMU starts, and
+// a failure cancels the migration: it fails for a domain with a disk on a
+// tmemd swap socket (tmemd does not migrate swap devices). It never writes
+// to stdout: libvirt takes what a migrate hook prints as the domain XML to
+// use instead.
 int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
   if (o.hook_args.size() < 2) {
     std::cerr << "tmemctl libvirt-hook: want DOMAIN OPERATION [SUB-OP "
@@ -366,10 +382,13 @@ int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
     return 1;
   }
   const std::string& operation = o.hook_args[1];
-  if (operation != "prepare" && operation != "release") return 0;
+  const bool migrate = operation == "migrate";
+  if (operation != "prepare" && operation != "release" && !migrate) return 0;
   std::stringstream xml;
   xml << std::cin.rdbuf();
-  if (xml.str().find("ivshmem-doorbell") == std::string::npos) return 0;
+  // Without a vhost-user disk there is no swap device to refuse.
+  const std::string_view device = migrate ? "vhostuser" : "ivshmem-doorbell";
+  if (xml.str().find(device) == std::string::npos) return 0;
   if (targets.size() != 1) {
     std::cerr << "tmemctl libvirt-hook: one host (the local tmemd) only\n";
     return 1;
@@ -385,8 +404,10 @@ int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
               << r.status().message() << "\n";
     return 1;
   }
-  std::cout << "tmemd: " << operation << " " << r->domain() << ": "
-            << r->detail() << "\n";
+  if (!migrate) {
+    std::cout << "tmemd: " << operation << " " << r->domain() << ": "
+              << r->detail() << "\n";
+  }
   return 0;
 }
 
@@ -648,10 +669,21 @@ int Run(int argc, char** argv) {
   authorize->add_flag("--revoke", o.revoke, "take the permission back");
   auto* attach = app.add_subcommand("attach", "attach tmem to a domain");
   attach->add_option("domain", o.domain)->required();
-  attach->add_flag("--persistent", o.persistent, "also in the persistent XML");
+  auto* attach_persistent = attach->add_flag("--persistent", o.persistent,
+                                             "also in the persistent XML");
+  attach
+      ->add_option("--swap", o.swap_size,
+                   "SIZE: a tmemd swap device (e.g. 1GiB) in the persistent "
+                   "XML, from the next cold boot")
+      ->excludes(attach_persistent);
   auto* detach = app.add_subcommand("detach", "detach tmem from a domain");
   detach->add_option("domain", o.domain)->required();
-  detach->add_flag("--persistent", o.persistent, "also from persistent XML");
+  auto* detach_persistent = detach->add_flag("--persistent", o.persistent,
+                                             "also from persistent XML");
+  detach
+      ->add_flag("--swap", o.swap,
+                 "the swap device (from the persistent XML) instead")
+      ->excludes(detach_persistent);
   auto* hook = app.add_subcommand(
       "libvirt-hook",
       "libvirt's qemu hook: DOMAIN OPERATION SUB-OP EXTRA, XML on stdin");
@@ -791,6 +823,19 @@ int Run(int argc, char** argv) {
     };
   } else if (*attach || *detach) {
     const bool att = attach->parsed();
+    if (att && attach->count("--swap") > 0) {
+      absl::StatusOr<uint64_t> size = ParseSize(o.swap_size);
+      if (!size.ok()) {
+        return usage(absl::InvalidArgumentError(absl::StrCat(
+            "attach --swap '", o.swap_size, "': ", size.status().message())));
+      }
+      if (*size == 0) {
+        return usage(absl::InvalidArgumentError(
+            "attach --swap '" + o.swap_size + "': a swap device needs a size"));
+      }
+      o.swap = true;
+      o.swap_bytes = *size;
+    }
     command = [&, att](Host& h) { return Domain(h, att, o); };
   } else if (*hook) {
     return LibvirtHook(targets, o);

@@ -69,6 +69,22 @@ class FakeDomains : public DomainControl {
     written.emplace_back(vm, policy);
     return absl::OkStatus();
   }
+  absl::StatusOr<DomainAttachState> AttachSwap(const std::string& domain,
+                                               uint64_t size) override {
+    return DomainAttachState{domain, domain, true, true,
+                             absl::StrCat("swap ", size, " bytes")};
+  }
+  absl::StatusOr<DomainAttachState> DetachSwap(
+      const std::string& domain) override {
+    return DomainAttachState{domain, domain, false, true, "swap removed"};
+  }
+  absl::StatusOr<DomainAttachState> MigrateFromHook(
+      const std::string& xml) override {
+    if (xml.find("swap.sock") != std::string::npos) {
+      return absl::FailedPreconditionError("fake: has a swap device");
+    }
+    return DomainAttachState{"hooked", "hooked", false, false, "migratable"};
+  }
   std::mutex mu;
   std::string fail_vm;                                    // guarded by mu
   std::vector<std::pair<std::string, VmPolicy>> written;  // guarded by mu
@@ -573,6 +589,33 @@ TEST_F(ControlServiceTest, DomainsForwardToDomainControl) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(ControlServiceTest, SwapAttachAndDetachForwardWithTheirSize) {
+  v1::DomainRequest req;
+  req.set_domain("web1");
+  req.set_swap(true);
+  req.set_swap_size_bytes(64 << 20);
+  v1::DomainState st;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->AttachDomain(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "swap 67108864 bytes");
+  }
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->DetachDomain(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "swap removed");
+  }
+  // A size without swap, or swap without a size: refused, naming the field.
+  for (bool swap : {false, true}) {
+    req.set_swap(swap);
+    req.set_swap_size_bytes(swap ? 0 : 4096);
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->AttachDomain(&ctx, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << swap;
+    EXPECT_NE(s.error_message().find("swap_size_bytes"), std::string::npos);
+  }
+}
+
 TEST_F(ControlServiceTest, LibvirtHookForwardsAndRefusesUnknownOperations) {
   v1::LibvirtHookRequest req;
   req.set_operation("prepare");
@@ -588,6 +631,19 @@ TEST_F(ControlServiceTest, LibvirtHookForwardsAndRefusesUnknownOperations) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
     EXPECT_EQ(st.detail(), "released");
+  }
+  {
+    // migrate: the domain's verdict, refused with its reason.
+    req.set_operation("migrate");
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "migratable");
+    req.set_domain_xml("<domain><x path='/run/tmemd/a.swap.sock'/></domain>");
+    grpc::ClientContext ctx2;
+    const grpc::Status s = admin_->LibvirtHook(&ctx2, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(s.error_message().find("swap device"), std::string::npos);
+    req.set_domain_xml("<domain/>");
   }
   {
     req.set_operation("started");
