@@ -620,9 +620,12 @@ std::string SwapDiskXml(std::string_view socket_path,
                         std::string_view target_dev) {
   // reconnect: QEMU reconnects (after 1 s) when tmemd restarts, instead of
   // leaving the guest's swap device dead until the next cold boot.
+  // queues='1': without it QEMU asks for one queue per vCPU and refuses to
+  // start when the device offers fewer (docs/swap-device.md); the device
+  // serves all its queues from one thread, so more would not be faster.
   return absl::StrCat(
       "<disk type='vhostuser' device='disk'><driver name='qemu' "
-      "type='raw'/><source type='unix' path='",
+      "type='raw' queues='1'/><source type='unix' path='",
       XmlEscape(socket_path),
       "'><reconnect enabled='yes' timeout='1'/></source><target dev='",
       XmlEscape(target_dev), "' bus='virtio'/></disk>");

@@ -111,7 +111,8 @@ std::string DomainXmlElement(std::string_view domain_xml,
 //
 // tmemd serves a domain's swap device as a vhost-user-blk backend on
 // SOCKET_DIR/NAME.swap.sock; QEMU reaches it through
-//   <disk type='vhostuser' device='disk'><driver name='qemu' type='raw'/>
+//   <disk type='vhostuser' device='disk'>
+//     <driver name='qemu' type='raw' queues='1'/>
 //     <source type='unix' path='SOCKET'>
 //       <reconnect enabled='yes' timeout='1'/></source>
 //     <target dev='vdX' bus='virtio'/></disk>
