@@ -244,6 +244,8 @@ struct Flags {
   std::string config_path;
   std::string check_config_path;
   std::vector<std::string> vm_names;
+  std::vector<std::string> swap_devices;  // NAME=SIZE
+  std::string state_dir;
   std::string socket_dir, memory_cap, log_level, log_format, mode;
   std::string libvirt_uri;
   std::string deferred_compression;
@@ -301,6 +303,13 @@ StepExit ParseFlags(int argc, char** argv, Flags* f) {
   app.add_option("--vm", f->vm_names,
                  "create a channel for VM NAME (repeatable; adds to the "
                  "config's [[vm]] list), socket SOCKET_DIR/NAME.sock");
+  app.add_option("--swap", f->swap_devices,
+                 "serve a vhost-user-blk swap device for VM NAME, NAME=SIZE "
+                 "(repeatable; SIZE a multiple of 4096, e.g. 4G; adds to the "
+                 "config's [swap.NAME]), socket SOCKET_DIR/NAME.swap.sock");
+  app.add_option("--state-dir", f->state_dir,
+                 "directory for files kept across restarts (swap spill "
+                 "images in STATE_DIR/swap/; /var/lib/tmemd)");
   app.add_option("--socket-dir", f->socket_dir,
                  "directory for channel sockets");
   app.add_option("--memory-cap", f->memory_cap, "host memory cap, e.g. 2GiB");
@@ -435,6 +444,12 @@ StepExit CheckFlagRanges(const Flags& f) {
 // Flags override the file: lays every flag given over `config`.
 StepExit MergeFlags(const Flags& f, TmemdConfig& config) {
   for (const std::string& name : f.vm_names) config.vms.push_back({name, {}});
+  for (const std::string& text : f.swap_devices) {
+    absl::StatusOr<SwapConfig> sc = ParseSwapFlag(text);
+    if (!sc.ok()) return RefuseFlag("--swap", sc.status());
+    config.swap_devices.push_back(*sc);
+  }
+  if (f.Given("--state-dir")) config.state_dir = f.state_dir;
   if (!f.socket_dir.empty()) config.socket_dir = f.socket_dir;
   if (!f.memory_cap.empty()) {
     absl::StatusOr<uint64_t> cap = ParseSize(f.memory_cap);
@@ -566,10 +581,12 @@ StepExit BuildConfig(Flags& f, TmemdConfig& config) {
     std::printf("tmemd: %s: configuration OK\n", config_path.c_str());
     return 0;
   }
-  if (config.vms.empty() && !config.libvirt.enabled) {
+  if (config.vms.empty() && config.swap_devices.empty() &&
+      !config.libvirt.enabled) {
     Log(LogLevel::kWarn, "no_vms",
         {{"hint",
-          "no [[vm]] in the config and no --vm flag: serving nothing"}});
+          "no [[vm]] or [swap.NAME] in the config and no --vm or --swap "
+          "flag: serving nothing"}});
   }
   return std::nullopt;
 }
@@ -658,6 +675,13 @@ StepExit PlanDescriptors(Daemon& d) {
   return std::nullopt;
 }
 
+// What backs swap devices' pages: the one place a backing is chosen. In
+// memory (pages do not outlive tmemd) until the store's persistent pool
+// with a spill image under STATE_DIR/swap/ takes its place here.
+swap::SwapStoreFactory SwapStoreFactoryFor(const TmemdConfig& /*config*/) {
+  return swap::MemorySwapStoreFactory();
+}
+
 AgentOptions AgentOptionsFor(const TmemdConfig& config, const Flags& f,
                              const Daemon& d) {
   AgentOptions options;
@@ -673,6 +697,8 @@ AgentOptions AgentOptionsFor(const TmemdConfig& config, const Flags& f,
   options.worker = config.worker;
   options.host_peer_id = f.host_peer_id;
   options.fd_store = d.fd_store.get();
+  options.state_dir = config.state_dir;
+  options.swap_store_factory = SwapStoreFactoryFor(config);
   return options;
 }
 
@@ -798,6 +824,23 @@ StepExit AddConfiguredVms(Daemon& d) {
   return std::nullopt;
 }
 
+// A swap device per [swap.NAME] / --swap, after the channels, so a VM with
+// both is registered once, with its channel's configured policy.
+StepExit AddSwapDevices(Daemon& d) {
+  for (const SwapConfig& sc : d.config.swap_devices) {
+    absl::StatusOr<SwapDeviceInfo> added =
+        d.agent->AddSwapDevice(sc.name, sc.size_bytes);
+    if (!added.ok()) {
+      Log(LogLevel::kError, "swap_device_error",
+          {{"vm", sc.name},
+           {"source", sc.source},
+           {"error", added.status().message()}});
+      return 1;
+    }
+  }
+  return std::nullopt;
+}
+
 // The state file's policies, over the configured ones: after every
 // configured VM exists.
 StepExit ApplyStoredPolicies(Daemon& d) {
@@ -898,6 +941,7 @@ void AnnounceReady(const Flags& f, const Daemon& d) {
   const AgentStatus status = d.agent->Status();
   Log(LogLevel::kInfo, "tmemd_ready",
       {{"vms", static_cast<uint64_t>(config.vms.size())},
+       {"swap_devices", static_cast<uint64_t>(config.swap_devices.size())},
        {"memory_cap", config.store.memory_cap_bytes},
        {"mode", ValveModeName(config.valve.default_mode)},
        {"cpu_budget_percent", config.valve.cpu_budget_percent},
@@ -1031,6 +1075,7 @@ int Run(int argc, char** argv) {
   BuildControlPlane(d);
   RestoreHandedOverVms(d);
   if (StepExit exit = AddConfiguredVms(d)) return *exit;
+  if (StepExit exit = AddSwapDevices(d)) return *exit;
   if (StepExit exit = ApplyStoredPolicies(d)) return *exit;
   if (StepExit exit = StartControlServers(d)) return *exit;
   if (StepExit exit = StartFleet(d)) return *exit;
