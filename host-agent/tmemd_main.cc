@@ -747,6 +747,14 @@ StepExit BuildLibvirt(Daemon& d) {
   mo.vectors = config.vectors;
   mo.detach_timeout =
       std::chrono::seconds(config.libvirt.detach_timeout_seconds);
+  // tmemctl attach --swap: the agent's swap devices.
+  Agent* agent = d.agent.get();
+  mo.add_swap_device = [agent](const std::string& vm, uint64_t size) {
+    return agent->AddSwapDevice(vm, size).status();
+  };
+  mo.remove_swap_device = [agent](const std::string& vm) {
+    return agent->RemoveSwapDevice(vm);
+  };
   d.domain_manager =
       std::make_unique<DomainManager>(d.agent.get(), d.hypervisor.get(), mo);
   return std::nullopt;

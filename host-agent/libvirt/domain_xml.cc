@@ -1,7 +1,6 @@
 #include "host-agent/libvirt/domain_xml.h"
 
 #include <cstddef>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -667,6 +666,20 @@ std::string VirtioDiskName(size_t index) {
   return "vd" + letters;
 }
 
+// The index of a virtio disk name (VirtioDiskName's inverse); nullopt for
+// any other name.
+std::optional<size_t> VirtioDiskIndex(std::string_view dev) {
+  if (!dev.starts_with("vd") || dev.size() < 3 || dev.size() > 6) {
+    return std::nullopt;
+  }
+  size_t index = 0;
+  for (char c : dev.substr(2)) {
+    if (c < 'a' || c > 'z') return std::nullopt;
+    index = index * 26 + static_cast<size_t>(c - 'a' + 1);
+  }
+  return index - 1;
+}
+
 constexpr char kSharedMemoryHint[] =
     "a vhost-user swap device needs the guest's memory shared by file "
     "descriptor";
@@ -769,7 +782,10 @@ absl::StatusOr<SwapDiskEdit> WithSwapDisk(std::string_view xml,
         "the domain XML has no <domain> with a <devices> element");
   }
   SwapDiskEdit edit;
-  std::set<std::string> used;
+  // After every virtio disk there is, not in a gap: libvirt keeps a bus's
+  // disks sorted by name and gives the boot index of <boot dev='hd'/> to
+  // the first, so a swap disk named before the system disk would be booted.
+  std::optional<size_t> last_virtio;
   size_t disks_end = devices->open_end;
   for (const Element& disk : ChildrenNamed(xml, *devices, "disk")) {
     disks_end = disk.end;
@@ -778,7 +794,9 @@ absl::StatusOr<SwapDiskEdit> WithSwapDisk(std::string_view xml,
         target.empty()
             ? ""
             : Attr(StartTag(xml, target.front()), "dev").value_or("");
-    used.insert(dev);
+    if (const std::optional<size_t> i = VirtioDiskIndex(dev)) {
+      last_virtio = std::max(last_virtio.value_or(0), *i);
+    }
     if (Attr(StartTag(xml, disk), "type") != "vhostuser") continue;
     const std::vector<Element> source = ChildrenNamed(xml, disk, "source");
     if (!source.empty() &&
@@ -791,9 +809,8 @@ absl::StatusOr<SwapDiskEdit> WithSwapDisk(std::string_view xml,
   std::string disk_text;
   size_t disk_at = disks_end;
   if (edit.target_dev.empty()) {
-    size_t i = 0;
-    while (used.contains(VirtioDiskName(i))) ++i;
-    edit.target_dev = VirtioDiskName(i);
+    edit.target_dev =
+        VirtioDiskName(last_virtio.has_value() ? *last_virtio + 1 : 0);
     disk_text =
         absl::StrCat("\n    ", SwapDiskXml(socket_path, edit.target_dev));
     edit.disk_added = true;

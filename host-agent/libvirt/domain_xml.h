@@ -144,8 +144,9 @@ struct SwapDiskEdit {
   bool changed() const { return disk_added || memory_backing_added; }
 };
 // The domain XML (libvirt's inactive XML) with the swap disk for
-// `socket_path` under /domain/devices, on the first virtio target vdX no
-// other disk uses, and with shareable memory. Idempotent: a vhostuser disk
+// `socket_path` under /domain/devices, on the virtio target vdX after the
+// last one other disks use (libvirt boots the first virtio disk by name),
+// and with shareable memory. Idempotent: a vhostuser disk
 // on that socket is not added twice. An existing <memoryBacking> is kept
 // when its access is already shared (any fd-backed source), or extended
 // with <source type='memfd'/> and <access mode='shared'/> when it says

@@ -539,7 +539,7 @@ TEST(SwapDiskXmlTest, AttachingTwiceAddsNothing) {
   EXPECT_EQ(real->xml, kRealSwapDomain);
 }
 
-TEST(SwapDiskXmlTest, PicksTheFirstFreeVirtioName) {
+TEST(SwapDiskXmlTest, PicksTheVirtioNameAfterTheLastDisk) {
   std::string disks;
   for (char c = 'a'; c <= 'z'; ++c) {
     disks += "<disk type='file' device='disk'><target dev='vd";
@@ -551,13 +551,20 @@ TEST(SwapDiskXmlTest, PicksTheFirstFreeVirtioName) {
   absl::StatusOr<SwapDiskEdit> e = WithSwapDisk(xml, "/run/tmemd/d.swap.sock");
   ASSERT_TRUE(e.ok()) << e.status();
   EXPECT_EQ(e->target_dev, "vdaa");
-  // A gap is used first.
+  // Never in a gap before a system disk: libvirt sorts a bus's disks by
+  // name and boots the first (<boot dev='hd'/>).
   absl::StatusOr<SwapDiskEdit> gap = WithSwapDisk(
-      "<domain><devices><disk type='file'><target dev='vda'/></disk>"
-      "<disk type='file'><target dev='vdc'/></disk></devices></domain>",
+      "<domain><devices><disk type='file'><target dev='vdc'/></disk>"
+      "<disk type='file'><target dev='sda'/></disk></devices></domain>",
       "/run/tmemd/d.swap.sock");
   ASSERT_TRUE(gap.ok()) << gap.status();
-  EXPECT_EQ(gap->target_dev, "vdb");
+  EXPECT_EQ(gap->target_dev, "vdd");
+  absl::StatusOr<SwapDiskEdit> none = WithSwapDisk(
+      "<domain><devices><disk type='file'><target dev='hda'/></disk>"
+      "</devices></domain>",
+      "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->target_dev, "vda");
 }
 
 TEST(SwapDiskXmlTest, KeepsOrExtendsACompatibleMemoryBacking) {
