@@ -973,7 +973,11 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachSwap(
           ? "takes effect at the domain's next cold boot (shut it off, then "
             "start it): a reboot inside the guest keeps the running QEMU, "
             "which has neither the disk nor shared memory"
-          : "takes effect when the domain next starts");
+          : "takes effect when the domain next starts",
+      // The device lives in this tmemd; libvirt would wait for its socket
+      // at every start after a tmemd restart.
+      "; to serve it after tmemd restarts too, add [swap.", out.vm,
+      "] size = \"", size_bytes, "\" to tmemd's config");
   Log(LogLevel::kInfo, "libvirt_swap_attached",
       {{"domain", name},
        {"vm", out.vm},

@@ -19,7 +19,8 @@
 #  - migrate (run on the destination before the incoming QEMU starts): a
 #    domain with a disk on tmemd's swap socket is refused, naming it, and
 #    nothing is printed on stdout (libvirt would use it as the domain XML);
-#    other domains pass, also while tmemd is down.
+#    other domains pass; with tmemd down a disk on a *.swap.sock socket is
+#    still refused and other domains pass.
 # Exit 77 (skipped, with the reason) only when libvirtd cannot run here.
 #
 # Usage: libvirt_hook_test.sh TMEMD TMEMCTL SOURCE_DIR
@@ -269,7 +270,15 @@ domain_xml "${name}-plain" "" "" >"${work}/plain.xml"
 virsh -c qemu:///system create "${work}/plain.xml" >"${work}/plain.out" 2>&1 ||
   { cat "${work}/plain.out"; fail "a domain without tmem did not start with tmemd down"; }
 virsh -c qemu:///system destroy "${name}-plain" >/dev/null 2>&1
-# ... and migrates: without a vhost-user disk the hook does not ask tmemd.
+# ... and migrates: without a vhost-user disk the hook does not ask tmemd;
+# another program's vhost-user disk passes, a *.swap.sock one is refused.
 migrate_hook "${name}-plain" "${work}/plain.xml" ||
   { cat "${work}/migrate.err"; fail "with tmemd down the migrate hook refused a domain without a swap device"; }
+migrate_hook "${name}-spdk" "${work}/spdk.xml" ||
+  { cat "${work}/migrate.err"; fail "with tmemd down the migrate hook refused another program's vhost-user disk"; }
+migrate_hook "${name}-swap" "${work}/swap.xml" &&
+  fail "with tmemd down the migrate hook let a domain with a swap device migrate"
+grep -q "domain '${name}-swap'" "${work}/migrate.err" ||
+  { cat "${work}/migrate.err"; fail "the refusal with tmemd down does not name the domain"; }
+[[ -s "${work}/migrate.out" ]] && fail "the migrate hook wrote to stdout with tmemd down"
 log "PASS"
