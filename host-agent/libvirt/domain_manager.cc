@@ -14,7 +14,7 @@ using std::chrono::steady_clock;
 
 DomainManager::DomainManager(Agent* agent, Hypervisor* hypervisor,
                              DomainManagerOptions options)
-    : agent_(agent), hv_(hypervisor), options_(options) {}
+    : agent_(agent), hv_(hypervisor), options_(std::move(options)) {}
 
 DomainManager::~DomainManager() { Stop(); }
 
