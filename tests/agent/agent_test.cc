@@ -263,7 +263,6 @@ TEST_F(AgentTest, GuestReportIsShownAndStandingAsideAdmitsNothing) {
   EXPECT_FALSE(agent_->GetVm("aside")->valve.standing_aside);
 }
 
-
 // A VM's channel and its swap device are one store VM: one registration,
 // one policy (quota, weight), whichever frontend came first; the VM stays
 // while either serves and goes (with its pages) when the last one leaves.

@@ -151,7 +151,6 @@ TEST(ValidateConfigTest, ChecksCrossFieldRules) {
             absl::string_view::npos);
 }
 
-
 // [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
 TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
@@ -190,7 +189,8 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n", "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
@@ -266,7 +266,6 @@ TEST(ParseConfigTest, ExampleFileParses) {
   EXPECT_EQ(c->store.memory_cap_bytes, uint64_t{1} << 30);
 }
 
-
 // [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
 TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
@@ -305,7 +304,8 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n", "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
@@ -399,7 +399,6 @@ TEST(ParseConfigTest, LibvirtIsOffUnlessAskedAndAUriAsks) {
       << c.status();
 }
 
-
 // [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
 TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
@@ -438,7 +437,8 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n", "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
@@ -617,7 +617,6 @@ TEST(CheckRangeTest, RefusesNanInfinityAndWrapAround) {
       "--workers: workers (0: one per CPU) must be in [0, 64], got 100000");
 }
 
-
 // [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
 TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
@@ -656,7 +655,8 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n", "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
@@ -764,7 +764,6 @@ TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
   }
 }
 
-
 // [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
 TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
   absl::StatusOr<TmemdConfig> c = ParseConfig(
@@ -803,7 +802,8 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n", "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
