@@ -230,7 +230,7 @@ absl::StatusOr<std::unique_ptr<SpillImage>> SpillImage::Open(
   }
   if (direct) {
     // Some filesystems take the flag and refuse the I/O: probe one read.
-    AlignedPage probe;
+    AlignedPage probe;  // NOLINT(*-member-init): filled by the read
     if (::pread(fd, probe.bytes.data(), kSpillPageSize, 0) < 0) {
       const int err = errno;
       if (err != EINVAL ||
@@ -267,7 +267,7 @@ absl::Status SpillImage::CheckPages(uint64_t first, uint64_t count) const {
 
 absl::Status SpillImage::WritePage(uint64_t page, const uint8_t* data) {
   if (absl::Status s = CheckPages(page, 1); !s.ok()) return s;
-  AlignedPage bounce;
+  AlignedPage bounce;  // NOLINT(*-member-init): filled before use
   const uint8_t* src = data;
   if (direct_ && !IsAligned(data)) {
     std::memcpy(bounce.bytes.data(), data, kSpillPageSize);
@@ -294,7 +294,7 @@ absl::Status SpillImage::WritePage(uint64_t page, const uint8_t* data) {
 
 absl::Status SpillImage::ReadPage(uint64_t page, uint8_t* out) {
   if (absl::Status s = CheckPages(page, 1); !s.ok()) return s;
-  AlignedPage bounce;
+  AlignedPage bounce;  // NOLINT(*-member-init): filled before use
   const bool use_bounce = direct_ && !IsAligned(out);
   uint8_t* dst = use_bounce ? bounce.bytes.data() : out;
   size_t done = 0;

@@ -225,7 +225,7 @@ absl::Status TmemSwapBacking::WritePages(uint64_t first_page, uint64_t count,
   if (absl::Status s = CheckRange(first_page, count); !s.ok()) return s;
   if (absl::Status s = CheckSpans(count, src); !s.ok()) return s;
   PageCursor cur(src);
-  PageBuf buf;
+  PageBuf buf;  // NOLINT(*-member-init): filled before use
   for (uint64_t i = 0; i < count; ++i) {
     // The one copy out of guest memory: everything below reads `buf`.
     cur.Move(buf.bytes.data(), /*to_spans=*/false);
@@ -333,7 +333,7 @@ absl::Status TmemSwapBacking::ReadPages(uint64_t first_page, uint64_t count,
   if (absl::Status s = CheckRange(first_page, count); !s.ok()) return s;
   if (absl::Status s = CheckSpans(count, dst); !s.ok()) return s;
   PageCursor cur(dst);
-  PageBuf bounce;
+  PageBuf bounce;  // NOLINT(*-member-init): filled before use
   for (uint64_t i = 0; i < count; ++i) {
     const uint64_t page = first_page + i;
     uint8_t* direct = cur.Contiguous();
@@ -477,7 +477,7 @@ absl::Status TmemSwapBacking::Flush() {
 
 absl::StatusOr<uint64_t> TmemSwapBacking::WriteBackAll(
     std::atomic<uint64_t>* progress) {
-  PageBuf buf;
+  PageBuf buf;  // NOLINT(*-member-init): filled before use
   uint64_t written = 0;
   uint64_t failed = 0;
   absl::Status first_error;
