@@ -6,6 +6,7 @@
 // a store that went away, and several threads on disjoint pages (TSan).
 #include "host-agent/swap/tmem_swap_backing.h"
 
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -95,13 +96,15 @@ class TmemSwapBackingTest : public ::testing::Test {
   }
   void TearDown() override {
     backing_.reset();
+    if (!mounted_.empty()) ::umount(mounted_.c_str());
     std::filesystem::remove_all(dir_);
   }
 
   void Reopen() {
     backing_.reset();
     SpillImageOptions io;
-    io.path = dir_ + "/vm1.swap.img";
+    io.path = image_dir_.empty() ? dir_ + "/vm1.swap.img"
+                                 : image_dir_ + "/vm1.swap.img";
     io.page_count = kPages;
     auto img = SpillImage::Open(io);
     ASSERT_TRUE(img.ok()) << img.status();
@@ -182,6 +185,8 @@ class TmemSwapBackingTest : public ::testing::Test {
   }
 
   std::string dir_;
+  std::string image_dir_;  // "": dir_
+  std::string mounted_;    // a tmpfs to unmount
   std::unique_ptr<TmemStore> store_;
   VmId vm_ = 0;
   PoolId pool_ = -1;
@@ -376,6 +381,76 @@ TEST_F(TmemSwapBackingTest, QuotaSpillKeepsEveryPageAndTheQuota) {
   EXPECT_EQ(ImagePages().size(), st.pages_in_image);
 }
 
+// The host at its cap (no quota): the pages the store has no room for
+// spill, every page reads back, and the store stays within its cap.
+TEST_F(TmemSwapBackingTest, HostCapSpillKeepsEveryPage) {
+  ASSERT_TRUE(store_->SetMemoryCap(2ull << 20).ok());
+  ASSERT_TRUE(Write(0, kPages, 1).ok());
+  ExpectPages(0, kPages, 1);
+  const TmemSwapStats st = backing_->Stats();
+  EXPECT_GT(st.Get(TmemSwapCounter::kSpilledNoMemory), 0u);
+  EXPECT_GT(st.pages_in_store, 0u);
+  EXPECT_EQ(st.pages_in_store + st.pages_in_image, kPages);
+  const HostStats hs = store_->GetHostStats();
+  EXPECT_LE(hs.memory_used_bytes, hs.memory_cap_bytes);
+}
+
+// The disk under the image fills up (a 64 KiB tmpfs): a write that cannot
+// be stored anywhere fails with RESOURCE_EXHAUSTED and never reads back as
+// anything else: a page with nothing before reads zeros, a page whose store
+// copy a refused put removed is "lost" (DATA_LOSS), and freeing space makes
+// pages writable again.
+TEST_F(TmemSwapBackingTest, FullDiskFailsWritesNeverSilently) {
+  backing_.reset();
+  image_dir_ = dir_ + "/small";
+  ASSERT_EQ(::mkdir(image_dir_.c_str(), 0700), 0);
+  if (::mount("tmpfs", image_dir_.c_str(), "tmpfs", 0,
+              "size=65536,mode=0700") != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
+  }
+  mounted_ = image_dir_;
+  Reopen();
+  ASSERT_TRUE(Write(0, 4, 1).ok());  // in the store
+  advisor_.mode = PutMode::kDrop;
+  uint64_t p = 100;
+  absl::Status s;
+  for (; p < 200; ++p) {
+    s = Write(p, 1, 1);
+    if (!s.ok()) break;
+  }
+  ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  ASSERT_GE(p, 110u) << "a 64 KiB tmpfs holds about 16 pages";
+  const uint64_t full_at = p;
+  ExpectZeros(full_at, 1);
+  ExpectPages(100, full_at - 100, 1);
+  // The store refuses the overwrite (quota below what it holds); the image
+  // has no room: the old bytes are gone from the store, so the page is lost.
+  VmPolicy policy;
+  policy.quota_bytes = 1;
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+  advisor_.mode = PutMode::kCompress;
+  EXPECT_EQ(Write(0, 1, 2).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Read(0, 1).status().code(), absl::StatusCode::kDataLoss);
+  ExpectPages(1, 3, 1);  // untouched neighbours
+  TmemSwapStats st = backing_->Stats();
+  EXPECT_EQ(st.pages_lost, 1u);
+  EXPECT_EQ(st.Get(TmemSwapCounter::kPagesLost), 1u);
+  EXPECT_EQ(st.Get(TmemSwapCounter::kReadsLost), 1u);
+  EXPECT_EQ(st.Get(TmemSwapCounter::kImageWriteErrors), 2u);
+  // The valve's spill keeps the store's copy until the image has the page.
+  advisor_.mode = PutMode::kDrop;
+  EXPECT_EQ(Write(1, 1, 2).code(), absl::StatusCode::kResourceExhausted);
+  ExpectPages(1, 1, 1);
+  // Freeing image pages makes room again.
+  ASSERT_TRUE(backing_->DiscardPages(100, full_at - 100).ok());
+  ASSERT_TRUE(Write(0, 2, 3).ok());
+  ExpectPages(0, 2, 3);
+  st = backing_->Stats();
+  EXPECT_EQ(st.pages_lost, 0u);
+  EXPECT_EQ(st.pages_in_store, 2u);  // pages 2, 3
+  EXPECT_EQ(st.pages_in_image, 2u);
+}
+
 // Graceful stop: what the store holds goes into the image; a fresh backing
 // over that image (a restarted tmemd) reads every page back exactly.
 TEST_F(TmemSwapBackingTest, WriteBackAllThenReopenReadsEveryPage) {
@@ -458,7 +533,8 @@ TEST_F(TmemSwapBackingTest, OpenRefusesHostileImage) {
 }
 
 // Several queues at once on disjoint pages, with spilling (quota), the
-// valve switching modes, discards, and a stats reader; every page checked.
+// valve switching modes, discards, a stats reader and write-backs; every
+// page checked.
 TEST_F(TmemSwapBackingTest, ConcurrentQueuesOnDisjointPages) {
   VmPolicy policy;
   policy.quota_bytes = 128 * kSwapPageSize;
@@ -467,9 +543,14 @@ TEST_F(TmemSwapBackingTest, ConcurrentQueuesOnDisjointPages) {
   constexpr uint64_t kPer = kPages / kThreads;
   std::atomic<bool> stop{false};
   std::atomic<int> failures{0};
+  std::atomic<uint64_t> written_back{0};
   std::thread stats([&] {
-    while (!stop.load()) {
+    for (int i = 0; !stop.load(); ++i) {
       (void)backing_->Stats();
+      // A graceful stop's write-back while the queues still run.
+      if (i % 64 == 63 && !backing_->WriteBackAll(&written_back).ok()) {
+        failures.fetch_add(1);
+      }
       advisor_.mode = advisor_.mode.load() == PutMode::kDrop
                           ? PutMode::kCompress
                           : PutMode::kDrop;
