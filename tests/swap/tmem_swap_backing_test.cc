@@ -301,6 +301,7 @@ TEST_F(TmemSwapBackingTest, DiscardFreesImageBlocks) {
   advisor_.mode = PutMode::kDrop;  // the valve says spill
   ASSERT_TRUE(Write(0, 128, 1).ok());
   ASSERT_TRUE(backing_->Flush().ok());
+  EXPECT_EQ(backing_->image().counters().syncs.load(), 1u) << "fdatasync";
   const uint64_t before = ImageBytes();
   EXPECT_GE(before, 128 * kSwapPageSize);
   EXPECT_EQ(PoolCounter(Counter::kPagesHeld), 0u) << "kDrop never stores";
