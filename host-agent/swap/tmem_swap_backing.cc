@@ -534,6 +534,16 @@ TmemSwapStats TmemSwapBacking::Stats() const {
     out.image_allocated_bytes = *a;
   }
   out.image_direct_io = image_->direct_io();
+  const SpillImageCounters& ic = image_->counters();
+  out.image_page_writes = ic.page_writes.load(std::memory_order_relaxed);
+  out.image_page_reads = ic.page_reads.load(std::memory_order_relaxed);
+  out.image_punches = ic.punches.load(std::memory_order_relaxed);
+  out.image_syncs = ic.syncs.load(std::memory_order_relaxed);
+  out.image_io_errors = ic.write_errors.load(std::memory_order_relaxed) +
+                        ic.read_errors.load(std::memory_order_relaxed) +
+                        ic.punch_errors.load(std::memory_order_relaxed) +
+                        ic.sync_errors.load(std::memory_order_relaxed) +
+                        ic.seek_errors.load(std::memory_order_relaxed);
   for (int i = 0; i < kNumTmemSwapCounters; ++i) {
     out.counters[i] = counters_[i].load(std::memory_order_relaxed);
   }

@@ -112,6 +112,13 @@ struct TmemSwapStats {
   // Disk the image holds (st_blocks).
   uint64_t image_allocated_bytes = 0;
   bool image_direct_io = false;
+  // The image's own I/O (writes include write-back and zeros written where
+  // a hole could not be punched) and its failures.
+  uint64_t image_page_writes = 0;
+  uint64_t image_page_reads = 0;
+  uint64_t image_punches = 0;
+  uint64_t image_syncs = 0;
+  uint64_t image_io_errors = 0;  // write, read, punch, sync, seek
   std::array<uint64_t, kNumTmemSwapCounters> counters{};
   // The persistent pool's own counters (compressed vs raw vs zero puts,
   // bytes stored and charged).

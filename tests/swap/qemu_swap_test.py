@@ -218,7 +218,8 @@ def case_guest(a, tmp):
             ok = False
         for key in ("tmem_pages_lost", "tmem_store_errors",
                     "tmem_store_misses", "tmem_image_write_errors",
-                    "tmem_image_read_errors", "tmem_image_punch_errors"):
+                    "tmem_image_read_errors", "tmem_image_punch_errors",
+                    "tmem_image_io_errors"):
             if st[key] != 0:
                 log(f"FAIL: {key}={st[key]}")
                 ok = False

@@ -317,6 +317,11 @@ TEST_F(TmemSwapBackingTest, DiscardFreesImageBlocks) {
   EXPECT_EQ(st.pages_in_image, 56u);
   EXPECT_EQ(st.Get(TmemSwapCounter::kReadsImage), 56u);
   EXPECT_TRUE(st.image_direct_io);
+  EXPECT_EQ(st.image_page_writes, 128u);
+  EXPECT_EQ(st.image_page_reads, 56u);
+  EXPECT_EQ(st.image_punches, 2u);  // one run per request
+  EXPECT_EQ(st.image_syncs, 1u);
+  EXPECT_EQ(st.image_io_errors, 0u);
 }
 
 TEST_F(TmemSwapBackingTest, ImageNeverHoldsAPageTheStoreHolds) {
@@ -438,6 +443,7 @@ TEST_F(TmemSwapBackingTest, FullDiskFailsWritesNeverSilently) {
   EXPECT_EQ(st.Get(TmemSwapCounter::kPagesLost), 1u);
   EXPECT_EQ(st.Get(TmemSwapCounter::kReadsLost), 1u);
   EXPECT_EQ(st.Get(TmemSwapCounter::kImageWriteErrors), 2u);
+  EXPECT_EQ(st.image_io_errors, 2u);
   // The valve's spill keeps the store's copy until the image has the page.
   advisor_.mode = PutMode::kDrop;
   EXPECT_EQ(Write(1, 1, 2).code(), absl::StatusCode::kResourceExhausted);
