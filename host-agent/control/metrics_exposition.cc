@@ -108,6 +108,21 @@ constexpr MetricFamily kVmChargedBytes{
     "tmem_charged_bytes", kGauge,
     "Stored bytes plus the per-page metadata charge: what the VM's quota "
     "counts."};
+constexpr MetricFamily kVmPersistentHeldPages{
+    "tmem_persistent_held_pages", kGauge,
+    "Of the held pages, those in the VM's persistent pools (swap): never "
+    "evicted."};
+constexpr MetricFamily kVmPersistentChargedBytes{
+    "tmem_persistent_charged_bytes", kGauge,
+    "Of the charged bytes, those of pages in the VM's persistent pools."};
+constexpr MetricFamily kPersistentPutsRefused{
+    "tmem_persistent_puts_refused_total", kCounter,
+    "Puts to the VM's persistent pools refused for room (quota or host "
+    "memory): pages its swap device kept on disk instead."};
+constexpr MetricFamily kHostPersistentPutsRefused{
+    "tmem_host_persistent_puts_refused_total", kCounter,
+    "Puts to persistent pools refused for room, over every VM since tmemd "
+    "started (removed VMs included)."};
 
 // --- valve counters (backend/valve.h) -----------------------------------
 constexpr MetricFamily kValveAdmitted{
@@ -427,6 +442,12 @@ CounterSeries StoreCounterSeries(Counter c) {
       return {kVmStoredBytes, "", "", kNone};
     case Counter::kChargedBytes:
       return {kVmChargedBytes, "", "", kNone};
+    case Counter::kPersistentPagesHeld:
+      return {kVmPersistentHeldPages, "", "", kNone};
+    case Counter::kPersistentChargedBytes:
+      return {kVmPersistentChargedBytes, "", "", kNone};
+    case Counter::kPersistentPutsRefusedForRoom:
+      return {kPersistentPutsRefused, "", "", kHostPersistentPutsRefused};
     case Counter::kNumCounters:
       break;
   }
