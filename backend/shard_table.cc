@@ -18,7 +18,8 @@ ShardTable::ShardTable(MemoryBudget* budget)
       object_index_charge_(budget),
       pool_heads_charge_(budget),
       object_chunk_list_charge_(budget),
-      lru_charge_(budget) {}
+      lru_charge_(budget),
+      pinned_charge_(budget) {}
 
 ShardTable::~ShardTable() {
   budget_->Release(chunks_.size() * kChunkEntries * sizeof(PageEntry) +
@@ -110,7 +111,7 @@ bool ReserveMap(Map& map, ChargedCapacity& charge, size_t needed) {
 }  // namespace
 
 bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
-                               bool new_object) {
+                               bool new_object, bool pinned) {
   if (free_entry_ == kNoEntry) {
     constexpr uint64_t kChunkBytes = kChunkEntries * sizeof(PageEntry);
     if (chunks_.size() >= (UINT32_MAX >> kChunkShift)) return false;
@@ -175,6 +176,15 @@ bool ShardTable::PrepareInsert(uint64_t pool_key, uint16_t vm_slot,
       return false;
     }
   }
+  if (pinned && vm_slot >= pinned_.size()) {
+    const size_t cap = std::max<size_t>(vm_slot + 1, 2 * pinned_.size());
+    if (!pinned_charge_.TryGrow(cap * sizeof(LruList), [&] {
+          pinned_.reserve(cap);
+          pinned_.resize(vm_slot + 1);
+        })) {
+      return false;
+    }
+  }
   return true;
 }
 
@@ -207,7 +217,7 @@ uint32_t ShardTable::AllocObject(uint64_t pool_key, const ObjectId& oid) {
 }
 
 void ShardTable::LruUnlink(PageEntry& e, uint32_t id) {
-  LruList& list = lru_[e.vm_slot];
+  LruList& list = ListOf(e);
   if (e.lru_prev != kNoEntry) {
     Slot(e.lru_prev).lru_next = e.lru_next;
   } else {
@@ -224,7 +234,7 @@ void ShardTable::LruUnlink(PageEntry& e, uint32_t id) {
 }
 
 void ShardTable::LruPushHead(PageEntry& e, uint32_t id) {
-  LruList& list = lru_[e.vm_slot];
+  LruList& list = ListOf(e);
   e.lru_prev = kNoEntry;
   e.lru_next = list.head;
   if (list.head != kNoEntry) Slot(list.head).lru_prev = id;
@@ -234,9 +244,12 @@ void ShardTable::LruPushHead(PageEntry& e, uint32_t id) {
 
 uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
                                 PageIndex index, uint16_t vm_slot,
-                                StorageKind kind, uint64_t payload) {
+                                StorageKind kind, uint64_t payload,
+                                bool pinned) {
   uint32_t object = FindObject(pool_key, oid);
-  if (!PrepareInsert(pool_key, vm_slot, object == kNoEntry)) return kNoEntry;
+  if (!PrepareInsert(pool_key, vm_slot, object == kNoEntry, pinned)) {
+    return kNoEntry;
+  }
   const uint32_t id = AllocEntry();
   uint8_t charges = 0;
   if (object == kNoEntry) {
@@ -253,6 +266,7 @@ uint32_t ShardTable::InsertPage(uint64_t pool_key, const ObjectId& oid,
   e.vm_slot = vm_slot;
   e.kind = kind;
   e.charges = charges;
+  e.pinned = pinned ? 1 : 0;
   e.obj_prev = kNoEntry;
   e.obj_next = o.first_page;
   if (o.first_page != kNoEntry) Slot(o.first_page).obj_prev = id;
@@ -370,7 +384,7 @@ void ShardTable::MoveEntry(uint32_t from, uint32_t to) {
   page_index_.erase(from);
   const PageEntry e = Slot(from);
   Slot(to) = e;
-  LruList& list = lru_[e.vm_slot];
+  LruList& list = ListOf(e);
   if (e.lru_prev != kNoEntry) {
     Slot(e.lru_prev).lru_next = to;
   } else {
@@ -486,13 +500,17 @@ void ShardTable::ReleaseTopObjectChunks(size_t count, uint64_t& work) {
 
 void ShardTable::Touch(uint32_t id) {
   PageEntry& e = Slot(id);
-  if (lru_[e.vm_slot].head == id) return;
+  if (ListOf(e).head == id) return;
   LruUnlink(e, id);
   LruPushHead(e, id);
 }
 
 uint32_t ShardTable::LruTail(uint16_t vm_slot) const {
   return vm_slot < lru_.size() ? lru_[vm_slot].tail : kNoEntry;
+}
+
+uint32_t ShardTable::PinnedTail(uint16_t vm_slot) const {
+  return vm_slot < pinned_.size() ? pinned_[vm_slot].tail : kNoEntry;
 }
 
 std::vector<uint32_t> ShardTable::PagesOfObject(uint32_t object) const {
@@ -522,6 +540,7 @@ uint64_t ShardTable::metadata_bytes() const {
   return chunk_list_charge_.charged() + page_index_charge_.charged() +
          object_index_charge_.charged() + pool_heads_charge_.charged() +
          object_chunk_list_charge_.charged() + lru_charge_.charged() +
+         pinned_charge_.charged() +
          chunks_.size() * kChunkEntries * sizeof(PageEntry) +
          object_chunks_.size() * kChunkEntries * sizeof(ObjectNode);
 }

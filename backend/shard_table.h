@@ -5,7 +5,10 @@
 // (object, index) to entry, each object's page list (for invalidate-object),
 // each pool's object list (so invalidate-pool and destroy-pool walk only that
 // pool's objects, never other VMs'), and one LRU list per VM (for eviction
-// and for forgetting a VM).
+// and for forgetting a VM). A pinned page (one that must never be evicted:
+// a persistent pool's) is kept off that LRU list, on its VM's pinned list,
+// so whatever walks LRU tails for victims never meets it and never walks
+// past it; ForgetVm walks both lists.
 //
 // Memory: a page entry is 40 bytes, an object node 48, and the hash indexes
 // hold only a 32-bit number per slot (hashing and equality look through to
@@ -58,7 +61,9 @@ struct PageEntry {
   uint32_t obj_next;
   uint16_t vm_slot;  // owner: the VM whose put stored the page
   StorageKind kind;
-  uint8_t charges;  // ChargeBit: shared costs this page pays for
+  uint8_t charges : 7;  // ChargeBit: shared costs this page pays for
+  // On its VM's pinned list, not its LRU list: never an eviction victim.
+  uint8_t pinned : 1;
 };
 
 struct ObjectNode {
@@ -95,17 +100,19 @@ class ShardTable {
   // Object node of (pool, oid), or kNoEntry.
   uint32_t FindObject(uint64_t pool_key, const ObjectId& oid) const;
 
-  // Adds a page that must not exist yet, at the MRU end of its VM's list.
-  // Its `charges` say which shared costs it pays (a new object, a pool new
-  // to this shard). Returns kNoEntry if the metadata it needs does not fit in
-  // the budget; then nothing changed. Removing a page of this shard always
-  // makes room.
+  // Adds a page that must not exist yet, at the MRU end of its VM's list
+  // (its pinned list if `pinned`). Its `charges` say which shared costs it
+  // pays (a new object, a pool new to this shard). Returns kNoEntry if the
+  // metadata it needs does not fit in the budget; then nothing changed.
+  // Removing a page of this shard always makes room, except for a VM's
+  // first pinned page here, whose list head may need budget bytes.
   uint32_t InsertPage(uint64_t pool_key, const ObjectId& oid, PageIndex index,
-                      uint16_t vm_slot, StorageKind kind, uint64_t payload);
+                      uint16_t vm_slot, StorageKind kind, uint64_t payload,
+                      bool pinned = false);
   // Unlinks and frees an entry; returns a copy for the caller's bookkeeping
   // and the heir of its charge bits.
   RemovedPage RemovePage(uint32_t entry);
-  // Moves an entry to the MRU end of its VM's list.
+  // Moves an entry to the MRU end of its VM's list (LRU or pinned).
   void Touch(uint32_t entry);
   // Changes how a live entry's page is held (the compactor swapping a
   // compressed block in); key, owner, list positions and charges stay.
@@ -123,17 +130,23 @@ class ShardTable {
   }
   // Calls fn(entry number, entry) for every page, VM by VM, each VM's
   // from least to most recently used. O(pages in this shard).
+  // Pinned pages come after all LRU pages.
   template <typename Fn>
   void ForEachPage(Fn&& fn) const {
-    for (const LruList& list : lru_) {
-      for (uint32_t e = list.tail; e != kNoEntry; e = Slot(e).lru_prev) {
-        fn(e, Slot(e));
+    for (const std::vector<LruList>* lists : {&lru_, &pinned_}) {
+      for (const LruList& list : *lists) {
+        for (uint32_t e = list.tail; e != kNoEntry; e = Slot(e).lru_prev) {
+          fn(e, Slot(e));
+        }
       }
     }
   }
   const ObjectNode& object(uint32_t id) const { return Obj(id); }
-  // Least recently used entry of a VM in this shard, or kNoEntry.
+  // Least recently used entry of a VM in this shard, or kNoEntry. Pinned
+  // pages are never returned.
   uint32_t LruTail(uint16_t vm_slot) const;
+  // Least recently used pinned entry of a VM in this shard, or kNoEntry.
+  uint32_t PinnedTail(uint16_t vm_slot) const;
 
   // Entries of every object of `pool_key` (for invalidate-pool): O(that
   // pool's objects and pages in this shard), whatever else the shard holds.
@@ -228,9 +241,14 @@ class ShardTable {
   }
   uint32_t AllocEntry();
   uint32_t AllocObject(uint64_t pool_key, const ObjectId& oid);
+  // The list `e` is on: its VM's LRU list, or its pinned list.
+  LruList& ListOf(const PageEntry& e) {
+    return e.pinned ? pinned_[e.vm_slot] : lru_[e.vm_slot];
+  }
   void LruUnlink(PageEntry& e, uint32_t id);
   void LruPushHead(PageEntry& e, uint32_t id);
-  bool PrepareInsert(uint64_t pool_key, uint16_t vm_slot, bool new_object);
+  bool PrepareInsert(uint64_t pool_key, uint16_t vm_slot, bool new_object,
+                     bool pinned);
   template <typename Set>
   static bool ReserveIndex(Set& set, ChargedCapacity& charge, size_t needed);
   void ReleaseWhileEmpty();
@@ -254,6 +272,8 @@ class ShardTable {
   std::vector<std::unique_ptr<ObjectNode[]>> object_chunks_;
   uint32_t free_object_ = kNoEntry;
   std::vector<LruList> lru_;  // indexed by VM slot
+  // Indexed by VM slot; grown only for VMs that put pinned pages here.
+  std::vector<LruList> pinned_;
   absl::flat_hash_set<uint32_t, PageHash, PageEq> page_index_;
   absl::flat_hash_set<uint32_t, ObjectHash, ObjectEq> object_index_;
   // Pool key -> first object of that pool's list in this shard. Only pools
@@ -270,6 +290,7 @@ class ShardTable {
   ChargedCapacity pool_heads_charge_;
   ChargedCapacity object_chunk_list_charge_;  // object_chunks_ pointer array
   ChargedCapacity lru_charge_;
+  ChargedCapacity pinned_charge_;
 };
 
 template <typename OnMove>

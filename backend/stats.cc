@@ -42,6 +42,12 @@ std::string_view CounterName(Counter c) {
       return "stored_bytes";
     case Counter::kChargedBytes:
       return "charged_bytes";
+    case Counter::kPersistentPagesHeld:
+      return "persistent_pages_held";
+    case Counter::kPersistentChargedBytes:
+      return "persistent_charged_bytes";
+    case Counter::kPersistentPutsRefusedForRoom:
+      return "persistent_puts_refused_for_room";
     case Counter::kNumCounters:
       break;
   }
@@ -50,7 +56,8 @@ std::string_view CounterName(Counter c) {
 
 bool CounterIsGauge(Counter c) {
   return c == Counter::kPagesHeld || c == Counter::kStoredBytes ||
-         c == Counter::kChargedBytes;
+         c == Counter::kChargedBytes || c == Counter::kPersistentPagesHeld ||
+         c == Counter::kPersistentChargedBytes;
 }
 
 Counter RefusedCounter(RefuseReason reason) {

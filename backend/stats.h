@@ -44,6 +44,14 @@ enum class Counter : int {
   kPagesHeld,
   kStoredBytes,   // blob slot bytes held (0 for zero/same-filled pages)
   kChargedBytes,  // stored bytes + per-page metadata charge (what quotas see)
+  // Of which, in persistent pools (never evicted; the rest may be).
+  kPersistentPagesHeld,
+  kPersistentChargedBytes,
+  // Puts to persistent pools refused for room (quota or no_memory, also
+  // counted there): pages the caller had to keep elsewhere. Puts, gets and
+  // invalidates of persistent pools are counted by the counters above; a
+  // pool's own counters tell its kind apart.
+  kPersistentPutsRefusedForRoom,
   kNumCounters,
 };
 inline constexpr int kNumCounters = static_cast<int>(Counter::kNumCounters);

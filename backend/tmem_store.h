@@ -15,6 +15,37 @@
 //    bytes of the latest put of that key, honouring every earlier invalidate.
 //  * Ephemeral: any page may disappear at any time (eviction).
 //
+// Persistent pools (PoolKind::kPersistent; frontswap's semantics, a swap
+// device's store), private only:
+//  * A stored page stays until its key is put again or invalidated: nothing
+//    evicts it (not a put at the cap or at quota, not a lowered cap or
+//    quota, not the compactor's room-finding, not slab emptying). Its pages
+//    are kept off the per-VM LRU lists eviction walks (ShardTable's pinned
+//    lists), so no eviction step meets them or spends work on them.
+//  * Get and GetRun are not exclusive: the page stays after a hit.
+//  * A put that lacks room evicts ephemeral pages exactly as an ephemeral
+//    put does (the VM's own at quota, the fair-share victim's at the cap);
+//    if that finds none it is refused (quota / no_memory, and
+//    persistent_puts_refused_for_room): the caller keeps the page elsewhere
+//    (the swap backing's spill image). As in any pool, a refused put still
+//    removes the earlier page of its key, so the caller's copy is the only
+//    one and a get can never return the older bytes.
+//  * Invalidate page/object/pool free the pages and their charge at once
+//    (DISCARD and WRITE_ZEROES of the device); a never-written key misses.
+//  * Zero and same-filled pages cost metadata only, as everywhere.
+//  * Charged exactly like ephemeral pages: quota, weight and fair share,
+//    the cap. A VM whose persistent pages alone exceed its (lowered) quota,
+//    or a host whose persistent pages alone exceed its (lowered) cap, keeps
+//    them: the store is over until they are invalidated, every new put
+//    lacking room is refused, and the excess is visible
+//    (persistent_pages_held / persistent_charged_bytes per VM and pool,
+//    HostStats::persistent_*). Eviction victims are the VMs holding
+//    ephemeral pages, furthest over their weighted fair share first (their
+//    persistent charge counts toward how far over they are).
+//  * Deferred compression works as for ephemeral pages (the page is
+//    re-charged at its compressed size); a block with no room leaves the
+//    page raw, never dropped.
+//
 // Memory: every byte taken from the OS (blob slabs and their descriptors,
 // page entries, hash indexes, object tables, free lists) is charged to one
 // budget whose limit is the host cap, and charged before it is taken: a
@@ -64,8 +95,9 @@
 // is refused for memory (no_memory; HostStats::puts_refused_at_work_bound);
 // the pages it evicted stay evicted, so the room they freed serves the next
 // put. Operator calls (SetMemoryCap, SetVmPolicy) evict all the way down.
-// Pages that must never be evicted (a persistent pool) would be kept off the
-// per-VM LRU lists the eviction steps walk.
+// Persistent pages are kept off the per-VM LRU lists the eviction steps
+// walk, and a VM holding none but persistent pages is never a victim, so
+// they add no work to any step.
 //
 // Host overhead: memory_used_bytes = what live VMs are charged
 // (HostStats::vm_charged_bytes) + the host's own overhead
@@ -189,6 +221,7 @@ struct PutResult {
 struct PoolStats {
   PoolId id = -1;
   bool shared = false;
+  PoolKind kind = PoolKind::kEphemeral;
   PoolUuid uuid;
   CounterValues counters{};
 };
@@ -199,6 +232,10 @@ struct VmStats {
   VmPolicy policy;
   CounterValues counters{};
   std::vector<PoolStats> pools;
+  // Pages held in the VM's persistent pools and what they are charged
+  // (also in counters; they never shrink by eviction).
+  uint64_t persistent_pages = 0;
+  uint64_t persistent_bytes = 0;
 };
 
 struct HostStats {
@@ -235,6 +272,13 @@ struct HostStats {
   // "Host overhead" above).
   uint64_t vm_charged_bytes = 0;
   uint64_t host_overhead_bytes = 0;
+  // Pages held in persistent pools by live VMs, what they are charged (of
+  // vm_charged_bytes), and persistent puts refused for room since start:
+  // persistent pages are never evicted, so a cap they alone exceed stays
+  // exceeded (memory_used_bytes > memory_cap_bytes) until they go.
+  uint64_t persistent_pages = 0;
+  uint64_t persistent_bytes = 0;
+  uint64_t persistent_puts_refused_for_room = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };
@@ -279,7 +323,10 @@ class TmemStore {
   // --- Pools -----------------------------------------------------------
   // shared == nullptr: a private pool. Otherwise joins (or creates) the
   // shared pool of that UUID: PERMISSION_DENIED if the VM is not authorized.
-  absl::StatusOr<PoolId> NewPool(VmId vm, const PoolUuid* shared);
+  // `kind`: see "Persistent pools" above; a persistent pool is private
+  // (INVALID_ARGUMENT with `shared`, or for a kind that is neither).
+  absl::StatusOr<PoolId> NewPool(VmId vm, const PoolUuid* shared,
+                                 PoolKind kind = PoolKind::kEphemeral);
   absl::Status DestroyPool(VmId vm, PoolId pool);
 
   // --- Pages -----------------------------------------------------------
@@ -288,18 +335,20 @@ class TmemStore {
                                 PageIndex index, ConstPage page,
                                 PutMode mode = PutMode::kCompress);
   // true: hit, `out` holds the page. false: miss, `out` unspecified.
+  // Exclusive in a private ephemeral pool (the hit removes the page).
   absl::StatusOr<bool> Get(VmId vm, PoolId pool, const ObjectId& oid,
                            PageIndex index, MutablePage out);
   // Gets pages first .. first + count - 1 of one object of a private pool
   // in one call (the run of a readahead window): one VM and pool lookup and
   // one shard lock for the whole run, each hit exclusive exactly as Get's
-  // and counted as one get. Page first + k goes to out[k * kPageSize, (k +
-  // 1) * kPageSize). Bit k of the result set: page first + k hit and its
-  // bytes are there; clear: miss (those bytes unspecified).
-  // INVALID_ARGUMENT for a shared pool (its gets are not exclusive), for
-  // 0 or more than kMaxGetRun pages, indices that wrap, or `out` smaller
-  // than count pages; NOT_FOUND for an unknown VM or pool. DATA_LOSS if a
-  // stored block was corrupt (the whole run's pages are then dropped).
+  // (in a persistent pool not exclusive, as Get's) and counted as one get. Page
+  // first + k goes to out[k * kPageSize, (k + 1) * kPageSize). Bit k of the
+  // result set: page first + k hit and its bytes are there; clear: miss (those
+  // bytes unspecified). INVALID_ARGUMENT for a shared pool (its gets are not
+  // exclusive), for 0 or more than kMaxGetRun pages, indices that wrap, or
+  // `out` smaller than count pages; NOT_FOUND for an unknown VM or pool.
+  // DATA_LOSS if a stored block was corrupt (the whole run's pages are then
+  // dropped).
   static constexpr size_t kMaxGetRun = 64;
   absl::StatusOr<uint64_t> GetRun(VmId vm, PoolId pool, const ObjectId& oid,
                                   PageIndex first, size_t count,

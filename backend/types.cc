@@ -30,6 +30,16 @@ std::string_view RefuseReasonName(RefuseReason reason) {
   return "unknown";
 }
 
+std::string_view PoolKindName(PoolKind kind) {
+  switch (kind) {
+    case PoolKind::kEphemeral:
+      return "ephemeral";
+    case PoolKind::kPersistent:
+      return "persistent";
+  }
+  return "unknown";
+}
+
 std::string_view ValveModeName(ValveMode mode) {
   switch (mode) {
     case ValveMode::kDefault:

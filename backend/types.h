@@ -66,6 +66,18 @@ inline uint64_t KeyHash(const ObjectId& oid, PageIndex index) {
 // after DestroyPool, like cleancache's pool ids.
 using PoolId = int32_t;
 
+// What a pool promises about its pages (tmem's two pool kinds).
+enum class PoolKind : uint8_t {
+  // Cleancache's: a page may disappear at any time (eviction); a get in a
+  // private pool is exclusive.
+  kEphemeral = 0,
+  // Frontswap's: a stored page stays until it is overwritten or invalidated
+  // (never evicted); gets leave it in place. The store may refuse a put
+  // (then the caller keeps the page elsewhere), never lose one it took.
+  kPersistent = 1,
+};
+std::string_view PoolKindName(PoolKind kind);
+
 // How a stored page is held. Recorded per page.
 enum class StorageKind : uint8_t {
   kZero = 0,        // all bytes zero: metadata only

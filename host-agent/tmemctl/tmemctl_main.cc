@@ -252,15 +252,33 @@ absl::StatusOr<Result> Status(Host& h) {
 absl::StatusOr<Result> Vms(Host& h) {
   auto r = h.Call(&Stub::ListVms, v1::ListVmsRequest());
   if (!r.ok()) return r.status();
+  // CONN is the ivshmem channel's ("-": the VM has none); the SWAP columns
+  // are its swap device's ("-": none): size, front-end attached, pages
+  // held (of them spilled to disk), read and write requests.
   Table t({"NAME", "CONN", "STATE", "MODE", "QUOTA", "WEIGHT", "PAGES",
-           "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN"});
+           "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN", "SWAP",
+           "SWCONN", "SWPAGES", "SWSPILL", "SWREADS", "SWWRITES"});
   for (const v1::VmSummary& v : r->vms()) {
-    t.Add({v.name(), v.connected() ? "yes" : "no", State(v.policy()),
-           ProtoModeText(v.policy().mode()), Quota(v.policy().quota_bytes()),
-           absl::StrCat(v.policy().weight()), absl::StrCat(v.pages()),
-           Bytes(v.stored_bytes()), Pct(v.hit_ratio()), absl::StrCat(v.puts()),
-           absl::StrCat(v.gets_hit() + v.gets_miss()), v.decision(),
-           absl::StrCat(v.policy().generation())});
+    const bool sw = v.has_swap();
+    const v1::SwapDevice& d = v.swap();
+    auto swap_col = [sw](const std::string& text) {
+      return sw ? text : std::string("-");
+    };
+    t.Add({v.name(),
+           !v.has_channel() ? "-"
+           : v.connected()  ? "yes"
+                            : "no",
+           State(v.policy()), ProtoModeText(v.policy().mode()),
+           Quota(v.policy().quota_bytes()), absl::StrCat(v.policy().weight()),
+           absl::StrCat(v.pages()), Bytes(v.stored_bytes()), Pct(v.hit_ratio()),
+           absl::StrCat(v.puts()), absl::StrCat(v.gets_hit() + v.gets_miss()),
+           v.decision(), absl::StrCat(v.policy().generation()),
+           swap_col(Bytes(d.size_bytes())),
+           swap_col(d.connected() ? "yes" : "no"),
+           swap_col(absl::StrCat(d.stored_pages())),
+           swap_col(absl::StrCat(d.spilled_pages())),
+           swap_col(absl::StrCat(d.reads())),
+           swap_col(absl::StrCat(d.writes()))});
   }
   return Result{ToJson(*r), t.Render()};
 }
@@ -298,6 +316,31 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
   }
   for (const v1::Counter& k : r->channel_counters()) {
     c.Add({"channel_" + k.name(), absl::StrCat(k.value())});
+  }
+  if (s.has_swap()) {
+    const v1::SwapDevice& d = s.swap();
+    auto mean_us = [](uint64_t ns, uint64_t calls) {
+      return calls == 0 ? 0.0
+                        : static_cast<double>(ns) / 1000.0 /
+                              static_cast<double>(calls);
+    };
+    absl::StrAppendFormat(
+        &t,
+        "swap       %s at %s (%s): %d pages (%d in memory in %s, %d "
+        "spilled, %d lost), %d discarded; %d reads (%.1f us), %d writes "
+        "(%.1f us)\n",
+        Bytes(d.size_bytes()), d.socket_path(),
+        d.connected() ? "connected" : "not connected", d.stored_pages(),
+        d.memory_pages(), Bytes(d.memory_bytes()), d.spilled_pages(),
+        d.lost_pages(), d.discarded_pages(), d.reads(),
+        mean_us(d.read_ns(), d.read_calls()), d.writes(),
+        mean_us(d.write_ns(), d.write_calls()));
+    for (const v1::Counter& k : d.counters()) {
+      c.Add({"swap_" + k.name(), absl::StrCat(k.value())});
+    }
+    for (const v1::Counter& k : d.backing_counters()) {
+      c.Add({"swap_backing_" + k.name(), absl::StrCat(k.value())});
+    }
   }
   t += "\n" + c.Render();
   if (!r->pools().empty()) {
