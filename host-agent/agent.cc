@@ -108,6 +108,9 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
     }
     a->workers_.push_back(std::move(w));
   }
+  a->swap_store_factory_ = options.swap_store_factory
+                               ? options.swap_store_factory
+                               : swap::MemorySwapStoreFactory();
   if (options.run_valve_ticker) {
     a->ticker_ = std::thread([p = a.get()] { p->TickerLoop(); });
   }
@@ -137,18 +140,39 @@ bool Agent::StopServing(std::chrono::milliseconds deadline) {
   }
   if (!stopped) return false;
   if (compactor_ != nullptr) compactor_->Stop();
+  StopSwapDevices();
   return true;
+}
+
+void Agent::StopSwapDevices() {
+  if (swap_stopped_.exchange(true)) return;
+  MutexLock lock(&mu_);
+  for (auto& [name, e] : vms_) {
+    if (e.swap == nullptr) continue;
+    // No request runs once the device's loop has left: what the backing
+    // holds now is everything the guest was told is written.
+    e.swap->device->Stop();
+    const absl::Status s = e.swap->store->WriteBack();
+    Log(s.ok() ? LogLevel::kInfo : LogLevel::kError, "swap_written_back",
+        {{"vm", name},
+         {"stored_pages", e.swap->store->PageStats().stored},
+         {"spilled_pages", e.swap->store->PageStats().spilled},
+         {"error", s.ok() ? std::string() : std::string(s.message())}});
+  }
 }
 
 Agent::~Agent() {
   StopServing();
   MutexLock lock(&mu_);
   for (auto& [name, e] : vms_) {
-    e.worker->RemoveChannel(e.channel.get());
-    valve_->RemoveVm(e.channel->vm());
+    if (e.channel != nullptr) e.worker->RemoveChannel(e.channel.get());
+    valve_->RemoveVm(e.vm);
   }
   for (auto& w : workers_) w->Stop();
-  vms_.clear();  // unlinks sockets, forgets VMs
+  std::vector<VmId> ids;
+  for (const auto& [name, e] : vms_) ids.push_back(e.vm);
+  vms_.clear();  // unlinks sockets, drops the channels' pools
+  for (VmId vm : ids) (void)store_->ForgetVm(vm);
 }
 
 void Agent::SetVmPolicyResolver(VmPolicyResolver resolver) {
@@ -176,6 +200,38 @@ ChannelOptions Agent::ChannelOptionsFor(const std::string& name,
   return opts;
 }
 
+absl::StatusOr<Agent::VmEntry*> Agent::EntryForLocked(const std::string& name,
+                                                      const VmPolicy& policy,
+                                                      bool apply_policy,
+                                                      bool* created) {
+  *created = false;
+  auto it = vms_.find(name);
+  if (it != vms_.end()) {
+    if (apply_policy) {
+      if (absl::Status s = store_->SetVmPolicy(it->second.vm, policy);
+          !s.ok()) {
+        return s;
+      }
+      valve_->SetVmPolicy(it->second.vm, policy);
+    }
+    return &it->second;
+  }
+  absl::StatusOr<VmId> vm = store_->AddVm(name, policy);
+  if (!vm.ok()) return vm.status();
+  valve_->AddVm(*vm, policy);
+  VmEntry& e = vms_[name];
+  e.vm = *vm;
+  *created = true;
+  return &e;
+}
+
+void Agent::EraseLocked(const std::string& name) {
+  auto it = vms_.find(name);
+  if (it == vms_.end()) return;
+  valve_->RemoveVm(it->second.vm);
+  vms_.erase(it);
+}
+
 absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
                                     const VmPolicy& requested,
                                     const std::string& socket_path) {
@@ -183,19 +239,28 @@ absl::StatusOr<VmInfo> Agent::AddVm(const std::string& name,
   MutexLock lifecycle(&lifecycle_mu_);
   MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
-  if (vms_.contains(name)) {
+  if (auto it = vms_.find(name); it != vms_.end() && it->second.channel) {
     return absl::AlreadyExistsError(
         absl::StrCat("VM '", name, "' already has a channel"));
   }
-  const ChannelOptions opts = ChannelOptionsFor(name, policy, socket_path);
+  bool created = false;
+  absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, true, &created);
+  if (!e.ok()) return e.status();
+  const VmId vm = (*e)->vm;
+  ChannelOptions opts = ChannelOptionsFor(name, policy, socket_path);
+  opts.store_vm = vm;
   absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Create(
       opts, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
+    if (created) {
+      EraseLocked(name);
+      (void)store_->ForgetVm(vm);
+    }
     return absl::Status(
         ch.status().code(),
         absl::StrCat("VM '", name, "': ", ch.status().message()));
   }
-  return InstallLocked(name, policy, std::move(*ch), "channel_created");
+  return InstallLocked(**e, name, std::move(*ch), "channel_created");
 }
 
 absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
@@ -215,31 +280,44 @@ absl::StatusOr<VmInfo> Agent::RestoreVm(const std::string& name,
   MutexLock lifecycle(&lifecycle_mu_);
   MutexLock lock(&mu_);
   const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
-  if (vms_.contains(name)) {
+  if (auto it = vms_.find(name); it != vms_.end() && it->second.channel) {
     close_all();
     return absl::AlreadyExistsError(
         absl::StrCat("VM '", name, "' already has a channel"));
   }
+  bool created = false;
+  absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, true, &created);
+  if (!e.ok()) {
+    close_all();
+    return e.status();
+  }
+  const VmId vm = (*e)->vm;
   // The listener was bound in a private directory and renamed into place,
   // so its bound name is not where it lives: the VM's path under the
   // socket directory is (the one path AddVm picks for a VM of this name).
-  const ChannelOptions opts = ChannelOptionsFor(name, policy, "");
+  ChannelOptions opts = ChannelOptionsFor(name, policy, "");
+  opts.store_vm = vm;
   // The generation tells the guest its pool ids and filters are void: this
   // process holds none of the pages the old one stored.
   absl::StatusOr<std::unique_ptr<Channel>> ch = Channel::Restore(
       opts, fds, store_.get(), SharedRegion::NewHostGeneration(), valve_.get());
   if (!ch.ok()) {
+    if (created) {
+      EraseLocked(name);
+      (void)store_->ForgetVm(vm);
+    }
     return absl::Status(
         ch.status().code(),
         absl::StrCat("VM '", name, "': ", ch.status().message()));
   }
-  return InstallLocked(name, policy, std::move(*ch), "channel_restored");
+  return InstallLocked(**e, name, std::move(*ch), "channel_restored");
 }
 
 std::vector<NamedFd> Agent::HandoffFds() const {
   MutexLock lock(&mu_);
   std::vector<NamedFd> out;
   for (const auto& [name, e] : vms_) {
+    if (e.channel == nullptr) continue;
     for (NamedFd& f : e.channel->HandoffFds()) out.push_back(std::move(f));
   }
   return out;
@@ -247,20 +325,20 @@ std::vector<NamedFd> Agent::HandoffFds() const {
 
 void Agent::KeepChannelsForSuccessor() {
   MutexLock lock(&mu_);
-  for (auto& [name, e] : vms_) e.channel->KeepForSuccessor();
+  for (auto& [name, e] : vms_) {
+    if (e.channel != nullptr) e.channel->KeepForSuccessor();
+  }
 }
 
-VmInfo Agent::InstallLocked(const std::string& name, const VmPolicy& policy,
+VmInfo Agent::InstallLocked(VmEntry& e, const std::string& name,
                             std::unique_ptr<Channel> channel,
                             std::string_view event) {
   Channel* ch = channel.get();
-  valve_->AddVm(ch->vm(), policy);
   Worker* least = nullptr;
   for (auto& [w, n] : load_) {
     if (least == nullptr || n < load_[least]) least = w;
   }
   ++load_[least];
-  VmEntry& e = vms_[name];
   e.channel = std::move(channel);
   e.worker = least;
   e.socket_path = ch->server().socket_path();
@@ -280,22 +358,30 @@ absl::Status Agent::RemoveVm(const std::string& name) {
   MutexLock lifecycle(&lifecycle_mu_);
   std::unique_ptr<Channel> doomed;
   VmInfo last;
+  std::optional<VmId> forget;
   {
     MutexLock lock(&mu_);
     auto it = vms_.find(name);
-    if (it == vms_.end()) {
-      return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
+    if (it == vms_.end() || it->second.channel == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("no VM named '", name, "' with a channel"));
     }
-    it->second.worker->RemoveChannel(it->second.channel.get());
-    --load_[it->second.worker];
+    VmEntry& e = it->second;
+    e.worker->RemoveChannel(e.channel.get());
+    --load_[e.worker];
     // The channel's last counters, read once no worker serves it: a guest
     // that worked and left between two stats lines shows up here.
-    last = InfoLocked(name, it->second);
-    valve_->RemoveVm(it->second.channel->vm());
-    doomed = std::move(it->second.channel);
-    vms_.erase(it);
+    last = InfoLocked(name, e);
+    doomed = std::move(e.channel);
+    e.worker = nullptr;
+    e.socket_path.clear();
+    if (e.swap == nullptr) {
+      forget = e.vm;
+      EraseLocked(name);
+    }
   }
-  doomed.reset();  // unlinks the socket, drops the VM's pages
+  doomed.reset();  // unlinks the socket, drops the channel's pools
+  if (forget) (void)store_->ForgetVm(*forget);  // the VM's last frontend
   Log(LogLevel::kInfo, "channel_removed",
       {{"vm", name},
        {"gets_hit", last.stats.counters[static_cast<int>(Counter::kGetsHit)]},
@@ -322,20 +408,133 @@ std::vector<std::string> Agent::VmNames() const {
 VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   VmInfo info;
   info.name = name;
-  info.socket_path = e.socket_path;
-  info.connected = e.channel->server().connected();
-  absl::StatusOr<VmStats> stats = store_->GetVmStats(e.channel->vm());
-  info.valve = valve_->VmStatus(e.channel->vm());
+  absl::StatusOr<VmStats> stats = store_->GetVmStats(e.vm);
+  info.valve = valve_->VmStatus(e.vm);
   if (stats.ok()) {
     info.stats = *stats;
     info.policy = stats->policy;
     info.policy.mode = info.valve.mode;  // the valve holds the mode
   }
-  for (int i = 0; i < kNumChannelCounters; ++i) {
-    info.channel[i] = e.channel->metrics().Get(static_cast<ChannelCounter>(i));
+  info.has_channel = e.channel != nullptr;
+  if (e.channel != nullptr) {
+    info.socket_path = e.socket_path;
+    info.connected = e.channel->server().connected();
+    for (int i = 0; i < kNumChannelCounters; ++i) {
+      info.channel[i] =
+          e.channel->metrics().Get(static_cast<ChannelCounter>(i));
+    }
+    if (info.connected) info.guest = e.channel->guest_report();
   }
-  if (info.connected) info.guest = e.channel->guest_report();
+  if (e.swap != nullptr) info.swap = SwapInfo(*e.swap);
   return info;
+}
+
+SwapDeviceInfo Agent::SwapInfo(const SwapEntry& s) const {
+  SwapDeviceInfo info;
+  info.socket_path = s.device->socket_path();
+  info.size_bytes = s.size_bytes;
+  info.connected = s.device->connected();
+  info.pages = s.store->PageStats();
+  info.times = s.metered->Times();
+  for (int i = 0; i < swap::kNumSwapCounters; ++i) {
+    info.counters[i] =
+        s.device->metrics().Get(static_cast<swap::SwapCounter>(i));
+  }
+  return info;
+}
+
+absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
+                                                    uint64_t size_bytes) {
+  if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
+  if (size_bytes == 0 || size_bytes % swap::kSwapPageSize != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("swap device '", name, "': size ", size_bytes,
+                     " is not a positive multiple of ", swap::kSwapPageSize));
+  }
+  MutexLock lifecycle(&lifecycle_mu_);
+  MutexLock lock(&mu_);
+  if (auto it = vms_.find(name); it != vms_.end() && it->second.swap) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("VM '", name, "' already has a swap device"));
+  }
+  if (swap_stopped_.load()) {
+    return absl::FailedPreconditionError("tmemd is stopping");
+  }
+  const VmPolicy policy = resolver_ ? resolver_(name, VmPolicy{}) : VmPolicy{};
+  bool created = false;
+  absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, false, &created);
+  if (!e.ok()) return e.status();
+  const VmId vm = (*e)->vm;
+  auto undo = [&](const absl::Status& s) {
+    if (created) {
+      EraseLocked(name);
+      (void)store_->ForgetVm(vm);
+    }
+    return absl::Status(
+        s.code(), absl::StrCat("swap device '", name, "': ", s.message()));
+  };
+  auto entry = std::make_unique<SwapEntry>();
+  entry->size_bytes = size_bytes;
+  swap::SwapStoreRequest request;
+  request.vm_name = name;
+  request.vm = vm;
+  request.page_count = size_bytes / swap::kSwapPageSize;
+  request.store = store_.get();
+  request.advisor = valve_.get();
+  request.state_dir = options_.state_dir;
+  absl::StatusOr<std::unique_ptr<swap::SwapStore>> store =
+      swap_store_factory_(request);
+  if (!store.ok()) return undo(store.status());
+  entry->store = std::move(*store);
+  entry->metered =
+      std::make_unique<swap::MeteredSwapBacking>(&entry->store->backing());
+  swap::SwapDeviceOptions o;
+  o.socket_path = absl::StrCat(options_.socket_dir, "/", name, ".swap.sock");
+  // The ivshmem sockets' rules: QEMU's group, the configured mode.
+  o.socket_mode.mode = options_.socket_mode;
+  o.socket_mode.group = options_.socket_gid;
+  o.blk.num_queues = static_cast<uint16_t>(options_.swap_queues);
+  o.on_event = [name](std::string_view event, std::string_view reason) {
+    Log(LogLevel::kWarn, event, {{"vm", name}, {"reason", reason}});
+  };
+  absl::StatusOr<std::unique_ptr<swap::SwapDevice>> dev =
+      swap::SwapDevice::Start(std::move(o), entry->metered.get());
+  if (!dev.ok()) return undo(dev.status());
+  entry->device = std::move(*dev);
+  VmEntry& ve = **e;
+  ve.swap = std::move(entry);
+  SwapDeviceInfo info = SwapInfo(*ve.swap);
+  Log(LogLevel::kInfo, "swap_device_created",
+      {{"vm", name},
+       {"socket", info.socket_path},
+       {"size_bytes", size_bytes},
+       {"queues", options_.swap_queues}});
+  return info;
+}
+
+absl::Status Agent::RemoveSwapDevice(const std::string& name) {
+  MutexLock lifecycle(&lifecycle_mu_);
+  std::unique_ptr<SwapEntry> doomed;
+  std::optional<VmId> forget;
+  {
+    MutexLock lock(&mu_);
+    auto it = vms_.find(name);
+    if (it == vms_.end() || it->second.swap == nullptr) {
+      return absl::NotFoundError(
+          absl::StrCat("no VM named '", name, "' with a swap device"));
+    }
+    doomed = std::move(it->second.swap);
+    if (it->second.channel == nullptr) {
+      forget = it->second.vm;
+      EraseLocked(name);
+    }
+  }
+  const uint64_t stored = doomed->store->PageStats().stored;
+  doomed.reset();  // stops the device, unlinks its socket, frees its pages
+  if (forget) (void)store_->ForgetVm(*forget);  // the VM's last frontend
+  Log(LogLevel::kInfo, "swap_device_removed",
+      {{"vm", name}, {"stored_pages", stored}});
+  return absl::OkStatus();
 }
 
 absl::StatusOr<VmInfo> Agent::GetVm(const std::string& name) const {
@@ -361,7 +560,7 @@ absl::Status Agent::SetVmPolicy(const std::string& name,
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
   }
-  const VmId vm = it->second.channel->vm();
+  const VmId vm = it->second.vm;
   if (absl::Status s = store_->SetVmPolicy(vm, policy); !s.ok()) return s;
   valve_->SetVmPolicy(vm, policy);
   return absl::OkStatus();
@@ -373,8 +572,8 @@ absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
   if (it == vms_.end()) {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
   }
-  absl::StatusOr<VmPolicy> p = store_->GetVmPolicy(it->second.channel->vm());
-  if (p.ok()) p->mode = valve_->VmStatus(it->second.channel->vm()).mode;
+  absl::StatusOr<VmPolicy> p = store_->GetVmPolicy(it->second.vm);
+  if (p.ok()) p->mode = valve_->VmStatus(it->second.vm).mode;
   return p;
 }
 
@@ -410,7 +609,7 @@ absl::Status Agent::TickValve() {
     // unlikely to come back: evict those before a re-reading VM's.
     MutexLock lock(&mu_);
     for (const auto& [name, e] : vms_) {
-      const VmId vm = e.channel->vm();
+      const VmId vm = e.vm;
       (void)store_->SetEvictionBias(
           vm, valve_->VmStatus(vm).throttled ? kThrottledEvictionBias : 1);
     }

@@ -5,11 +5,19 @@
 // libvirt glue -- goes through this class, so the logic is tested without
 // any of them. Names are VM names (unique per host); VmIds stay inside.
 //
-// VMs: AddVm creates the VM's channel (store registration, sealed memfd
-// region, listening ivshmem socket, in that order) and hands it to the
-// least loaded worker; RemoveVm takes it back (returns once no worker
-// touches it) and destroys it, which unlinks the socket and drops the VM's
-// pages.
+// VMs: a VM is one store registration (one quota, weight and fair share)
+// served by an ivshmem channel, a swap device, or both. The agent
+// registers the VM in the store and the valve when its first frontend
+// arrives and forgets it (every page) when its last one goes; the channel
+// and the swap device each get the VM's id and know nothing of each other.
+// AddVm creates the VM's channel (sealed memfd region, listening ivshmem
+// socket, in that order) and hands it to the least loaded worker; RemoveVm
+// takes it back (returns once no worker touches it) and destroys it, which
+// unlinks the socket and drops the channel's pools. AddSwapDevice starts a
+// vhost-user-blk device on SOCKET_DIR/NAME.swap.sock over a backing the
+// swap-store factory makes; RemoveSwapDevice stops it, unlinks the socket
+// and drops its pages. StopServing writes every swap backing back (a spill
+// image, where the backing has one) before it returns.
 //
 // Threads: every public method is thread-safe. Methods that change the set
 // of VMs or policies serialize on one mutex; statistics readers take it too
@@ -19,6 +27,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -40,6 +49,9 @@
 #include "backend/tmem_store.h"
 #include "backend/valve.h"
 #include "host-agent/channel/channel.h"
+#include "host-agent/swap/metered_swap_backing.h"
+#include "host-agent/swap/swap_device.h"
+#include "host-agent/swap/swap_store.h"
 #include "host-agent/worker.h"
 
 namespace tmem {
@@ -76,11 +88,31 @@ struct AgentOptions {
   // switched at run time); with nothing queued it sleeps.
   size_t compaction_queue_pages = 16384;
   CompactorOptions compactor;
+  // Swap devices: what backs their pages (nullptr: in memory,
+  // swap::MemorySwapStoreFactory), and the directory a backing keeps its
+  // files under (spill images in STATE_DIR/swap/).
+  swap::SwapStoreFactory swap_store_factory;
+  std::string state_dir = "/var/lib/tmemd";
+  // Queues a swap device offers (QEMU uses up to its num-queues of them).
+  int swap_queues = 4;
+};
+
+// A VM's swap device as the agent sees it.
+struct SwapDeviceInfo {
+  std::string socket_path;
+  uint64_t size_bytes = 0;
+  bool connected = false;        // a vhost-user front-end (QEMU) is attached
+  swap::SwapPageStats pages;     // stored / compressed / raw / spilled
+  swap::SwapBackingTimes times;  // discarded pages, read/write time
+  std::array<uint64_t, swap::kNumSwapCounters> counters{};  // the device's
 };
 
 // One VM as the agent sees it.
 struct VmInfo {
   std::string name;
+  // The ivshmem channel: absent for a VM served only by a swap device
+  // (then socket_path is empty and connected false).
+  bool has_channel = true;
   std::string socket_path;
   bool connected = false;  // a QEMU (or guestsim) is attached
   VmPolicy policy;
@@ -89,6 +121,7 @@ struct VmInfo {
   ValveVmStatus valve;
   // What the guest says about itself (untrusted; shown, never relied on).
   GuestReport guest;
+  std::optional<SwapDeviceInfo> swap;
 };
 
 struct AgentStatus {
@@ -107,11 +140,24 @@ class Agent {
   Agent(const Agent&) = delete;
   Agent& operator=(const Agent&) = delete;
 
-  // ALREADY_EXISTS if the name is taken; INVALID_ARGUMENT for a name that is
-  // not safe as a file name. `socket_path` empty: SOCKET_DIR/NAME.sock.
+  // The VM's ivshmem channel. ALREADY_EXISTS if the VM has one;
+  // INVALID_ARGUMENT for a name that is not safe as a file name.
+  // `socket_path` empty: SOCKET_DIR/NAME.sock. `policy` becomes the VM's
+  // (also when its swap device registered it first).
   absl::StatusOr<VmInfo> AddVm(const std::string& name, const VmPolicy& policy,
                                const std::string& socket_path = "");
-  absl::Status RemoveVm(const std::string& name);  // NOT_FOUND if unknown
+  // Removes the channel; NOT_FOUND if the VM has none. The VM stays
+  // registered while its swap device serves.
+  absl::Status RemoveVm(const std::string& name);
+  // The VM's swap device of `size_bytes` (a multiple of 4096, > 0) at
+  // SOCKET_DIR/NAME.swap.sock, listening when this returns. ALREADY_EXISTS
+  // if the VM has one; INVALID_ARGUMENT for a bad name or size. A VM not
+  // yet known is registered with the policy the resolver gives it.
+  absl::StatusOr<SwapDeviceInfo> AddSwapDevice(const std::string& name,
+                                               uint64_t size_bytes);
+  // Stops the device (a connected front-end is cut off), unlinks its
+  // socket and drops its pages; NOT_FOUND if the VM has no swap device.
+  absl::Status RemoveSwapDevice(const std::string& name);
   // A VM whose channel a previous tmemd handed over (fd_handoff.h): the
   // socket path is the one the handed-over socket is bound to. `fds` are
   // taken (closed on failure).
@@ -131,6 +177,7 @@ class Agent {
   using VmPolicyResolver = std::function<VmPolicy(const std::string& name,
                                                   const VmPolicy& requested)>;
   void SetVmPolicyResolver(VmPolicyResolver resolver);
+  // A VM with a channel, a swap device, or both.
   bool HasVm(const std::string& name) const;
   std::vector<std::string> VmNames() const;  // sorted
   absl::StatusOr<VmInfo> GetVm(const std::string& name) const;
@@ -147,8 +194,9 @@ class Agent {
 
   AgentStatus Status() const;
 
-  // Stops the valve ticker and the workers (idempotent): the data plane is
-  // quiet afterwards, so statistics read next are final. The VMs stay until
+  // Stops the valve ticker, the workers and the swap devices, and writes
+  // every swap backing back (idempotent): the data plane is quiet
+  // afterwards, so statistics read next are final. The VMs stay until
   // the agent is destroyed. With a deadline (not negative), false if a
   // worker was still busy when it passed: the data plane is then NOT quiet
   // and the agent must not be torn down (tmemd exits at once instead).
@@ -167,10 +215,20 @@ class Agent {
   uint64_t host_generation() const { return host_generation_; }
 
  private:
+  // Members in build order: the device reads and writes the backing, so
+  // it is destroyed (stopped) first.
+  struct SwapEntry {
+    uint64_t size_bytes = 0;
+    std::unique_ptr<swap::SwapStore> store;
+    std::unique_ptr<swap::MeteredSwapBacking> metered;
+    std::unique_ptr<swap::SwapDevice> device;
+  };
   struct VmEntry {
-    std::unique_ptr<Channel> channel;
+    VmId vm = 0;
+    std::unique_ptr<Channel> channel;  // null: no ivshmem channel
     Worker* worker = nullptr;
     std::string socket_path;
+    std::unique_ptr<SwapEntry> swap;  // null: no swap device
   };
 
   explicit Agent(AgentOptions options);
@@ -182,9 +240,22 @@ class Agent {
   ChannelOptions ChannelOptionsFor(const std::string& name,
                                    const VmPolicy& policy,
                                    const std::string& socket_path) const;
-  VmInfo InstallLocked(const std::string& name, const VmPolicy& policy,
+  VmInfo InstallLocked(VmEntry& e, const std::string& name,
                        std::unique_ptr<Channel> channel, std::string_view event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The VM's entry, registering it in the store and the valve with
+  // `policy` when it is new (a known VM gets `policy` only if
+  // `apply_policy`). *created tells the caller to undo with ForgetLocked if
+  // its frontend then fails.
+  absl::StatusOr<VmEntry*> EntryForLocked(const std::string& name,
+                                          const VmPolicy& policy,
+                                          bool apply_policy, bool* created)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Unregisters a VM left with no frontend (valve now; the store's pages
+  // go in ForgetVm, which the caller runs once nothing uses the id).
+  void EraseLocked(const std::string& name) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  SwapDeviceInfo SwapInfo(const SwapEntry& s) const;
+  void StopSwapDevices() ABSL_LOCKS_EXCLUDED(mu_);
   void TickerLoop() ABSL_LOCKS_EXCLUDED(ticker_mu_);
 
   AgentOptions options_;
@@ -203,6 +274,8 @@ class Agent {
   CpuSampler* sampler_ = nullptr;
   std::vector<std::unique_ptr<Worker>> workers_;
   double poll_scale_ = 1.0;  // TickValve only: the polling feedback loop
+  swap::SwapStoreFactory swap_store_factory_;
+  std::atomic<bool> swap_stopped_{false};
 
   // Held across a whole AddVm/RemoveVm (before mu_): a removed VM leaves
   // vms_ before its channel is destroyed outside mu_ (dropping its store VM

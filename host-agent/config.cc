@@ -204,13 +204,35 @@ class TableReader {
   std::string path_;
 };
 
-absl::Status ApplyStore(const toml::table& t, StoreOptions& store) {
+// A swap device's size, from a flag or a file: positive, whole pages.
+absl::Status CheckSwapSize(uint64_t bytes, std::string_view source) {
+  if (absl::Status s = CheckRange(ranges::kSwapSize, bytes, source); !s.ok()) {
+    return s;
+  }
+  if (bytes % 4096 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(source), ": swap size ", bytes,
+                     " is not a multiple of 4096 (the device's block)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyStore(const toml::table& t, StoreOptions& store,
+                        std::string& state_dir) {
   TableReader r(t, "store.");
-  if (absl::Status s =
-          r.CheckKeys({"memory_cap", "shards", "poor_compression_threshold",
-                       "poor_compression_action", "max_evictions_per_put"});
+  if (absl::Status s = r.CheckKeys(
+          {"memory_cap", "shards", "poor_compression_threshold",
+           "poor_compression_action", "max_evictions_per_put", "state_dir"});
       !s.ok()) {
     return s;
+  }
+  std::optional<std::string> dir;
+  if (auto s = r.String("state_dir", &dir); !s.ok()) return s;
+  if (dir) {
+    if (dir->empty() || (*dir)[0] != '/') {
+      return r.Error("state_dir", "must be an absolute path");
+    }
+    state_dir = *dir;
   }
   if (auto s =
           r.Size("memory_cap", &store.memory_cap_bytes, ranges::kMemoryCap);
@@ -510,6 +532,47 @@ absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
   return absl::OkStatus();
 }
 
+// [swap.NAME]: size = "4GiB".
+absl::Status ApplySwap(const toml::table& t, TmemdConfig& c) {
+  for (const auto& [key, node] : t) {
+    const std::string name(key.str());
+    const auto& src = node.source();
+    const std::string where =
+        src.begin ? absl::StrCat(src.path ? *src.path : std::string("config"),
+                                 ":", src.begin.line)
+                  : std::string("config");
+    if (absl::Status s = ValidateVmName(name); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("[swap.", name, "] (", where, "): ", s.message()));
+    }
+    const toml::table* dev = node.as_table();
+    if (dev == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "'swap.", name, "' (", where, "): must be a table: write [swap.",
+          name, "] with size = \"4GiB\""));
+    }
+    TableReader r(*dev, absl::StrCat("swap.", name, "."));
+    if (auto s = r.CheckKeys({"size"}); !s.ok()) return s;
+    if (dev->get("size") == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("[swap.", name, "] (", where, ") has no size"));
+    }
+    SwapConfig sc;
+    sc.name = name;
+    if (auto s = r.Size("size", &sc.size_bytes, ranges::kSwapSize); !s.ok()) {
+      return s;
+    }
+    const auto& size_src = dev->get("size")->source();
+    sc.source =
+        absl::StrCat("'swap.", name, ".size' (",
+                     size_src.path ? *size_src.path : std::string("config"),
+                     ":", size_src.begin.line, ")");
+    if (auto s = CheckSwapSize(sc.size_bytes, sc.source); !s.ok()) return s;
+    c.swap_devices.push_back(sc);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
   if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
@@ -571,10 +634,12 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
       return absl::InvalidArgumentError(
           absl::StrCat("unknown top-level key '", std::string(k),
                        "' (sections: [store], [channels], [worker], [valve], "
-                       "[log], [libvirt], [[vm]])"));
+                       "[log], [libvirt], [swap.NAME], [[vm]])"));
     }
     if (k == "store") {
-      s = ApplyStore(*t, c.store);
+      s = ApplyStore(*t, c.store, c.state_dir);
+    } else if (k == "swap") {
+      s = ApplySwap(*t, c);
     } else if (k == "channels") {
       s = ApplyChannels(*t, c);
     } else if (k == "worker") {
@@ -590,10 +655,10 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view text,
     } else if (k == "fleet") {
       s = ApplyFleet(*t, c.fleet);
     } else {
-      s = absl::InvalidArgumentError(
-          absl::StrCat("unknown section [", std::string(k),
-                       "] (sections: [store], [channels], [worker], [valve], "
-                       "[log], [control], [libvirt], [fleet], [[vm]])"));
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "unknown section [", std::string(k),
+          "] (sections: [store], [channels], [worker], [valve], "
+          "[log], [control], [libvirt], [fleet], [swap.NAME], [[vm]])"));
     }
     if (!s.ok()) return s;
   }
@@ -648,7 +713,49 @@ absl::Status ValidateConfig(const TmemdConfig& c) {
           absl::StrCat("VM '", vm.name, "' is configured twice"));
     }
   }
+  absl::flat_hash_set<std::string> swaps;
+  for (const SwapConfig& sc : c.swap_devices) {
+    if (absl::Status s = ValidateVmName(sc.name); !s.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sc.source, ": ", s.message()));
+    }
+    if (absl::Status s = CheckSwapSize(sc.size_bytes, sc.source); !s.ok()) {
+      return s;
+    }
+    if (!swaps.insert(sc.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(sc.source, ": VM '", sc.name,
+                       "' has a swap device already (one per VM)"));
+    }
+  }
+  if (c.state_dir.empty() || c.state_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store.state_dir '", c.state_dir, "' must be an absolute path"));
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<SwapConfig> ParseSwapFlag(std::string_view text) {
+  const std::string source = absl::StrCat("--swap '", std::string(text), "'");
+  const size_t eq = text.find('=');
+  if (eq == std::string_view::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": use NAME=SIZE, e.g. vm1=4G"));
+  }
+  SwapConfig sc;
+  sc.name = std::string(text.substr(0, eq));
+  sc.source = source;
+  if (absl::Status s = ValidateVmName(sc.name); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  absl::StatusOr<uint64_t> size = ParseSize(text.substr(eq + 1));
+  if (!size.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": ", size.status().message()));
+  }
+  if (absl::Status s = CheckSwapSize(*size, source); !s.ok()) return s;
+  sc.size_bytes = *size;
+  return sc;
 }
 
 }  // namespace tmem

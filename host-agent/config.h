@@ -25,6 +25,8 @@
 //   name = "web1"
 //   quota = "512MiB"
 //   weight = 200
+//   [swap.web1]                # a vhost-user-blk swap device for web1
+//   size = "4GiB"              # SOCKET_DIR/web1.swap.sock
 #ifndef TMEMD_HOST_AGENT_CONFIG_H_
 #define TMEMD_HOST_AGENT_CONFIG_H_
 
@@ -50,6 +52,18 @@ struct VmConfig {
   std::string name;
   VmPolicy policy;
 };
+
+// [swap.NAME] or --swap NAME=SIZE: VM NAME's swap device (a vhost-user-blk
+// back-end, docs/swap-device.md). The VM may have an ivshmem channel too
+// ([[vm]] / --vm): both serve the one VM, with one quota.
+struct SwapConfig {
+  std::string name;
+  uint64_t size_bytes = 0;  // > 0, a multiple of 4096
+  std::string source;       // "FILE:LINE" or "--swap", for errors
+};
+
+// Parses --swap's NAME=SIZE; errors name the flag and the text.
+absl::StatusOr<SwapConfig> ParseSwapFlag(std::string_view text);
 
 // [control]: the gRPC control plane and the metrics endpoint.
 struct ControlConfig {
@@ -114,6 +128,10 @@ struct TmemdConfig {
   // limits what is kept (docs/valve.md, "When each mode wins").
   ValveOptions valve{.deferred_compression = false};
   std::vector<VmConfig> vms;
+  std::vector<SwapConfig> swap_devices;
+  // Files tmemd keeps across restarts: swap spill images under
+  // STATE_DIR/swap/ ([store] state_dir, --state-dir).
+  std::string state_dir = "/var/lib/tmemd";
   ControlConfig control;
   LibvirtConfig libvirt;
   FleetConfig fleet;
@@ -133,7 +151,7 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view toml,
                                         TmemdConfig base);
 
 // Cross-field checks (region size, vectors, VM names unique and safe as
-// file names, quota/weight ranges).
+// file names, quota/weight ranges, one swap device per VM).
 absl::Status ValidateConfig(const TmemdConfig& config);
 
 }  // namespace tmem

@@ -10,6 +10,7 @@
 #ifndef TMEMD_HOST_AGENT_DOMAIN_CONTROL_H_
 #define TMEMD_HOST_AGENT_DOMAIN_CONTROL_H_
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,27 @@ class DomainControl {
   // when the write failed.
   virtual absl::Status PolicyChanged(const std::string& vm,
                                      const VmPolicy& policy) = 0;
+
+  // The swap device (docs/libvirt.md, "Swap device"). AttachSwap has tmemd
+  // create a swap device of `size_bytes` for the domain's VM and writes
+  // its vhostuser disk and shared memfd memory into the domain's
+  // PERSISTENT definition; QEMU reads both only when it starts, so the
+  // state's detail says when it takes effect. Attaching again is a no-op.
+  // NOT_FOUND (no such domain), FAILED_PRECONDITION (transient domain, a
+  // <memoryBacking> tmemd will not rewrite: the message says what to
+  // change). DetachSwap removes the disk from the persistent definition
+  // (the <memoryBacking> stays) and the device, unless a running QEMU still
+  // uses it (then it stays until the next detach of the shut-off domain).
+  virtual absl::StatusOr<DomainAttachState> AttachSwap(
+      const std::string& domain, uint64_t size_bytes) = 0;
+  virtual absl::StatusOr<DomainAttachState> DetachSwap(
+      const std::string& domain) = 0;
+  // libvirt's qemu hook "migrate" (run on the destination before the
+  // incoming QEMU starts): FAILED_PRECONDITION, naming the domain and why,
+  // when its XML has a disk on one of this tmemd's swap sockets (tmemd does
+  // not migrate swap devices). No libvirt calls, like PrepareFromHook.
+  virtual absl::StatusOr<DomainAttachState> MigrateFromHook(
+      const std::string& domain_xml) = 0;
 };
 
 }  // namespace tmem

@@ -18,6 +18,13 @@ int64_t MonotonicNanos() {
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
+// The owner's store VM, or a new one for this channel alone.
+absl::StatusOr<VmId> RegisterVm(const ChannelOptions& options,
+                                TmemStore* store) {
+  if (options.store_vm) return *options.store_vm;
+  return store->AddVm(options.vm_name, options.policy);
+}
+
 }  // namespace
 
 Channel::Channel(ChannelOptions options, TmemStore* store, VmId vm)
@@ -29,7 +36,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
   absl::StatusOr<RegionLayout> layout =
       RegionLayout::ForSize(options.region_bytes, options.ring_entries);
   if (!layout.ok()) return layout.status();
-  absl::StatusOr<VmId> vm = store->AddVm(options.vm_name, options.policy);
+  absl::StatusOr<VmId> vm = RegisterVm(options, store);
   if (!vm.ok()) return vm.status();
   std::unique_ptr<Channel> ch(new Channel(options, store, *vm));
   absl::StatusOr<std::unique_ptr<SharedRegion>> region = SharedRegion::Create(
@@ -53,7 +60,7 @@ absl::StatusOr<std::unique_ptr<Channel>> Channel::Create(
 absl::StatusOr<std::unique_ptr<Channel>> Channel::Restore(
     const ChannelOptions& options, const IvshmemServerFds& fds,
     TmemStore* store, uint64_t host_generation, PutAdvisor* advisor) {
-  absl::StatusOr<VmId> vm = store->AddVm(options.vm_name, options.policy);
+  absl::StatusOr<VmId> vm = RegisterVm(options, store);
   if (!vm.ok()) {
     for (int fd : {fds.listen, fds.shm, fds.client, fds.attaching}) {
       if (fd >= 0) close(fd);
@@ -208,9 +215,11 @@ Channel::~Channel() {
   // it with a new generation).
   if (region_ != nullptr) region_->MarkUnserved();
   server_.reset();  // unlinks the socket first: no new client can arrive
+  // The VM's other frontends keep their pools; only this guest's go.
+  if (options_.store_vm && consumer_ != nullptr) consumer_->DropPools();
   consumer_.reset();
   region_.reset();
-  (void)store_->ForgetVm(vm_);
+  if (!options_.store_vm) (void)store_->ForgetVm(vm_);
 }
 
 void Channel::ClientLeaving(int /*fd*/, LeaveReason reason) {

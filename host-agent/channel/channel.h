@@ -5,7 +5,10 @@
 // order, so the socket only accepts once everything behind it exists (QEMU
 // fails to start a VM whose socket is not listening, and never retries).
 // Destroying it closes the socket (unlinking the path) and forgets the VM
-// (its pages go).
+// (its pages go). An owner that serves the same VM through other frontends
+// too (the agent: a swap device) registers the store VM itself and names
+// it in ChannelOptions::store_vm: the channel then neither registers nor
+// forgets the VM, and its destruction drops only the pools its guest made.
 //
 // Restart: Restore() builds the channel from the descriptors a previous
 // tmemd handed over (fd_handoff.h): the region is re-initialized with a new
@@ -35,6 +38,7 @@
 #define TMEMD_HOST_AGENT_CHANNEL_CHANNEL_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -56,6 +60,9 @@ struct ChannelOptions {
   uint32_t ring_entries = 256;
   VmPolicy policy;
   FdStore* fd_store = nullptr;  // must outlive the channel
+  // A store VM registered by the owner (who forgets it after the channel
+  // is gone); unset: the channel registers `vm_name` and forgets it.
+  std::optional<VmId> store_vm;
 };
 
 class Channel final : private IvshmemClientObserver {

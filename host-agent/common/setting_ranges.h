@@ -89,6 +89,8 @@ inline constexpr IntRange kLeaseTtlSeconds{"lease_ttl_seconds", 2, 600};
 // Per VM ([[vm]], state file, RPC, libvirt metadata).
 inline constexpr IntRange kQuota{"quota (bytes; 0: unlimited)", 0, kPiB};
 inline constexpr IntRange kWeight{"weight", 1, 1000000};
+// A swap device: a positive multiple of 4096 (checked apart) up to 1 PiB.
+inline constexpr IntRange kSwapSize{"swap size (bytes)", 4096, kPiB};
 }  // namespace ranges
 
 // OK if `value` lies in `range`; else INVALID_ARGUMENT

@@ -311,6 +311,43 @@ v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,
   return p;
 }
 
+namespace {
+
+v1::SwapDevice SwapMessage(const SwapDeviceInfo& info) {
+  v1::SwapDevice m;
+  m.set_socket_path(info.socket_path);
+  m.set_size_bytes(info.size_bytes);
+  m.set_connected(info.connected);
+  m.set_stored_pages(info.pages.stored);
+  m.set_memory_pages(info.pages.in_memory);
+  m.set_memory_bytes(info.pages.memory_bytes);
+  m.set_spilled_pages(info.pages.spilled);
+  m.set_compressed_puts(info.pages.compressed_puts);
+  m.set_raw_puts(info.pages.raw_puts);
+  m.set_lost_pages(info.pages.lost);
+  for (const auto& [name, value] : info.pages.counters) {
+    v1::Counter* c = m.add_backing_counters();
+    c->set_name(name);
+    c->set_value(value);
+  }
+  m.set_discarded_pages(info.times.discarded_pages);
+  m.set_reads(info.counters[static_cast<int>(swap::SwapCounter::kReads)]);
+  m.set_writes(info.counters[static_cast<int>(swap::SwapCounter::kWrites)]);
+  m.set_read_ns(info.times.read_ns);
+  m.set_read_calls(info.times.read_calls);
+  m.set_write_ns(info.times.write_ns);
+  m.set_write_calls(info.times.write_calls);
+  for (int i = 0; i < swap::kNumSwapCounters; ++i) {
+    v1::Counter* c = m.add_counters();
+    c->set_name(
+        std::string(swap::SwapCounterName(static_cast<swap::SwapCounter>(i))));
+    c->set_value(info.counters[i]);
+  }
+  return m;
+}
+
+}  // namespace
+
 v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
   v1::VmDetail d;
   const CounterValues& c = info.stats.counters;
@@ -338,6 +375,8 @@ v1::VmDetail ControlPlane::Detail(const VmInfo& info) const {
                                    : static_cast<double>(hit) /
                                          static_cast<double>(hit + miss));
   s->set_decision(ValveDecision(info.policy, info.valve));
+  s->set_has_channel(info.has_channel);
+  if (info.swap) *s->mutable_swap() = SwapMessage(*info.swap);
   d.set_socket_path(info.socket_path);
   AddStoreCounters(c, d.mutable_counters());
   for (int i = 0; i < kNumChannelCounters; ++i) {
@@ -652,9 +691,10 @@ absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
   if (!info.ok()) return UnknownVm(vm);
   const uint64_t before =
       CounterValueOf(info->stats.counters, Counter::kPagesHeld);
-  // Private pools only: a shared pool's pages belong to every member.
+  // Private cache pools only: a shared pool's pages belong to every member,
+  // and a persistent pool's are the swap device's (the guest's memory).
   for (const PoolStats& p : info->stats.pools) {
-    if (p.shared) continue;
+    if (p.shared || p.kind == PoolKind::kPersistent) continue;
     absl::Status s = agent_->store().InvalidatePool(info->stats.id, p.id);
     // The guest may have destroyed the pool meanwhile: nothing to drop.
     if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;
@@ -666,6 +706,21 @@ absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
   v1::FlushVmResponse out;
   out.set_pages_dropped(before > left ? before - left : 0);
   return out;
+}
+
+absl::StatusOr<v1::SwapDevice> ControlPlane::AddSwapDevice(
+    const std::string& vm, uint64_t size_bytes) {
+  if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
+  MutexLock lock(&write_mu_);
+  absl::StatusOr<SwapDeviceInfo> info = agent_->AddSwapDevice(vm, size_bytes);
+  if (!info.ok()) return info.status();
+  return SwapMessage(*info);
+}
+
+absl::Status ControlPlane::RemoveSwapDevice(const std::string& vm) {
+  if (absl::Status s = NeedVmName(vm); !s.ok()) return s;
+  MutexLock lock(&write_mu_);
+  return agent_->RemoveSwapDevice(vm);
 }
 
 absl::Status ControlPlane::AuthorizeSharedPool(
@@ -715,8 +770,16 @@ absl::StatusOr<v1::DomainState> ControlPlane::AttachDomain(
   if (r.domain().empty()) {
     return absl::InvalidArgumentError("the request names no domain");
   }
+  if (!r.swap() && r.swap_size_bytes() != 0) {
+    return absl::InvalidArgumentError(
+        "swap_size_bytes: set without swap (attach --swap SIZE)");
+  }
+  if (r.swap() && r.swap_size_bytes() == 0) {
+    return absl::InvalidArgumentError("swap_size_bytes: 0 (want a size)");
+  }
   absl::StatusOr<DomainAttachState> st =
-      domains_->Attach(r.domain(), r.persistent());
+      r.swap() ? domains_->AttachSwap(r.domain(), r.swap_size_bytes())
+               : domains_->Attach(r.domain(), r.persistent());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }
@@ -728,7 +791,8 @@ absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
     return absl::InvalidArgumentError("the request names no domain");
   }
   absl::StatusOr<DomainAttachState> st =
-      domains_->Detach(r.domain(), r.persistent());
+      r.swap() ? domains_->DetachSwap(r.domain())
+               : domains_->Detach(r.domain(), r.persistent());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }
@@ -736,18 +800,20 @@ absl::StatusOr<v1::DomainState> ControlPlane::DetachDomain(
 absl::StatusOr<v1::DomainState> ControlPlane::LibvirtHook(
     const v1::LibvirtHookRequest& r) {
   if (absl::Status s = NeedDomains(); !s.ok()) return s;
-  if (r.operation() != "prepare" && r.operation() != "release") {
+  if (r.operation() != "prepare" && r.operation() != "release" &&
+      r.operation() != "migrate") {
     return absl::InvalidArgumentError(
         absl::StrCat("operation: '", r.operation(),
                      "' is not a hook operation tmemd handles (prepare, "
-                     "release)"));
+                     "release, migrate)"));
   }
   if (r.domain_xml().empty()) {
     return absl::InvalidArgumentError("domain_xml: empty");
   }
   absl::StatusOr<DomainAttachState> st =
-      r.operation() == "prepare" ? domains_->PrepareFromHook(r.domain_xml())
-                                 : domains_->ReleaseFromHook(r.domain_xml());
+      r.operation() == "prepare"   ? domains_->PrepareFromHook(r.domain_xml())
+      : r.operation() == "release" ? domains_->ReleaseFromHook(r.domain_xml())
+                                   : domains_->MigrateFromHook(r.domain_xml());
   if (!st.ok()) return st.status();
   return DomainMessage(*st);
 }

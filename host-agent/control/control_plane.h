@@ -81,6 +81,9 @@ class ControlPlane {
   absl::StatusOr<v1::SetVmPolicyResponse> SetFrozen(const std::string& vm,
                                                     bool frozen);
   absl::StatusOr<v1::FlushVmResponse> FlushVm(const std::string& vm);
+  absl::StatusOr<v1::SwapDevice> AddSwapDevice(const std::string& vm,
+                                               uint64_t size_bytes);
+  absl::Status RemoveSwapDevice(const std::string& vm);
   absl::Status AuthorizeSharedPool(
       const v1::AuthorizeSharedPoolRequest& request);
   // Fleet policy (docs/fleet.md): the host part and every present VM's part of

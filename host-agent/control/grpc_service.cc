@@ -240,6 +240,20 @@ grpc::Status TmemControlService::FlushVm(grpc::ServerContext* ctx,
   return Reply(control_->FlushVm(req->vm()), resp);
 }
 
+grpc::Status TmemControlService::AddSwapDevice(
+    grpc::ServerContext* ctx, const v1::AddSwapDeviceRequest* req,
+    v1::SwapDevice* resp) {
+  if (grpc::Status s = CheckAdmin(ctx, "AddSwapDevice"); !s.ok()) return s;
+  return Reply(control_->AddSwapDevice(req->vm(), req->size_bytes()), resp);
+}
+
+grpc::Status TmemControlService::RemoveSwapDevice(
+    grpc::ServerContext* ctx, const v1::VmRequest* req,
+    v1::RemoveSwapDeviceResponse* /*resp*/) {
+  if (grpc::Status s = CheckAdmin(ctx, "RemoveSwapDevice"); !s.ok()) return s;
+  return ToGrpcStatus(control_->RemoveSwapDevice(req->vm()));
+}
+
 grpc::Status TmemControlService::AuthorizeSharedPool(
     grpc::ServerContext* ctx, const v1::AuthorizeSharedPoolRequest* req,
     v1::AuthorizeSharedPoolResponse* /*resp*/) {

@@ -104,6 +104,12 @@ class TmemControlService final : public v1::TmemControl::Service {
                       v1::SetVmPolicyResponse* resp) override;
   grpc::Status FlushVm(grpc::ServerContext* ctx, const v1::VmRequest* req,
                        v1::FlushVmResponse* resp) override;
+  grpc::Status AddSwapDevice(grpc::ServerContext* ctx,
+                             const v1::AddSwapDeviceRequest* req,
+                             v1::SwapDevice* resp) override;
+  grpc::Status RemoveSwapDevice(grpc::ServerContext* ctx,
+                                const v1::VmRequest* req,
+                                v1::RemoveSwapDeviceResponse* resp) override;
   grpc::Status AuthorizeSharedPool(
       grpc::ServerContext* ctx, const v1::AuthorizeSharedPoolRequest* req,
       v1::AuthorizeSharedPoolResponse* resp) override;

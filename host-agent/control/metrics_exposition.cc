@@ -204,6 +204,49 @@ constexpr MetricFamily kUptime{"tmem_uptime_seconds", kGauge,
 constexpr MetricFamily kVmConnected{
     "tmem_vm_connected", kGauge,
     "1 while a QEMU (or tmem-guestsim) is attached to the VM's channel."};
+// Swap devices (vhost-user-blk, docs/swap-device.md), per VM.
+constexpr MetricFamily kSwapSize{"tmem_swap_size_bytes", kGauge,
+                                 "Size of the VM's swap device."};
+constexpr MetricFamily kSwapConnected{
+    "tmem_swap_connected", kGauge,
+    "1 while a vhost-user front-end (QEMU) is attached to the swap device."};
+constexpr MetricFamily kSwapStored{
+    "tmem_swap_stored_pages", kGauge,
+    "Swap pages the device holds (compressed + raw + spilled)."};
+constexpr MetricFamily kSwapMemory{
+    "tmem_swap_memory_pages", kGauge,
+    "Swap pages held in tmemd's store (the VM's persistent pool)."};
+constexpr MetricFamily kSwapMemoryBytes{
+    "tmem_swap_memory_bytes", kGauge,
+    "What the swap pages in the store take there, compressed or raw."};
+constexpr MetricFamily kSwapLost{
+    "tmem_swap_lost_pages", kGauge,
+    "Swap pages a failed write lost (their reads fail, never silently)."};
+constexpr MetricFamily kSwapPuts{
+    "tmem_swap_store_puts_total", kCounter,
+    "Swap pages the store took, by how (compressed or raw)."};
+constexpr MetricFamily kSwapBackingEvents{
+    "tmem_swap_backing_events_total", kCounter,
+    "Swap backing counters (host-agent/swap/tmem_swap_backing.h): where "
+    "writes went, spills by cause, write-back, failures."};
+constexpr MetricFamily kSwapSpilled{
+    "tmem_swap_spilled_pages", kGauge,
+    "Swap pages moved to the VM's spill image on disk."};
+constexpr MetricFamily kSwapDiscarded{
+    "tmem_swap_discarded_pages_total", kCounter,
+    "Swap pages the guest freed (DISCARD, WRITE_ZEROES)."};
+constexpr MetricFamily kSwapReadSeconds{
+    "tmem_swap_backing_read_seconds_total", kCounter,
+    "Time the swap backing spent reading; divide by "
+    "tmem_swap_backing_read_calls_total for the mean latency."};
+constexpr MetricFamily kSwapReadCalls{"tmem_swap_backing_read_calls_total",
+                                      kCounter, "Reads of the swap backing."};
+constexpr MetricFamily kSwapWriteSeconds{
+    "tmem_swap_backing_write_seconds_total", kCounter,
+    "Time the swap backing spent writing; divide by "
+    "tmem_swap_backing_write_calls_total for the mean latency."};
+constexpr MetricFamily kSwapWriteCalls{"tmem_swap_backing_write_calls_total",
+                                       kCounter, "Writes to the swap backing."};
 constexpr MetricFamily kVmQuota{
     "tmem_vm_quota_bytes", kGauge,
     "The VM's quota (absent when unlimited); compare tmem_charged_bytes."};
@@ -255,6 +298,27 @@ std::string_view ChannelFamilyName(ChannelCounter c) {
     return n;
   }();
   return (*names)[static_cast<int>(c)];
+}
+
+// tmem_swap_<counter>_total, one family per device counter, named as in
+// swap_metrics.cc.
+MetricFamily SwapCounterFamily(swap::SwapCounter c) {
+  struct Names {
+    std::array<std::string, swap::kNumSwapCounters> name, help;
+  };
+  static const auto* const names = [] {
+    auto* n = new Names;
+    for (int i = 0; i < swap::kNumSwapCounters; ++i) {
+      const std::string base(
+          swap::SwapCounterName(static_cast<swap::SwapCounter>(i)));
+      n->name[i] = "tmem_swap_" + base + "_total";
+      n->help[i] = "Swap device counter '" + base +
+                   "' (host-agent/swap/swap_metrics.h).";
+    }
+    return n;
+  }();
+  const int i = static_cast<int>(c);
+  return {names->name[i], kCounter, names->help[i]};
 }
 
 std::string_view ChannelCounterHelp(ChannelCounter c) {
@@ -503,10 +567,37 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
       const CounterSeries s = ValveCounterSeries(static_cast<ValveCounter>(i));
       out.Add(s.vm_family, WithLabel(vm_label, s), vm.valve.counters[i]);
     }
-    for (int i = 0; i < kNumChannelCounters; ++i) {
+    for (int i = 0; vm.has_channel && i < kNumChannelCounters; ++i) {
       const CounterSeries s =
           ChannelCounterSeries(static_cast<ChannelCounter>(i));
       out.Add(s.vm_family, vm_label, vm.channel[i]);
+    }
+    if (vm.swap) {
+      const SwapDeviceInfo& sw = *vm.swap;
+      out.Add(kSwapSize, vm_label, sw.size_bytes);
+      out.Add(kSwapConnected, vm_label, uint64_t{sw.connected ? 1u : 0u});
+      out.Add(kSwapStored, vm_label, sw.pages.stored);
+      out.Add(kSwapMemory, vm_label, sw.pages.in_memory);
+      out.Add(kSwapMemoryBytes, vm_label, sw.pages.memory_bytes);
+      out.Add(kSwapSpilled, vm_label, sw.pages.spilled);
+      out.Add(kSwapLost, vm_label, sw.pages.lost);
+      out.Add(kSwapPuts, {{"vm", vm.name}, {"how", "compressed"}},
+              sw.pages.compressed_puts);
+      out.Add(kSwapPuts, {{"vm", vm.name}, {"how", "raw"}}, sw.pages.raw_puts);
+      for (const auto& [name, value] : sw.pages.counters) {
+        out.Add(kSwapBackingEvents, {{"vm", vm.name}, {"event", name}}, value);
+      }
+      out.Add(kSwapDiscarded, vm_label, sw.times.discarded_pages);
+      out.Add(kSwapReadSeconds, vm_label,
+              static_cast<double>(sw.times.read_ns) / 1e9);
+      out.Add(kSwapReadCalls, vm_label, sw.times.read_calls);
+      out.Add(kSwapWriteSeconds, vm_label,
+              static_cast<double>(sw.times.write_ns) / 1e9);
+      out.Add(kSwapWriteCalls, vm_label, sw.times.write_calls);
+      for (int i = 0; i < swap::kNumSwapCounters; ++i) {
+        out.Add(SwapCounterFamily(static_cast<swap::SwapCounter>(i)), vm_label,
+                sw.counters[i]);
+      }
     }
     out.Add(kVmConnected, vm_label, uint64_t{vm.connected ? 1u : 0u});
     if (vm.policy.quota_bytes != kUnlimitedQuota) {

@@ -14,7 +14,7 @@ using std::chrono::steady_clock;
 
 DomainManager::DomainManager(Agent* agent, Hypervisor* hypervisor,
                              DomainManagerOptions options)
-    : agent_(agent), hv_(hypervisor), options_(options) {}
+    : agent_(agent), hv_(hypervisor), options_(std::move(options)) {}
 
 DomainManager::~DomainManager() { Stop(); }
 
@@ -910,6 +910,154 @@ DomainAttachState DomainManager::ToState(const DomainState& st) {
   s.persistent = st.config_device;
   s.detail = st.detail;
   return s;
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::AttachSwap(
+    const std::string& name, uint64_t size_bytes) {
+  if (!options_.add_swap_device) {
+    return absl::FailedPreconditionError(
+        "this tmemd has no swap devices (docs/swap-device.md)");
+  }
+  if (size_bytes == 0) {
+    return absl::InvalidArgumentError("swap size: 0 bytes");
+  }
+  WaitForConnection();
+  MutexLock op(&op_mu_);
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
+  if (!d.ok()) return d.status();
+  if (!d->persistent) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain '", name,
+        "' is transient: the swap device goes into the persistent "
+        "definition, which a transient domain does not have (virsh define "
+        "it first)"));
+  }
+  absl::StatusOr<std::string> xml = hv_->GetXml(name, /*inactive=*/true);
+  if (!xml.ok()) return xml.status();
+  DomainAttachState out;
+  out.domain = name;
+  out.vm = VmNameFor(name, d->uuid);
+  const std::string socket =
+      SwapSocketPath(agent_->options().socket_dir, out.vm);
+  // The definition is checked before the device is made, so a refused
+  // <memoryBacking> leaves nothing behind.
+  absl::StatusOr<SwapDiskEdit> edit = WithSwapDisk(*xml, socket);
+  if (!edit.ok()) {
+    return absl::Status(
+        edit.status().code(),
+        absl::StrCat("domain '", name, "': ", edit.status().message()));
+  }
+  const absl::Status added = options_.add_swap_device(out.vm, size_bytes);
+  if (!added.ok() && !absl::IsAlreadyExists(added)) return added;
+  if (edit->changed()) {
+    if (absl::Status s = hv_->DefineXml(edit->xml); !s.ok()) {
+      if (added.ok()) (void)options_.remove_swap_device(out.vm);
+      return absl::Status(
+          s.code(), absl::StrCat("domain '", name,
+                                 "': libvirt refused the definition with the "
+                                 "swap device: ",
+                                 s.message()));
+    }
+  }
+  out.attached = true;
+  out.persistent = true;
+  out.detail = absl::StrCat(
+      "swap device ", edit->target_dev, " on ", socket,
+      edit->disk_added ? " written into" : " already in",
+      " the persistent definition",
+      edit->memory_backing_added
+          ? ", with the guest's memory shared (<memoryBacking> memfd, shared)"
+          : "",
+      added.ok() ? "" : " (tmemd already had the device)", "; ",
+      d->active
+          ? "takes effect at the domain's next cold boot (shut it off, then "
+            "start it): a reboot inside the guest keeps the running QEMU, "
+            "which has neither the disk nor shared memory"
+          : "takes effect when the domain next starts",
+      // The device lives in this tmemd; libvirt would wait for its socket
+      // at every start after a tmemd restart.
+      "; to serve it after tmemd restarts too, add [swap.", out.vm,
+      "] size = \"", size_bytes, "\" to tmemd's config");
+  Log(LogLevel::kInfo, "libvirt_swap_attached",
+      {{"domain", name},
+       {"vm", out.vm},
+       {"socket", socket},
+       {"target", edit->target_dev},
+       {"size_bytes", size_bytes},
+       {"definition_changed", edit->changed()},
+       {"active", d->active}});
+  return out;
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::DetachSwap(
+    const std::string& name) {
+  if (!options_.remove_swap_device) {
+    return absl::FailedPreconditionError(
+        "this tmemd has no swap devices (docs/swap-device.md)");
+  }
+  WaitForConnection();
+  MutexLock op(&op_mu_);
+  absl::StatusOr<DomainSummary> d = hv_->GetDomain(name);
+  if (!d.ok()) return d.status();
+  DomainAttachState out;
+  out.domain = name;
+  out.vm = VmNameFor(name, d->uuid);
+  const std::string socket =
+      SwapSocketPath(agent_->options().socket_dir, out.vm);
+  std::string config_note = "the persistent definition has no swap disk";
+  if (d->persistent) {
+    absl::StatusOr<std::string> xml = hv_->GetXml(name, /*inactive=*/true);
+    if (!xml.ok()) return xml.status();
+    const SwapDiskRemoval r = WithoutSwapDisk(*xml, socket);
+    if (r.removed) {
+      if (absl::Status s = hv_->DefineXml(r.xml); !s.ok()) return s;
+      config_note =
+          "swap disk removed from the persistent definition (its "
+          "<memoryBacking>, shared memfd, stays: remove it by hand if "
+          "nothing else needs it)";
+    }
+  }
+  // A running QEMU with the disk still reads and writes it: the guest's
+  // swapped-out pages are there.
+  bool in_use = false;
+  if (d->active) {
+    absl::StatusOr<std::string> live = hv_->GetXml(name, /*inactive=*/false);
+    if (!live.ok()) return live.status();
+    for (const std::string& p : VhostUserDiskSockets(*live)) {
+      in_use = in_use || p == socket;
+    }
+  }
+  std::string device_note;
+  if (in_use) {
+    device_note =
+        "; tmemd keeps serving the device while the running QEMU uses it: "
+        "detach again once the domain is shut off to free it";
+  } else {
+    const absl::Status s = options_.remove_swap_device(out.vm);
+    if (!s.ok() && !absl::IsNotFound(s)) return s;
+    device_note = s.ok() ? "; tmemd's swap device removed" : "";
+  }
+  out.attached = in_use;
+  out.persistent = false;
+  out.detail = config_note + device_note;
+  Log(LogLevel::kInfo, "libvirt_swap_detached",
+      {{"domain", name}, {"vm", out.vm}, {"in_use", in_use}});
+  return out;
+}
+
+absl::StatusOr<DomainAttachState> DomainManager::MigrateFromHook(
+    const std::string& domain_xml) {
+  DomainAttachState out;
+  out.domain = DomainXmlElement(domain_xml, "name");
+  const absl::Status s =
+      CheckMigratableWithSwap(domain_xml, agent_->options().socket_dir);
+  if (!s.ok()) {
+    Log(LogLevel::kWarn, "libvirt_migration_refused",
+        {{"domain", out.domain}, {"reason", s.message()}});
+    return s;
+  }
+  out.detail = "no tmemd swap device: migration allowed";
+  return out;
 }
 
 }  // namespace tmem

@@ -44,6 +44,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -70,6 +71,13 @@ struct DomainManagerOptions {
   // How long Attach and Detach wait for a libvirt connection being made
   // (tmemd just started, libvirtd restarting) before failing UNAVAILABLE.
   std::chrono::milliseconds connect_wait{10000};
+  // The swap devices' backend (tmemd: Agent::AddSwapDevice and
+  // RemoveSwapDevice, which serve SOCKET_DIR/VM.swap.sock). Adding one that
+  // exists answers ALREADY_EXISTS, removing one that does not NOT_FOUND.
+  // Unset: AttachSwap and DetachSwap answer FAILED_PRECONDITION.
+  std::function<absl::Status(const std::string& vm, uint64_t size_bytes)>
+      add_swap_device;
+  std::function<absl::Status(const std::string& vm)> remove_swap_device;
 };
 
 class DomainManager final : public DomainControl {
@@ -113,6 +121,18 @@ class DomainManager final : public DomainControl {
   absl::Status PolicyChanged(const std::string& vm,
                              const VmPolicy& policy) override
       ABSL_LOCKS_EXCLUDED(op_mu_);
+  // The swap device goes into the persistent definition only (libvirt
+  // cannot hot-plug shared memory into a running QEMU), so the domain must
+  // have one; the device is created before the definition names it, and
+  // removed again when libvirt refuses the new definition.
+  absl::StatusOr<DomainAttachState> AttachSwap(const std::string& domain,
+                                               uint64_t size_bytes) override
+      ABSL_LOCKS_EXCLUDED(op_mu_);
+  absl::StatusOr<DomainAttachState> DetachSwap(
+      const std::string& domain) override ABSL_LOCKS_EXCLUDED(op_mu_);
+  // Pure: the XML against the Agent's socket directory.
+  absl::StatusOr<DomainAttachState> MigrateFromHook(
+      const std::string& domain_xml) override;
 
   // Waits until every event queued so far has been handled (tests).
   void Flush() ABSL_LOCKS_EXCLUDED(mu_);

@@ -594,4 +594,276 @@ std::string DomainXmlElement(std::string_view xml, std::string_view element) {
       absl::StripAsciiWhitespace(absl::string_view(t.data(), t.size())));
 }
 
+std::string SwapSocketPath(std::string_view socket_dir, std::string_view name) {
+  std::string dir(socket_dir);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return absl::StrCat(dir, "/", std::string(name),
+                      std::string(kSwapSocketSuffix));
+}
+
+bool IsTmemdSwapSocket(std::string_view path, std::string_view socket_dir) {
+  std::string dir(socket_dir);
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty() || !path.starts_with(dir) || path.size() <= dir.size() ||
+      (dir != "/" && path[dir.size()] != '/')) {
+    return false;
+  }
+  const std::string_view file =
+      path.substr(dir == "/" ? dir.size() : dir.size() + 1);
+  return file.find('/') == std::string_view::npos &&
+         file.size() > kSwapSocketSuffix.size() &&
+         file.ends_with(kSwapSocketSuffix);
+}
+
+std::string SwapDiskXml(std::string_view socket_path,
+                        std::string_view target_dev) {
+  // reconnect: QEMU reconnects (after 1 s) when tmemd restarts, instead of
+  // leaving the guest's swap device dead until the next cold boot.
+  // queues='1': without it QEMU asks for one queue per vCPU and refuses to
+  // start when the device offers fewer (docs/swap-device.md); the device
+  // serves all its queues from one thread, so more would not be faster.
+  return absl::StrCat(
+      "<disk type='vhostuser' device='disk'><driver name='qemu' "
+      "type='raw' queues='1'/><source type='unix' path='",
+      XmlEscape(socket_path),
+      "'><reconnect enabled='yes' timeout='1'/></source><target dev='",
+      XmlEscape(target_dev), "' bus='virtio'/></disk>");
+}
+
+namespace {
+
+// /domain/devices, the one libvirt reads.
+std::optional<Element> DomainDevices(std::string_view xml) {
+  const std::optional<Element> root = DomainRoot(xml);
+  if (!root) return std::nullopt;
+  const std::vector<Element> devices = ChildrenNamed(xml, *root, "devices");
+  if (devices.empty()) return std::nullopt;
+  return devices.front();
+}
+
+// The vhostuser disks under /domain/devices with their source paths.
+std::vector<std::pair<Element, std::string>> VhostUserDisks(
+    std::string_view xml) {
+  std::vector<std::pair<Element, std::string>> out;
+  const std::optional<Element> devices = DomainDevices(xml);
+  if (!devices) return out;
+  for (const Element& disk : ChildrenNamed(xml, *devices, "disk")) {
+    if (Attr(StartTag(xml, disk), "type") != "vhostuser") continue;
+    const std::vector<Element> source = ChildrenNamed(xml, disk, "source");
+    if (source.empty()) continue;
+    out.emplace_back(disk,
+                     Attr(StartTag(xml, source.front()), "path").value_or(""));
+  }
+  return out;
+}
+
+// libvirt's virtio disk names: vda .. vdz, vdaa .. vdzz, ...
+std::string VirtioDiskName(size_t index) {
+  std::string letters;
+  for (size_t i = index + 1; i > 0; i = (i - 1) / 26) {
+    letters.insert(letters.begin(), static_cast<char>('a' + (i - 1) % 26));
+  }
+  return "vd" + letters;
+}
+
+// The index of a virtio disk name (VirtioDiskName's inverse); nullopt for
+// any other name.
+std::optional<size_t> VirtioDiskIndex(std::string_view dev) {
+  if (!dev.starts_with("vd") || dev.size() < 3 || dev.size() > 6) {
+    return std::nullopt;
+  }
+  size_t index = 0;
+  for (char c : dev.substr(2)) {
+    if (c < 'a' || c > 'z') return std::nullopt;
+    index = index * 26 + static_cast<size_t>(c - 'a' + 1);
+  }
+  return index - 1;
+}
+
+constexpr char kSharedMemoryHint[] =
+    "a vhost-user swap device needs the guest's memory shared by file "
+    "descriptor";
+
+// Replaces [at, at + length) of the domain XML with `text` (the whole
+// <memoryBacking>, or what goes inside it); empty text when the memory is
+// already shareable.
+struct MemoryBackingEdit {
+  size_t at = 0;
+  size_t length = 0;
+  std::string text;
+};
+
+absl::StatusOr<MemoryBackingEdit> PlanMemoryBacking(std::string_view xml,
+                                                    const Element& root) {
+  // A NUMA cell's memAccess overrides <memoryBacking> for its memory.
+  for (const Element& cpu : ChildrenNamed(xml, root, "cpu")) {
+    for (const Element& numa : ChildrenNamed(xml, cpu, "numa")) {
+      for (const Element& cell : ChildrenNamed(xml, numa, "cell")) {
+        if (Attr(StartTag(xml, cell), "memAccess") == "private") {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "the domain's <cpu><numa><cell memAccess='private'> keeps that "
+              "memory private, but ",
+              kSharedMemoryHint,
+              ": change it to memAccess='shared' by hand (virsh edit)"));
+        }
+      }
+    }
+  }
+  const std::vector<Element> backing =
+      ChildrenNamed(xml, root, "memoryBacking");
+  if (backing.empty()) {
+    // After <currentMemory> (or <memory>), where libvirt writes it.
+    size_t at = root.open_end;
+    for (std::string_view after : {"memory", "currentMemory"}) {
+      const std::vector<Element> e = ChildrenNamed(xml, root, after);
+      if (!e.empty()) at = std::max(at, e.front().end);
+    }
+    return MemoryBackingEdit{
+        at, 0,
+        "\n  <memoryBacking>\n    <source type='memfd'/>\n    <access "
+        "mode='shared'/>\n  </memoryBacking>"};
+  }
+  const Element& mb = backing.front();
+  auto attr_of = [&](std::string_view child,
+                     std::string_view attr) -> std::optional<std::string> {
+    const std::vector<Element> e = ChildrenNamed(xml, mb, child);
+    if (e.empty()) return std::nullopt;
+    return Attr(StartTag(xml, e.front()), attr).value_or("");
+  };
+  const std::optional<std::string> source = attr_of("source", "type");
+  const std::optional<std::string> access = attr_of("access", "mode");
+  const bool hugepages = !ChildrenNamed(xml, mb, "hugepages").empty();
+  if (source == "anonymous") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the domain's <memoryBacking> has <source type='anonymous'/>, which "
+        "has no file descriptor to share, but ",
+        kSharedMemoryHint,
+        ": change it to <source type='memfd'/> with <access mode='shared'/> "
+        "by hand (virsh edit)"));
+  }
+  if (access == "shared") return MemoryBackingEdit{};
+  if (access.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the domain's <memoryBacking> has <access mode='", *access, "'/>, but ",
+        kSharedMemoryHint,
+        ": tmemd does not change an access mode the operator chose; set "
+        "<access mode='shared'/> by hand (virsh edit)"));
+  }
+  if (hugepages || source.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the domain's <memoryBacking> has ",
+        hugepages ? "<hugepages/>"
+                  : absl::StrCat("<source type='", *source, "'/>"),
+        " without <access mode='shared'/>, but ", kSharedMemoryHint,
+        ": tmemd does not turn the operator's private memory into shared "
+        "memory; add <access mode='shared'/> to <memoryBacking> by hand "
+        "(virsh edit)"));
+  }
+  // Says nothing about source or access (<locked/>, <nosharepages/>, ...):
+  // both are added inside it.
+  const std::string inner =
+      "\n    <source type='memfd'/>\n    <access mode='shared'/>";
+  if (mb.self_closing) {  // <memoryBacking/>: rewritten whole
+    return MemoryBackingEdit{
+        mb.begin, mb.end - mb.begin,
+        absl::StrCat("<memoryBacking>", inner, "\n  </memoryBacking>")};
+  }
+  return MemoryBackingEdit{mb.open_end, 0, inner};
+}
+
+}  // namespace
+
+absl::StatusOr<SwapDiskEdit> WithSwapDisk(std::string_view xml,
+                                          std::string_view socket_path) {
+  const std::optional<Element> root = DomainRoot(xml);
+  const std::optional<Element> devices = DomainDevices(xml);
+  if (!root || !devices || devices->self_closing) {
+    return absl::InvalidArgumentError(
+        "the domain XML has no <domain> with a <devices> element");
+  }
+  SwapDiskEdit edit;
+  // After every virtio disk there is, not in a gap: libvirt keeps a bus's
+  // disks sorted by name and gives the boot index of <boot dev='hd'/> to
+  // the first, so a swap disk named before the system disk would be booted.
+  std::optional<size_t> last_virtio;
+  size_t disks_end = devices->open_end;
+  for (const Element& disk : ChildrenNamed(xml, *devices, "disk")) {
+    disks_end = disk.end;
+    const std::vector<Element> target = ChildrenNamed(xml, disk, "target");
+    const std::string dev =
+        target.empty()
+            ? ""
+            : Attr(StartTag(xml, target.front()), "dev").value_or("");
+    if (const std::optional<size_t> i = VirtioDiskIndex(dev)) {
+      last_virtio = std::max(last_virtio.value_or(0), *i);
+    }
+    if (Attr(StartTag(xml, disk), "type") != "vhostuser") continue;
+    const std::vector<Element> source = ChildrenNamed(xml, disk, "source");
+    if (!source.empty() &&
+        Attr(StartTag(xml, source.front()), "path") == socket_path) {
+      edit.target_dev = dev;
+    }
+  }
+  absl::StatusOr<MemoryBackingEdit> mb = PlanMemoryBacking(xml, *root);
+  if (!mb.ok()) return mb.status();
+  std::string disk_text;
+  size_t disk_at = disks_end;
+  if (edit.target_dev.empty()) {
+    edit.target_dev =
+        VirtioDiskName(last_virtio.has_value() ? *last_virtio + 1 : 0);
+    disk_text =
+        absl::StrCat("\n    ", SwapDiskXml(socket_path, edit.target_dev));
+    edit.disk_added = true;
+  }
+  edit.memory_backing_added = !mb->text.empty();
+  // Later offset first, so the earlier one stays valid.
+  std::string out(xml);
+  auto apply_mb = [&] {
+    if (!mb->text.empty()) out.replace(mb->at, mb->length, mb->text);
+  };
+  if (mb->at > disk_at) {
+    apply_mb();
+    out.insert(disk_at, disk_text);
+  } else {
+    out.insert(disk_at, disk_text);
+    apply_mb();
+  }
+  edit.xml = std::move(out);
+  return edit;
+}
+
+SwapDiskRemoval WithoutSwapDisk(std::string_view xml,
+                                std::string_view socket_path) {
+  SwapDiskRemoval r{std::string(xml), false};
+  for (const auto& [disk, path] : VhostUserDisks(xml)) {
+    if (path != socket_path) continue;
+    EraseWithIndent(r.xml, disk.begin, disk.end);
+    r.removed = true;
+    return r;
+  }
+  return r;
+}
+
+std::vector<std::string> VhostUserDiskSockets(std::string_view xml) {
+  std::vector<std::string> out;
+  for (auto& [disk, path] : VhostUserDisks(xml)) out.push_back(path);
+  return out;
+}
+
+absl::Status CheckMigratableWithSwap(std::string_view xml,
+                                     std::string_view socket_dir) {
+  for (const std::string& path : VhostUserDiskSockets(xml)) {
+    if (!IsTmemdSwapSocket(path, socket_dir)) continue;
+    std::string name = DomainXmlElement(xml, "name");
+    return absl::FailedPreconditionError(absl::StrCat(
+        "domain '", name, "' has a tmemd swap device (vhostuser disk on ", path,
+        ") and tmemd cannot migrate swap devices yet: the pages the guest "
+        "swapped out are held by the source host's tmemd and would not "
+        "follow it. Shut the domain down and start it on the other host, or "
+        "remove the swap device first (tmemctl detach --swap ",
+        name, ", then a cold boot)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace tmem

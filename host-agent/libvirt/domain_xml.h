@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -105,6 +106,78 @@ absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml);
 // root <domain>, in no namespace ("" when absent).
 std::string DomainXmlElement(std::string_view domain_xml,
                              std::string_view element);
+
+// --- the swap device (docs/swap-device.md, docs/libvirt.md "Swap device")
+//
+// tmemd serves a domain's swap device as a vhost-user-blk backend on
+// SOCKET_DIR/NAME.swap.sock; QEMU reaches it through
+//   <disk type='vhostuser' device='disk'>
+//     <driver name='qemu' type='raw' queues='1'/>
+//     <source type='unix' path='SOCKET'>
+//       <reconnect enabled='yes' timeout='1'/></source>
+//     <target dev='vdX' bus='virtio'/></disk>
+// and, because a vhost-user backend maps the guest's RAM, the guest's
+// memory must be shareable by file descriptor:
+//   <memoryBacking><source type='memfd'/><access mode='shared'/>
+//   </memoryBacking>
+// (libvirt refuses the disk without it: "'vhostuser' requires shared
+// memory"). Both are read by QEMU only when it starts, so they go into the
+// persistent definition and take effect at the domain's next cold boot.
+inline constexpr std::string_view kSwapSocketSuffix = ".swap.sock";
+
+// SOCKET_DIR/NAME.swap.sock.
+std::string SwapSocketPath(std::string_view socket_dir, std::string_view name);
+// True when `path` is a file directly in `socket_dir` whose name ends in
+// kSwapSocketSuffix: a swap device of the tmemd that uses `socket_dir`.
+bool IsTmemdSwapSocket(std::string_view path, std::string_view socket_dir);
+
+// The swap disk element for `socket_path` with target `target_dev`.
+std::string SwapDiskXml(std::string_view socket_path,
+                        std::string_view target_dev);
+
+// What WithSwapDisk did to a domain XML.
+struct SwapDiskEdit {
+  std::string xml;          // the edited domain XML
+  std::string target_dev;   // the disk's vdX (the one there, or the new one)
+  bool disk_added = false;  // false: the disk was already there
+  bool memory_backing_added = false;  // memfd + shared access written
+  bool changed() const { return disk_added || memory_backing_added; }
+};
+// The domain XML (libvirt's inactive XML) with the swap disk for
+// `socket_path` under /domain/devices, on the virtio target vdX after the
+// last one other disks use (libvirt boots the first virtio disk by name),
+// and with shareable memory. Idempotent: a vhostuser disk
+// on that socket is not added twice. An existing <memoryBacking> is kept
+// when its access is already shared (any fd-backed source), or extended
+// with <source type='memfd'/> and <access mode='shared'/> when it says
+// nothing about either; FAILED_PRECONDITION, naming the element and what
+// to change by hand, when it conflicts: hugepages or another source
+// without shared access, access mode='private', an anonymous source (no
+// file descriptor to share) or a NUMA cell with memAccess='private'.
+// INVALID_ARGUMENT when the XML has no <domain> with <devices>.
+absl::StatusOr<SwapDiskEdit> WithSwapDisk(std::string_view domain_xml,
+                                          std::string_view socket_path);
+
+// The domain XML without the vhostuser disk on `socket_path`; `removed`
+// false (XML unchanged) when there is none. The <memoryBacking> stays:
+// other vhost-user devices may need it, and shared memory is harmless.
+struct SwapDiskRemoval {
+  std::string xml;
+  bool removed = false;
+};
+SwapDiskRemoval WithoutSwapDisk(std::string_view domain_xml,
+                                std::string_view socket_path);
+
+// The source paths of every /domain/devices/disk[@type='vhostuser'] in
+// no namespace (look-alikes inside <metadata> are not disks).
+std::vector<std::string> VhostUserDiskSockets(std::string_view domain_xml);
+
+// Whether a domain may migrate: FAILED_PRECONDITION naming the domain and
+// the socket when it has a vhostuser disk on a swap socket of the tmemd
+// that uses `socket_dir` (tmemd does not move a swap device's contents to
+// another host yet, and QEMU would carry the device across without them).
+absl::Status CheckMigratableWithSwap(std::string_view domain_xml,
+                                     std::string_view socket_dir);
 
 }  // namespace tmem
 

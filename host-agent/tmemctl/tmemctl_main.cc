@@ -6,6 +6,7 @@
 //   tmemctl freeze NAME | thaw NAME | flush NAME
 //   tmemctl authorize NAME UUID [--revoke]
 //   tmemctl attach DOMAIN [--persistent] | detach DOMAIN [--persistent]
+//   tmemctl attach --swap SIZE DOMAIN | detach --swap DOMAIN
 //   tmemctl policy apply FILE
 //   tmemctl libvirt-hook DOMAIN OPERATION SUB-OP EXTRA  (libvirt's qemu hook;
 //     the domain XML on stdin)
@@ -56,6 +57,9 @@ struct Options {
   // Command arguments.
   std::string vm, value, domain, uuid, file;
   bool persistent = false, revoke = false;
+  std::string swap_size;  // attach --swap SIZE
+  uint64_t swap_bytes = 0;
+  bool swap = false;  // attach --swap / detach --swap
   std::string memory_cap, mode;
   double cpu_budget = -1;
   std::vector<std::string> watch_vms;
@@ -248,15 +252,33 @@ absl::StatusOr<Result> Status(Host& h) {
 absl::StatusOr<Result> Vms(Host& h) {
   auto r = h.Call(&Stub::ListVms, v1::ListVmsRequest());
   if (!r.ok()) return r.status();
+  // CONN is the ivshmem channel's ("-": the VM has none); the SWAP columns
+  // are its swap device's ("-": none): size, front-end attached, pages
+  // held (of them spilled to disk), read and write requests.
   Table t({"NAME", "CONN", "STATE", "MODE", "QUOTA", "WEIGHT", "PAGES",
-           "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN"});
+           "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN", "SWAP",
+           "SWCONN", "SWPAGES", "SWSPILL", "SWREADS", "SWWRITES"});
   for (const v1::VmSummary& v : r->vms()) {
-    t.Add({v.name(), v.connected() ? "yes" : "no", State(v.policy()),
-           ProtoModeText(v.policy().mode()), Quota(v.policy().quota_bytes()),
-           absl::StrCat(v.policy().weight()), absl::StrCat(v.pages()),
-           Bytes(v.stored_bytes()), Pct(v.hit_ratio()), absl::StrCat(v.puts()),
-           absl::StrCat(v.gets_hit() + v.gets_miss()), v.decision(),
-           absl::StrCat(v.policy().generation())});
+    const bool sw = v.has_swap();
+    const v1::SwapDevice& d = v.swap();
+    auto swap_col = [sw](const std::string& text) {
+      return sw ? text : std::string("-");
+    };
+    t.Add({v.name(),
+           !v.has_channel() ? "-"
+           : v.connected()  ? "yes"
+                            : "no",
+           State(v.policy()), ProtoModeText(v.policy().mode()),
+           Quota(v.policy().quota_bytes()), absl::StrCat(v.policy().weight()),
+           absl::StrCat(v.pages()), Bytes(v.stored_bytes()), Pct(v.hit_ratio()),
+           absl::StrCat(v.puts()), absl::StrCat(v.gets_hit() + v.gets_miss()),
+           v.decision(), absl::StrCat(v.policy().generation()),
+           swap_col(Bytes(d.size_bytes())),
+           swap_col(d.connected() ? "yes" : "no"),
+           swap_col(absl::StrCat(d.stored_pages())),
+           swap_col(absl::StrCat(d.spilled_pages())),
+           swap_col(absl::StrCat(d.reads())),
+           swap_col(absl::StrCat(d.writes()))});
   }
   return Result{ToJson(*r), t.Render()};
 }
@@ -294,6 +316,31 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
   }
   for (const v1::Counter& k : r->channel_counters()) {
     c.Add({"channel_" + k.name(), absl::StrCat(k.value())});
+  }
+  if (s.has_swap()) {
+    const v1::SwapDevice& d = s.swap();
+    auto mean_us = [](uint64_t ns, uint64_t calls) {
+      return calls == 0 ? 0.0
+                        : static_cast<double>(ns) / 1000.0 /
+                              static_cast<double>(calls);
+    };
+    absl::StrAppendFormat(
+        &t,
+        "swap       %s at %s (%s): %d pages (%d in memory in %s, %d "
+        "spilled, %d lost), %d discarded; %d reads (%.1f us), %d writes "
+        "(%.1f us)\n",
+        Bytes(d.size_bytes()), d.socket_path(),
+        d.connected() ? "connected" : "not connected", d.stored_pages(),
+        d.memory_pages(), Bytes(d.memory_bytes()), d.spilled_pages(),
+        d.lost_pages(), d.discarded_pages(), d.reads(),
+        mean_us(d.read_ns(), d.read_calls()), d.writes(),
+        mean_us(d.write_ns(), d.write_calls()));
+    for (const v1::Counter& k : d.counters()) {
+      c.Add({"swap_" + k.name(), absl::StrCat(k.value())});
+    }
+    for (const v1::Counter& k : d.backing_counters()) {
+      c.Add({"swap_backing_" + k.name(), absl::StrCat(k.value())});
+    }
   }
   t += "\n" + c.Render();
   if (!r->pools().empty()) {
@@ -342,9 +389,15 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
   v1::DomainRequest req;
   req.set_domain(o.domain);
   req.set_persistent(o.persistent);
+  req.set_swap(o.swap);
+  if (attach) req.set_swap_size_bytes(o.swap_bytes);
   auto r = attach ? h.Call(&Stub::AttachDomain, req)
                   : h.Call(&Stub::DetachDomain, req);
   if (!r.ok()) return r.status();
+  if (o.swap) {
+    return Result{ToJson(*r), absl::StrFormat("%s: vm %s, %s\n", r->domain(),
+                                              r->vm(), r->detail())};
+  }
   return Result{ToJson(*r),
                 absl::StrFormat("%s: vm %s, %s%s%s\n", r->domain(), r->vm(),
                                 r->attached() ? "attached" : "not attached",
@@ -359,6 +412,12 @@ absl::StatusOr<Result> Domain(Host& h, bool attach, const Options& o) {
 // an ivshmem-doorbell device (without asking tmemd: those domains must
 // start even when tmemd is down), and fails, saying why, only when a tmem
 // domain's socket could not be made ready.
+//
+// "migrate" runs on the destination before the incoming QEMU starts, and
+// a failure cancels the migration: it fails for a domain with a disk on a
+// tmemd swap socket (tmemd does not migrate swap devices). It never writes
+// to stdout: libvirt takes what a migrate hook prints as the domain XML to
+// use instead.
 int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
   if (o.hook_args.size() < 2) {
     std::cerr << "tmemctl libvirt-hook: want DOMAIN OPERATION [SUB-OP "
@@ -366,10 +425,13 @@ int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
     return 1;
   }
   const std::string& operation = o.hook_args[1];
-  if (operation != "prepare" && operation != "release") return 0;
+  const bool migrate = operation == "migrate";
+  if (operation != "prepare" && operation != "release" && !migrate) return 0;
   std::stringstream xml;
   xml << std::cin.rdbuf();
-  if (xml.str().find("ivshmem-doorbell") == std::string::npos) return 0;
+  // Without a vhost-user disk there is no swap device to refuse.
+  const std::string_view device = migrate ? "vhostuser" : "ivshmem-doorbell";
+  if (xml.str().find(device) == std::string::npos) return 0;
   if (targets.size() != 1) {
     std::cerr << "tmemctl libvirt-hook: one host (the local tmemd) only\n";
     return 1;
@@ -379,14 +441,29 @@ int LibvirtHook(const std::vector<std::string>& targets, const Options& o) {
   req.set_domain_xml(xml.str());
   Host h(targets[0], o);
   auto r = h.Call(&Stub::LibvirtHook, req);
+  if (migrate && !r.ok() &&
+      r.status().code() == absl::StatusCode::kUnavailable) {
+    // tmemd is down here: another program's vhost-user disk must not stop
+    // the migration, but a disk on what looks like a tmemd swap socket
+    // still does (tmemd cannot say which directory is its).
+    if (xml.str().find(".swap.sock") == std::string::npos) return 0;
+    std::cerr << "tmemctl libvirt-hook: migrate: domain '" << o.hook_args[0]
+              << "' has a vhost-user disk on a *.swap.sock socket, which "
+                 "looks like a tmemd swap device, and tmemd cannot migrate "
+                 "swap devices; tmemd is not reachable to say otherwise ("
+              << r.status().message() << ")\n";
+    return 1;
+  }
   if (!r.ok()) {
     // tmemd's message names the domain.
     std::cerr << "tmemctl libvirt-hook: " << operation << ": "
               << r.status().message() << "\n";
     return 1;
   }
-  std::cout << "tmemd: " << operation << " " << r->domain() << ": "
-            << r->detail() << "\n";
+  if (!migrate) {
+    std::cout << "tmemd: " << operation << " " << r->domain() << ": "
+              << r->detail() << "\n";
+  }
   return 0;
 }
 
@@ -648,10 +725,21 @@ int Run(int argc, char** argv) {
   authorize->add_flag("--revoke", o.revoke, "take the permission back");
   auto* attach = app.add_subcommand("attach", "attach tmem to a domain");
   attach->add_option("domain", o.domain)->required();
-  attach->add_flag("--persistent", o.persistent, "also in the persistent XML");
+  auto* attach_persistent = attach->add_flag("--persistent", o.persistent,
+                                             "also in the persistent XML");
+  attach
+      ->add_option("--swap", o.swap_size,
+                   "SIZE: a tmemd swap device (e.g. 1GiB) in the persistent "
+                   "XML, from the next cold boot")
+      ->excludes(attach_persistent);
   auto* detach = app.add_subcommand("detach", "detach tmem from a domain");
   detach->add_option("domain", o.domain)->required();
-  detach->add_flag("--persistent", o.persistent, "also from persistent XML");
+  auto* detach_persistent = detach->add_flag("--persistent", o.persistent,
+                                             "also from persistent XML");
+  detach
+      ->add_flag("--swap", o.swap,
+                 "the swap device (from the persistent XML) instead")
+      ->excludes(detach_persistent);
   auto* hook = app.add_subcommand(
       "libvirt-hook",
       "libvirt's qemu hook: DOMAIN OPERATION SUB-OP EXTRA, XML on stdin");
@@ -791,6 +879,19 @@ int Run(int argc, char** argv) {
     };
   } else if (*attach || *detach) {
     const bool att = attach->parsed();
+    if (att && attach->count("--swap") > 0) {
+      absl::StatusOr<uint64_t> size = ParseSize(o.swap_size);
+      if (!size.ok()) {
+        return usage(absl::InvalidArgumentError(absl::StrCat(
+            "attach --swap '", o.swap_size, "': ", size.status().message())));
+      }
+      if (*size == 0) {
+        return usage(absl::InvalidArgumentError(
+            "attach --swap '" + o.swap_size + "': a swap device needs a size"));
+      }
+      o.swap = true;
+      o.swap_bytes = *size;
+    }
     command = [&, att](Host& h) { return Domain(h, att, o); };
   } else if (*hook) {
     return LibvirtHook(targets, o);

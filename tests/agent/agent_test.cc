@@ -263,5 +263,79 @@ TEST_F(AgentTest, GuestReportIsShownAndStandingAsideAdmitsNothing) {
   EXPECT_FALSE(agent_->GetVm("aside")->valve.standing_aside);
 }
 
+// A VM's channel and its swap device are one store VM: one registration,
+// one policy (quota, weight), whichever frontend came first; the VM stays
+// while either serves and goes (with its pages) when the last one leaves.
+TEST_F(AgentTest, ChannelAndSwapDeviceShareOneStoreVm) {
+  absl::StatusOr<SwapDeviceInfo> sw = agent_->AddSwapDevice("a", 1 << 20);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  EXPECT_EQ(sw->socket_path, dir_ + "/a.swap.sock");
+  EXPECT_EQ(sw->size_bytes, 1u << 20);
+  EXPECT_FALSE(sw->connected);
+  struct stat st {};
+  ASSERT_EQ(stat(sw->socket_path.c_str(), &st), 0) << "must listen";
+  EXPECT_EQ(st.st_mode & 0777, 0660u) << "the ivshmem sockets' mode";
+  EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
+  absl::StatusOr<VmInfo> only_swap = agent_->GetVm("a");
+  ASSERT_TRUE(only_swap.ok());
+  EXPECT_FALSE(only_swap->has_channel);
+  EXPECT_TRUE(only_swap->socket_path.empty());
+  ASSERT_TRUE(only_swap->swap.has_value());
+  const VmId id = only_swap->stats.id;
+
+  VmPolicy policy;
+  policy.quota_bytes = 8 << 20;
+  policy.weight = 300;
+  ASSERT_TRUE(agent_->AddVm("a", policy).ok());
+  absl::StatusOr<VmInfo> both = agent_->GetVm("a");
+  ASSERT_TRUE(both.ok());
+  EXPECT_TRUE(both->has_channel);
+  EXPECT_TRUE(both->swap.has_value());
+  EXPECT_EQ(both->stats.id, id) << "the channel must join the swap's VM";
+  EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
+  EXPECT_EQ(agent_->store().GetVmPolicy(id)->quota_bytes, 8u << 20);
+  EXPECT_EQ(agent_->store().GetVmPolicy(id)->weight, 300u);
+  EXPECT_EQ(agent_->VmNames(), (std::vector<std::string>{"a"}));
+
+  EXPECT_EQ(agent_->AddSwapDevice("a", 1 << 20).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  for (uint64_t bad : {uint64_t{0}, uint64_t{4097}, uint64_t{100}}) {
+    EXPECT_EQ(agent_->AddSwapDevice("b", bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
+  }
+  EXPECT_EQ(agent_->AddSwapDevice("../b", 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(agent_->HasVm("b")) << "a refused device registers nothing";
+
+  // The channel goes; the VM (and its policy) stays for the swap device.
+  ASSERT_TRUE(agent_->RemoveVm("a").ok());
+  EXPECT_NE(stat((dir_ + "/a.sock").c_str(), &st), 0);
+  ASSERT_TRUE(agent_->HasVm("a"));
+  EXPECT_FALSE(agent_->GetVm("a")->has_channel);
+  EXPECT_EQ(agent_->GetVm("a")->stats.id, id);
+  EXPECT_EQ(agent_->store().GetVmPolicy(id)->quota_bytes, 8u << 20);
+  EXPECT_EQ(agent_->RemoveVm("a").code(), absl::StatusCode::kNotFound);
+
+  // The swap device goes: the VM is forgotten, its socket unlinked.
+  ASSERT_TRUE(agent_->RemoveSwapDevice("a").ok());
+  EXPECT_FALSE(agent_->HasVm("a"));
+  EXPECT_NE(stat(sw->socket_path.c_str(), &st), 0);
+  EXPECT_EQ(agent_->store().GetHostStats().vms, 0u);
+  EXPECT_EQ(agent_->RemoveSwapDevice("a").code(), absl::StatusCode::kNotFound);
+
+  // And the other order: the channel first, the swap device joins it.
+  ASSERT_TRUE(agent_->AddVm("c", policy).ok());
+  ASSERT_TRUE(agent_->AddSwapDevice("c", 4096).ok());
+  EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
+  EXPECT_EQ(agent_->store().GetVmPolicy(agent_->GetVm("c")->stats.id)->weight,
+            300u)
+      << "a swap device leaves the channel's policy alone";
+  ASSERT_TRUE(agent_->RemoveSwapDevice("c").ok());
+  EXPECT_TRUE(agent_->GetVm("c")->has_channel);
+  EXPECT_FALSE(agent_->GetVm("c")->swap.has_value());
+  EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
+}
+
 }  // namespace
 }  // namespace tmem

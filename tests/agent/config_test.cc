@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "host-agent/common/setting_ranges.h"
 
 namespace tmem {
@@ -365,6 +366,108 @@ TEST(ParseConfigTest, FleetIsOffByDefaultAndReadStrictly) {
     EXPECT_NE(r.status().message().find("t.toml:"), std::string::npos)
         << r.status().message();
   }
+}
+
+// [swap.NAME] and --swap NAME=SIZE: a device per VM, sizes in whole pages.
+TEST(SwapConfigTest, FileAndFlagDeclareDevices) {
+  absl::StatusOr<TmemdConfig> c = ParseConfig(
+      "[swap.vm1]\nsize = \"4G\"\n[swap.db-2]\nsize = 1048576\n"
+      "[store]\nstate_dir = \"/srv/tmemd\"\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->swap_devices.size(), 2u);
+  // toml++ keeps a table's keys sorted.
+  const SwapConfig& db = c->swap_devices[0];
+  const SwapConfig& vm1 = c->swap_devices[1];
+  EXPECT_EQ(vm1.name, "vm1");
+  EXPECT_EQ(vm1.size_bytes, uint64_t{4} << 30);
+  EXPECT_NE(vm1.source.find("t.toml:2"), std::string::npos) << vm1.source;
+  EXPECT_EQ(db.name, "db-2");
+  EXPECT_EQ(db.size_bytes, uint64_t{1} << 20);
+  EXPECT_NE(db.source.find("t.toml:4"), std::string::npos) << db.source;
+  EXPECT_EQ(c->state_dir, "/srv/tmemd");
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(TmemdConfig{}.state_dir, "/var/lib/tmemd");
+
+  absl::StatusOr<SwapConfig> f = ParseSwapFlag("vm1=512M");
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_EQ(f->name, "vm1");
+  EXPECT_EQ(f->size_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(ParseSwapFlag("a=4096")->size_bytes, 4096u);
+}
+
+TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
+  struct Case {
+    const char* toml;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"[swap.vm1]\nsize = 0\n", "must be in ["},
+      {"[swap.vm1]\nsize = \"4097\"\n", "not a multiple of 4096"},
+      {"[swap.vm1]\nsize = 100\n", "must be in ["},
+      {"[swap.vm1]\nsize = -4096\n", "must not be negative"},
+      {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
+      {"[swap.vm1]\nsize = true\n", "a boolean"},
+      {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
+       "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\n", "has no size"},
+      {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
+      {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
+      {"[swap.\"-rf\"]\nsize = \"4G\"\n", "VM name"},
+      {"[store]\nstate_dir = \"relative\"\n", "absolute"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(c.toml, "t.toml", TmemdConfig{});
+    ASSERT_FALSE(r.ok()) << c.toml;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.toml << ": " << msg;
+    EXPECT_NE(msg.find("t.toml:"), std::string::npos) << c.toml << ": " << msg;
+  }
+}
+
+TEST(SwapConfigTest, BadFlagValuesAreRefusedNamingTheFlag) {
+  struct Case {
+    const char* text;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"vm1", "use NAME=SIZE"},
+      {"vm1=", "vm1="},
+      {"vm1=0", "must be in ["},
+      {"vm1=100", "must be in ["},
+      {"vm1=4097", "not a multiple of 4096"},
+      {"vm1=1.5G", "1.5G"},
+      {"vm1=99999999999999999999", "99999999999999999999"},
+      {"=4G", "VM name"},
+      {"../x=4G", "VM name"},
+      {".hidden=4G", "VM name"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<SwapConfig> r = ParseSwapFlag(c.text);
+    ASSERT_FALSE(r.ok()) << c.text;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(absl::StrCat("--swap '", c.text, "'")),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(c.expect), std::string::npos) << c.text << ": " << msg;
+  }
+}
+
+// One device per VM, whether both come from the file, the flags, or one
+// of each (ValidateConfig sees them merged).
+TEST(SwapConfigTest, TwoDevicesForOneVmAreRefused) {
+  absl::StatusOr<TmemdConfig> c =
+      ParseConfig("[swap.vm1]\nsize = \"4G\"\n", "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->swap_devices.push_back(*ParseSwapFlag("vm1=1G"));
+  const absl::Status s = ValidateConfig(*c);
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("--swap 'vm1=1G'"), absl::string_view::npos) << s;
+  EXPECT_NE(s.message().find("one per VM"), absl::string_view::npos) << s;
 }
 
 }  // namespace

@@ -70,6 +70,22 @@ class FakeDomains : public DomainControl {
     written.emplace_back(vm, policy);
     return absl::OkStatus();
   }
+  absl::StatusOr<DomainAttachState> AttachSwap(const std::string& domain,
+                                               uint64_t size) override {
+    return DomainAttachState{domain, domain, true, true,
+                             absl::StrCat("swap ", size, " bytes")};
+  }
+  absl::StatusOr<DomainAttachState> DetachSwap(
+      const std::string& domain) override {
+    return DomainAttachState{domain, domain, false, true, "swap removed"};
+  }
+  absl::StatusOr<DomainAttachState> MigrateFromHook(
+      const std::string& xml) override {
+    if (xml.find("swap.sock") != std::string::npos) {
+      return absl::FailedPreconditionError("fake: has a swap device");
+    }
+    return DomainAttachState{"hooked", "hooked", false, false, "migratable"};
+  }
   std::mutex mu;
   std::string fail_vm;                                    // guarded by mu
   std::vector<std::pair<std::string, VmPolicy>> written;  // guarded by mu
@@ -171,11 +187,12 @@ class ControlServiceTest : public ::testing::Test {
 
   // Puts `n` text pages into a private pool of `vm` straight into the store
   // (what a guest's ring would do); returns the pool id.
-  PoolId PutPages(const std::string& vm, int n, bool* all_stored = nullptr) {
+  PoolId PutPages(const std::string& vm, int n, bool* all_stored = nullptr,
+                  PoolKind kind = PoolKind::kEphemeral) {
     absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
     EXPECT_TRUE(info.ok());
     absl::StatusOr<PoolId> pool =
-        agent_->store().NewPool(info->stats.id, nullptr);
+        agent_->store().NewPool(info->stats.id, nullptr, kind);
     EXPECT_TRUE(pool.ok()) << pool.status();
     bool stored = true;
     for (int i = 0; i < n; ++i) {
@@ -509,6 +526,29 @@ TEST_F(ControlServiceTest, FlushDropsEveryPageOfTheVmOnly) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+// A flush drops cached pages only: a persistent pool holds the VM's swap
+// device's pages, which are its memory and must survive.
+TEST_F(ControlServiceTest, FlushKeepsTheSwapDevicesPersistentPages) {
+  PutPages("g1", 12);
+  const PoolId swap_pool = PutPages("g1", 5, nullptr, PoolKind::kPersistent);
+  grpc::ClientContext ctx;
+  v1::VmRequest req;
+  req.set_vm("g1");
+  v1::FlushVmResponse resp;
+  ASSERT_TRUE(admin_->FlushVm(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.pages_dropped(), 12u);
+  EXPECT_EQ(GetVm("g1").summary().pages(), 5u);
+  const VmId vm = agent_->GetVm("g1")->stats.id;
+  for (int i = 0; i < 5; ++i) {
+    test::Page out{};
+    absl::StatusOr<bool> hit = agent_->store().Get(
+        vm, swap_pool, ObjectId::FromInode(1), i, MutablePage(out));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_TRUE(*hit) << i;
+    EXPECT_EQ(out, test::TextPage(i + 1)) << i;
+  }
+}
+
 TEST_F(ControlServiceTest, AuthorizeSharedPoolGrantsRevokesAndPersists) {
   const std::string uuid = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
   absl::StatusOr<PoolUuid> parsed = ParsePoolUuid(uuid);
@@ -571,6 +611,33 @@ TEST_F(ControlServiceTest, DomainsForwardToDomainControl) {
             grpc::StatusCode::NOT_FOUND);
 }
 
+TEST_F(ControlServiceTest, SwapAttachAndDetachForwardWithTheirSize) {
+  v1::DomainRequest req;
+  req.set_domain("web1");
+  req.set_swap(true);
+  req.set_swap_size_bytes(64 << 20);
+  v1::DomainState st;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->AttachDomain(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "swap 67108864 bytes");
+  }
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->DetachDomain(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "swap removed");
+  }
+  // A size without swap, or swap without a size: refused, naming the field.
+  for (bool swap : {false, true}) {
+    req.set_swap(swap);
+    req.set_swap_size_bytes(swap ? 0 : 4096);
+    grpc::ClientContext ctx;
+    const grpc::Status s = admin_->AttachDomain(&ctx, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << swap;
+    EXPECT_NE(s.error_message().find("swap_size_bytes"), std::string::npos);
+  }
+}
+
 TEST_F(ControlServiceTest, LibvirtHookForwardsAndRefusesUnknownOperations) {
   v1::LibvirtHookRequest req;
   req.set_operation("prepare");
@@ -586,6 +653,19 @@ TEST_F(ControlServiceTest, LibvirtHookForwardsAndRefusesUnknownOperations) {
     grpc::ClientContext ctx;
     ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
     EXPECT_EQ(st.detail(), "released");
+  }
+  {
+    // migrate: the domain's verdict, refused with its reason.
+    req.set_operation("migrate");
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->LibvirtHook(&ctx, req, &st).ok());
+    EXPECT_EQ(st.detail(), "migratable");
+    req.set_domain_xml("<domain><x path='/run/tmemd/a.swap.sock'/></domain>");
+    grpc::ClientContext ctx2;
+    const grpc::Status s = admin_->LibvirtHook(&ctx2, req, &st);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_NE(s.error_message().find("swap device"), std::string::npos);
+    req.set_domain_xml("<domain/>");
   }
   {
     req.set_operation("started");
@@ -786,6 +866,11 @@ TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
   ar.set_vm("g1");
   ar.set_uuid("0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0");
   v1::AuthorizeSharedPoolResponse ap;
+  v1::AddSwapDeviceRequest sr;
+  sr.set_vm("g1");
+  sr.set_size_bytes(1 << 20);
+  v1::SwapDevice sd;
+  v1::RemoveSwapDeviceResponse rs;
   std::vector<std::function<grpc::Status(grpc::ClientContext*)>> writes = {
       [&](auto* c) { return readonly_->FreezeVm(c, vm, &pr); },
       [&](auto* c) { return readonly_->ThawVm(c, vm, &pr); },
@@ -794,6 +879,8 @@ TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
       [&](auto* c) { return readonly_->DetachDomain(c, dr, &ds); },
       [&](auto* c) { return readonly_->LibvirtHook(c, hr, &ds); },
       [&](auto* c) { return readonly_->AuthorizeSharedPool(c, ar, &ap); },
+      [&](auto* c) { return readonly_->AddSwapDevice(c, sr, &sd); },
+      [&](auto* c) { return readonly_->RemoveSwapDevice(c, vm, &rs); },
   };
   for (auto& w : writes) {
     grpc::ClientContext ctx;
@@ -801,6 +888,63 @@ TEST_F(ControlServiceTest, ReadOnlySocketRefusesEveryWrite) {
   }
   EXPECT_EQ(agent_->GetVmPolicy("g1")->weight, 100u);
   EXPECT_FALSE(agent_->GetVmPolicy("g1")->frozen);
+  EXPECT_FALSE(agent_->GetVm("g1")->swap.has_value());
+}
+
+// A VM's swap device over the admin socket: added beside its channel (one
+// VM), shown in ListVms/GetVm, refused twice or with a bad size, removed.
+TEST_F(ControlServiceTest, SwapDeviceAddedShownAndRemoved) {
+  v1::AddSwapDeviceRequest req;
+  req.set_vm("g1");
+  req.set_size_bytes(4 << 20);
+  v1::SwapDevice dev;
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = admin_->AddSwapDevice(&ctx, req, &dev);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(dev.socket_path(), dir_ + "/g1.swap.sock");
+  EXPECT_EQ(dev.size_bytes(), 4u << 20);
+  EXPECT_FALSE(dev.connected());
+  EXPECT_GT(dev.counters_size(), 0);
+  {
+    grpc::ClientContext ctx;
+    v1::ListVmsResponse list;
+    ASSERT_TRUE(admin_->ListVms(&ctx, v1::ListVmsRequest(), &list).ok());
+    ASSERT_EQ(list.vms_size(), 2) << "the device joins g1, no new VM";
+    for (const v1::VmSummary& v : list.vms()) {
+      EXPECT_TRUE(v.has_channel());
+      EXPECT_EQ(v.has_swap(), v.name() == "g1") << v.name();
+    }
+  }
+  {
+    grpc::ClientContext ctx;
+    grpc::Status s = admin_->AddSwapDevice(&ctx, req, &dev);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+  }
+  for (uint64_t bad : {uint64_t{0}, uint64_t{4097}}) {
+    v1::AddSwapDeviceRequest b;
+    b.set_vm("g2");
+    b.set_size_bytes(bad);
+    grpc::ClientContext ctx;
+    EXPECT_EQ(admin_->AddSwapDevice(&ctx, b, &dev).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT)
+        << bad;
+  }
+  v1::VmRequest vm;
+  vm.set_vm("g1");
+  v1::RemoveSwapDeviceResponse rr;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(admin_->RemoveSwapDevice(&ctx, vm, &rr).ok());
+  }
+  EXPECT_FALSE(agent_->GetVm("g1")->swap.has_value());
+  EXPECT_TRUE(agent_->GetVm("g1")->has_channel);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(admin_->RemoveSwapDevice(&ctx, vm, &rr).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
 }
 
 TEST_F(ControlServiceTest, MutualTlsAdminByCertificateName) {

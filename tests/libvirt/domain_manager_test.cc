@@ -9,7 +9,9 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -46,6 +48,20 @@ class DomainManagerTest : public ::testing::Test {
     agent_ = std::move(*a);
     DomainManagerOptions mo;
     mo.detach_timeout = milliseconds(200);
+    mo.add_swap_device = [this](const std::string& vm, uint64_t size) {
+      std::lock_guard<std::mutex> l(swap_mu_);
+      if (swap_devices_.contains(vm)) {
+        return absl::AlreadyExistsError("fake: swap device exists");
+      }
+      swap_devices_[vm] = size;
+      return absl::OkStatus();
+    };
+    mo.remove_swap_device = [this](const std::string& vm) {
+      std::lock_guard<std::mutex> l(swap_mu_);
+      return swap_devices_.erase(vm) > 0
+                 ? absl::OkStatus()
+                 : absl::NotFoundError("fake: no swap device");
+    };
     manager_ = std::make_unique<DomainManager>(agent_.get(), &hv_, mo);
   }
   void TearDown() override {
@@ -83,6 +99,13 @@ class DomainManagerTest : public ::testing::Test {
     return std::nullopt;
   }
 
+  std::map<std::string, uint64_t> SwapDevices() {
+    std::lock_guard<std::mutex> l(swap_mu_);
+    return swap_devices_;
+  }
+
+  std::mutex swap_mu_;
+  std::map<std::string, uint64_t> swap_devices_;  // guarded by swap_mu_
   tmem::testing::TempDir tmp_{"tmemd-dm"};
   std::string dir_ = tmp_.path();
   FakeHypervisor hv_;
@@ -709,6 +732,132 @@ TEST_F(DomainManagerTest, AFailedOverrideIsReportedAndTheAttachStands) {
   EXPECT_NE(s->detail.find("not migratable"), std::string::npos) << s->detail;
   EXPECT_NE(s->detail.find("schema says no"), std::string::npos) << s->detail;
   EXPECT_FALSE(HasTmemMasterOverride(hv_.GetXml("web1", true).value()));
+}
+
+size_t CountOf(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos;
+       at = s.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST_F(DomainManagerTest, SwapAttachWritesThePersistentDefinitionOnce) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Start("web1");
+  hv_.Define("off", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  const std::string sock = dir_ + "/web1.swap.sock";
+
+  absl::StatusOr<DomainAttachState> s = manager_->AttachSwap("web1", 64 << 20);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(SwapDevices(),
+            (std::map<std::string, uint64_t>{{"web1", 64 << 20}}));
+  EXPECT_TRUE(s->persistent);
+  // Running: a reboot inside the guest is not enough.
+  EXPECT_NE(s->detail.find("next cold boot"), std::string::npos) << s->detail;
+  EXPECT_NE(s->detail.find("reboot inside the guest"), std::string::npos);
+  const std::string config = hv_.GetXml("web1", true).value();
+  EXPECT_EQ(VhostUserDiskSockets(config), std::vector<std::string>{sock})
+      << config;
+  EXPECT_NE(config.find("<access mode='shared'/>"), std::string::npos);
+  // The running QEMU is not touched.
+  EXPECT_TRUE(VhostUserDiskSockets(hv_.GetXml("web1", false).value()).empty());
+
+  // Again: nothing added, nothing redefined.
+  const int defines = hv_.define_calls();
+  s = manager_->AttachSwap("web1", 64 << 20);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(hv_.define_calls(), defines);
+  EXPECT_EQ(CountOf(hv_.GetXml("web1", true).value(), "vhostuser"), 1u);
+  EXPECT_NE(s->detail.find("already in"), std::string::npos) << s->detail;
+
+  // A shut-off domain: from its next start.
+  s = manager_->AttachSwap("off", 1 << 30);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_NE(s->detail.find("takes effect when the domain next starts"),
+            std::string::npos)
+      << s->detail;
+}
+
+TEST_F(DomainManagerTest, SwapAttachRefusalsLeaveNoDevice) {
+  FakeHypervisor::Domain transient;
+  transient.persistent = false;
+  transient.active = true;
+  hv_.Define("transient", transient);
+  hv_.Define("huge", FakeHypervisor::Domain{});
+  hv_.Define("schema", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+
+  absl::StatusOr<DomainAttachState> s = manager_->AttachSwap("transient", 4096);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("transient"), std::string::npos);
+  EXPECT_EQ(manager_->AttachSwap("nosuch", 4096).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->AttachSwap("huge", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // Private hugepages: refused before the device is made.
+  hv_.Mutate("huge", [](FakeHypervisor::Domain& d) {
+    d.config_memory_backing = "  <memoryBacking><hugepages/></memoryBacking>\n";
+  });
+  s = manager_->AttachSwap("huge", 4096);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("domain 'huge'"), std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find("<hugepages/>"), std::string::npos);
+
+  // libvirt refuses the definition: the device made for it goes again.
+  hv_.SetDefineError("fake: schema says no");
+  s = manager_->AttachSwap("schema", 4096);
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("schema says no"), std::string::npos);
+  EXPECT_TRUE(SwapDevices().empty());
+}
+
+TEST_F(DomainManagerTest, SwapDetachKeepsADeviceARunningQemuUses) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->AttachSwap("web1", 4096).ok());
+  hv_.Start("web1");  // the cold boot: QEMU has the disk
+  ASSERT_EQ(VhostUserDiskSockets(hv_.GetXml("web1", false).value()).size(), 1u);
+
+  absl::StatusOr<DomainAttachState> s = manager_->DetachSwap("web1");
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::string config = hv_.GetXml("web1", true).value();
+  EXPECT_TRUE(VhostUserDiskSockets(config).empty()) << config;
+  // The memoryBacking stays, and the answer says so.
+  EXPECT_NE(config.find("<access mode='shared'/>"), std::string::npos);
+  EXPECT_NE(s->detail.find("<memoryBacking>"), std::string::npos) << s->detail;
+  // QEMU still uses the device: kept.
+  EXPECT_TRUE(s->attached);
+  EXPECT_EQ(SwapDevices().size(), 1u);
+  EXPECT_NE(s->detail.find("keeps serving"), std::string::npos) << s->detail;
+
+  hv_.Destroy("web1");
+  s = manager_->DetachSwap("web1");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_FALSE(s->attached);
+  EXPECT_TRUE(SwapDevices().empty());
+}
+
+TEST_F(DomainManagerTest, MigrateHookRefusesADomainWithThisTmemdsSwapDevice) {
+  hv_.Define("web1", FakeHypervisor::Domain{});
+  hv_.Define("plain", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->AttachSwap("web1", 4096).ok());
+  // The hook gets the XML libvirt migrates (the source's).
+  absl::StatusOr<DomainAttachState> s =
+      manager_->MigrateFromHook(hv_.GetXml("web1", true).value());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(s.status().message().find("domain 'web1'"), std::string::npos)
+      << s.status();
+  EXPECT_NE(s.status().message().find(dir_ + "/web1.swap.sock"),
+            std::string::npos);
+  s = manager_->MigrateFromHook(hv_.GetXml("plain", true).value());
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->domain, "plain");
 }
 
 }  // namespace

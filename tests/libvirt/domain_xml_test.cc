@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <string>
+#include <vector>
 
 namespace tmem {
 namespace {
@@ -300,6 +301,381 @@ TEST(DomainXmlTest, FormatParsesBack) {
   back = ParseTmemMetadata(FormatTmemMetadata(TmemMetadata{}));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->policy.quota_bytes, kUnlimitedQuota);
+}
+
+// --- the swap device ------------------------------------------------------
+
+// `virsh dumpxml --inactive` of domains defined on libvirt 9.0 / QEMU 7.2
+// (Debian 12): a pc machine with a virtio disk (vda) and an IDE cdrom.
+constexpr char kRealPcDomain[] = R"XML(<domain type='qemu'>
+  <name>lsw-real1</name>
+  <uuid>a323c993-b1c1-40ab-9235-a3ddb4534b3f</uuid>
+  <memory unit='KiB'>131072</memory>
+  <currentMemory unit='KiB'>131072</currentMemory>
+  <vcpu placement='static'>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>
+    <boot dev='hd'/>
+  </os>
+  <features>
+    <acpi/>
+  </features>
+  <cpu mode='custom' match='exact' check='none'>
+    <model fallback='forbid'>qemu64</model>
+  </cpu>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='/var/lib/libvirt/images/a.img'/>
+      <target dev='vda' bus='virtio'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x0'/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='/var/lib/libvirt/images/b.iso'/>
+      <target dev='hdc' bus='ide'/>
+      <readonly/>
+      <address type='drive' controller='0' bus='1' target='0' unit='0'/>
+    </disk>
+    <controller type='usb' index='0' model='piix3-uhci'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x2'/>
+    </controller>
+    <controller type='pci' index='0' model='pci-root'/>
+    <controller type='ide' index='0'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x1'/>
+    </controller>
+    <input type='mouse' bus='ps2'/>
+    <input type='keyboard' bus='ps2'/>
+    <audio id='1' type='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+)XML";
+// A q35 machine backed by hugepages (private).
+constexpr char kRealHugepagesDomain[] = R"XML(<domain type='qemu'>
+  <name>lsw-real2</name>
+  <uuid>106e3398-03f5-4661-b100-89d377fde0ca</uuid>
+  <memory unit='KiB'>131072</memory>
+  <currentMemory unit='KiB'>131072</currentMemory>
+  <memoryBacking>
+    <hugepages/>
+  </memoryBacking>
+  <vcpu placement='static'>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc-q35-7.2'>hvm</type>
+    <boot dev='hd'/>
+  </os>
+  <cpu mode='custom' match='exact' check='none'>
+    <model fallback='forbid'>qemu64</model>
+  </cpu>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <controller type='usb' index='0' model='qemu-xhci'>
+      <address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x0'/>
+    </controller>
+    <controller type='sata' index='0'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x1f' function='0x2'/>
+    </controller>
+    <controller type='pci' index='0' model='pcie-root'/>
+    <controller type='pci' index='1' model='pcie-root-port'>
+      <model name='pcie-root-port'/>
+      <target chassis='1' port='0x8'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x0' multifunction='on'/>
+    </controller>
+    <controller type='pci' index='2' model='pcie-root-port'>
+      <model name='pcie-root-port'/>
+      <target chassis='2' port='0x9'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x1'/>
+    </controller>
+    <input type='mouse' bus='ps2'/>
+    <input type='keyboard' bus='ps2'/>
+    <audio id='1' type='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+)XML";
+// A domain libvirt accepted with the swap disk and shared memfd memory.
+constexpr char kRealSwapDomain[] = R"XML(<domain type='qemu'>
+  <name>lsw-real3</name>
+  <uuid>26121b20-9c7f-4b71-b46b-36ff96a38854</uuid>
+  <memory unit='KiB'>131072</memory>
+  <currentMemory unit='KiB'>131072</currentMemory>
+  <memoryBacking>
+    <source type='memfd'/>
+    <access mode='shared'/>
+  </memoryBacking>
+  <vcpu placement='static'>1</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc-i440fx-7.2'>hvm</type>
+    <boot dev='hd'/>
+  </os>
+  <features>
+    <acpi/>
+  </features>
+  <cpu mode='custom' match='exact' check='none'>
+    <model fallback='forbid'>qemu64</model>
+  </cpu>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>restart</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <emulator>/usr/bin/qemu-system-x86_64</emulator>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file='/tmp/lsw/a.img'/>
+      <target dev='vda' bus='virtio'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x02' function='0x0'/>
+    </disk>
+    <disk type='vhostuser' device='disk' snapshot='no'>
+      <driver name='qemu' type='raw'/>
+      <source type='unix' path='/run/tmemd/lsw-real3.swap.sock'>
+        <reconnect enabled='yes' timeout='1'/>
+      </source>
+      <target dev='vdb' bus='virtio'/>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x03' function='0x0'/>
+    </disk>
+    <disk type='file' device='cdrom'>
+      <driver name='qemu' type='raw'/>
+      <source file='/tmp/lsw/b.iso'/>
+      <target dev='hdc' bus='ide'/>
+      <readonly/>
+      <address type='drive' controller='0' bus='1' target='0' unit='0'/>
+    </disk>
+    <controller type='usb' index='0' model='piix3-uhci'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x2'/>
+    </controller>
+    <controller type='pci' index='0' model='pci-root'/>
+    <controller type='ide' index='0'>
+      <address type='pci' domain='0x0000' bus='0x00' slot='0x01' function='0x1'/>
+    </controller>
+    <input type='mouse' bus='ps2'/>
+    <input type='keyboard' bus='ps2'/>
+    <audio id='1' type='none'/>
+    <memballoon model='none'/>
+  </devices>
+</domain>
+)XML";
+
+size_t Count(const std::string& s, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = s.find(what); at != std::string::npos;
+       at = s.find(what, at + 1)) {
+    ++n;
+  }
+  return n;
+}
+
+TEST(SwapDiskXmlTest, SocketPathAndWhatCountsAsTmemdsSwapSocket) {
+  EXPECT_EQ(SwapSocketPath("/run/tmemd", "web1"), "/run/tmemd/web1.swap.sock");
+  EXPECT_EQ(SwapSocketPath("/run/tmemd/", "web1"), "/run/tmemd/web1.swap.sock");
+  EXPECT_TRUE(IsTmemdSwapSocket("/run/tmemd/web1.swap.sock", "/run/tmemd"));
+  EXPECT_TRUE(IsTmemdSwapSocket("/run/tmemd/web1.swap.sock", "/run/tmemd/"));
+  // Not in the directory itself, another directory, not a swap socket.
+  EXPECT_FALSE(IsTmemdSwapSocket("/run/tmemd/x/web1.swap.sock", "/run/tmemd"));
+  EXPECT_FALSE(IsTmemdSwapSocket("/run/tmemdx/web1.swap.sock", "/run/tmemd"));
+  EXPECT_FALSE(IsTmemdSwapSocket("/var/run/spdk/vhost.0", "/run/tmemd"));
+  EXPECT_FALSE(IsTmemdSwapSocket("/run/tmemd/web1.sock", "/run/tmemd"));
+  EXPECT_FALSE(IsTmemdSwapSocket("/run/tmemd/.swap.sock", "/run/tmemd"));
+}
+
+TEST(SwapDiskXmlTest, AddsDiskAndSharedMemoryToARealDomain) {
+  absl::StatusOr<SwapDiskEdit> e =
+      WithSwapDisk(kRealPcDomain, "/run/tmemd/lsw-real1.swap.sock");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE(e->disk_added);
+  EXPECT_TRUE(e->memory_backing_added);
+  // vda is the file disk; hdc (IDE) does not collide with virtio names.
+  EXPECT_EQ(e->target_dev, "vdb");
+  EXPECT_NE(e->xml.find(SwapDiskXml("/run/tmemd/lsw-real1.swap.sock", "vdb")),
+            std::string::npos)
+      << e->xml;
+  EXPECT_NE(e->xml.find("<reconnect enabled='yes' timeout='1'/>"),
+            std::string::npos);
+  EXPECT_EQ(VhostUserDiskSockets(e->xml),
+            std::vector<std::string>{"/run/tmemd/lsw-real1.swap.sock"});
+  // memoryBacking after currentMemory, as libvirt writes it.
+  const size_t mb = e->xml.find("<memoryBacking>");
+  ASSERT_NE(mb, std::string::npos) << e->xml;
+  EXPECT_LT(e->xml.find("</currentMemory>"), mb);
+  EXPECT_LT(mb, e->xml.find("<source type='memfd'/>"));
+  EXPECT_LT(e->xml.find("<source type='memfd'/>"),
+            e->xml.find("<access mode='shared'/>"));
+  EXPECT_LT(e->xml.find("<access mode='shared'/>"),
+            e->xml.find("</memoryBacking>"));
+  EXPECT_LT(e->xml.find("</memoryBacking>"), e->xml.find("<vcpu"));
+  // The disk inside <devices>, after the existing disks.
+  EXPECT_LT(e->xml.find("/var/lib/libvirt/images/b.iso"),
+            e->xml.find("type='vhostuser'"));
+  EXPECT_LT(e->xml.find("type='vhostuser'"), e->xml.find("</devices>"));
+}
+
+TEST(SwapDiskXmlTest, AttachingTwiceAddsNothing) {
+  absl::StatusOr<SwapDiskEdit> once =
+      WithSwapDisk(kRealPcDomain, "/run/tmemd/a.swap.sock");
+  ASSERT_TRUE(once.ok()) << once.status();
+  absl::StatusOr<SwapDiskEdit> twice =
+      WithSwapDisk(once->xml, "/run/tmemd/a.swap.sock");
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  EXPECT_FALSE(twice->changed());
+  EXPECT_EQ(twice->xml, once->xml);
+  EXPECT_EQ(twice->target_dev, "vdb");
+  EXPECT_EQ(Count(twice->xml, "type='vhostuser'"), 1u);
+  // libvirt's own rendering of such a domain (address, snapshot='no').
+  absl::StatusOr<SwapDiskEdit> real =
+      WithSwapDisk(kRealSwapDomain, "/run/tmemd/lsw-real3.swap.sock");
+  ASSERT_TRUE(real.ok()) << real.status();
+  EXPECT_FALSE(real->changed());
+  EXPECT_EQ(real->target_dev, "vdb");
+  EXPECT_EQ(real->xml, kRealSwapDomain);
+}
+
+TEST(SwapDiskXmlTest, PicksTheVirtioNameAfterTheLastDisk) {
+  std::string disks;
+  for (char c = 'a'; c <= 'z'; ++c) {
+    disks += "<disk type='file' device='disk'><target dev='vd";
+    disks += c;
+    disks += "' bus='virtio'/></disk>";
+  }
+  const std::string xml =
+      "<domain><name>d</name><devices>" + disks + "</devices></domain>";
+  absl::StatusOr<SwapDiskEdit> e = WithSwapDisk(xml, "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->target_dev, "vdaa");
+  // Never in a gap before a system disk: libvirt sorts a bus's disks by
+  // name and boots the first (<boot dev='hd'/>).
+  absl::StatusOr<SwapDiskEdit> gap = WithSwapDisk(
+      "<domain><devices><disk type='file'><target dev='vdc'/></disk>"
+      "<disk type='file'><target dev='sda'/></disk></devices></domain>",
+      "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(gap.ok()) << gap.status();
+  EXPECT_EQ(gap->target_dev, "vdd");
+  absl::StatusOr<SwapDiskEdit> none = WithSwapDisk(
+      "<domain><devices><disk type='file'><target dev='hda'/></disk>"
+      "</devices></domain>",
+      "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->target_dev, "vda");
+}
+
+TEST(SwapDiskXmlTest, KeepsOrExtendsACompatibleMemoryBacking) {
+  // Already shared (hugepages + shared access): left as it is.
+  const std::string shared_huge =
+      "<domain><memoryBacking><hugepages/><access mode='shared'/>"
+      "</memoryBacking><devices></devices></domain>";
+  absl::StatusOr<SwapDiskEdit> e =
+      WithSwapDisk(shared_huge, "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_FALSE(e->memory_backing_added);
+  EXPECT_TRUE(e->disk_added);
+  EXPECT_EQ(Count(e->xml, "<memoryBacking>"), 1u);
+  EXPECT_EQ(e->xml.find("memfd"), std::string::npos) << e->xml;
+  // Says nothing about source or access: both added inside, the rest kept.
+  absl::StatusOr<SwapDiskEdit> locked = WithSwapDisk(
+      "<domain><memoryBacking><locked/></memoryBacking>"
+      "<devices></devices></domain>",
+      "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(locked.ok()) << locked.status();
+  EXPECT_TRUE(locked->memory_backing_added);
+  EXPECT_EQ(Count(locked->xml, "<memoryBacking>"), 1u);
+  EXPECT_NE(locked->xml.find("<locked/>"), std::string::npos);
+  EXPECT_NE(locked->xml.find("<source type='memfd'/>"), std::string::npos);
+  EXPECT_NE(locked->xml.find("<access mode='shared'/>"), std::string::npos);
+  // <memoryBacking/> (empty, self-closing).
+  absl::StatusOr<SwapDiskEdit> empty =
+      WithSwapDisk("<domain><memoryBacking/><devices></devices></domain>",
+                   "/run/tmemd/d.swap.sock");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(Count(empty->xml, "<memoryBacking"), 1u) << empty->xml;
+  EXPECT_NE(empty->xml.find("<access mode='shared'/>"), std::string::npos);
+}
+
+TEST(SwapDiskXmlTest, RefusesMemoryBackingItWouldHaveToChange) {
+  // Real private hugepages: refused, naming the element and the fix.
+  absl::StatusOr<SwapDiskEdit> huge =
+      WithSwapDisk(kRealHugepagesDomain, "/run/tmemd/d.swap.sock");
+  ASSERT_EQ(huge.status().code(), absl::StatusCode::kFailedPrecondition)
+      << huge.status();
+  EXPECT_NE(huge.status().message().find("<hugepages/>"), std::string::npos);
+  EXPECT_NE(huge.status().message().find("<access mode='shared'/>"),
+            std::string::npos);
+  for (const char* backing : {
+           "<access mode='private'/>",
+           "<source type='anonymous'/>",
+           "<source type='anonymous'/><access mode='shared'/>",
+           "<source type='file'/>",
+       }) {
+    const std::string xml = std::string("<domain><memoryBacking>") + backing +
+                            "</memoryBacking><devices></devices></domain>";
+    absl::StatusOr<SwapDiskEdit> e =
+        WithSwapDisk(xml, "/run/tmemd/d.swap.sock");
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition)
+        << backing;
+    EXPECT_NE(e.status().message().find("memoryBacking"), std::string::npos)
+        << e.status();
+  }
+  absl::StatusOr<SwapDiskEdit> numa = WithSwapDisk(
+      "<domain><cpu><numa><cell id='0' memory='1' memAccess='private'/>"
+      "</numa></cpu><devices></devices></domain>",
+      "/run/tmemd/d.swap.sock");
+  EXPECT_EQ(numa.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(numa.status().message().find("memAccess"), std::string::npos);
+  EXPECT_EQ(
+      WithSwapDisk("<domain><name>x</name></domain>", "/run/tmemd/d.swap.sock")
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SwapDiskXmlTest, DetachRemovesOnlyThatDiskAndKeepsMemoryBacking) {
+  SwapDiskRemoval r =
+      WithoutSwapDisk(kRealSwapDomain, "/run/tmemd/lsw-real3.swap.sock");
+  EXPECT_TRUE(r.removed);
+  EXPECT_EQ(r.xml.find("vhostuser"), std::string::npos) << r.xml;
+  EXPECT_NE(r.xml.find("<access mode='shared'/>"), std::string::npos);
+  EXPECT_NE(r.xml.find("/tmp/lsw/a.img"), std::string::npos);
+  EXPECT_NE(r.xml.find("<target dev='hdc' bus='ide'/>"), std::string::npos);
+  // No blank line left where the disk was.
+  EXPECT_EQ(r.xml.find("\n\n"), std::string::npos) << r.xml;
+  SwapDiskRemoval none =
+      WithoutSwapDisk(kRealSwapDomain, "/run/tmemd/other.swap.sock");
+  EXPECT_FALSE(none.removed);
+  EXPECT_EQ(none.xml, kRealSwapDomain);
+}
+
+TEST(SwapDiskXmlTest, MigrationRefusedOnlyForTmemdsSwapDisk) {
+  absl::Status s = CheckMigratableWithSwap(kRealSwapDomain, "/run/tmemd");
+  ASSERT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("domain 'lsw-real3'"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("/run/tmemd/lsw-real3.swap.sock"),
+            std::string::npos);
+  EXPECT_NE(s.message().find("cannot migrate"), std::string::npos);
+  // Another tmemd's directory, a domain without vhost-user disks, another
+  // program's vhost-user disk: migratable.
+  EXPECT_TRUE(CheckMigratableWithSwap(kRealSwapDomain, "/run/other").ok());
+  EXPECT_TRUE(CheckMigratableWithSwap(kRealPcDomain, "/run/tmemd").ok());
+  SwapDiskRemoval spdk =
+      WithoutSwapDisk(kRealSwapDomain, "/run/tmemd/lsw-real3.swap.sock");
+  absl::StatusOr<SwapDiskEdit> other =
+      WithSwapDisk(spdk.xml, "/var/tmp/spdk/vhost.0");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(CheckMigratableWithSwap(other->xml, "/run/tmemd").ok());
+  // A look-alike inside <metadata> is not a disk.
+  const std::string lookalike =
+      "<domain><name>m</name><metadata><x:disk xmlns:x='urn:x' "
+      "type='vhostuser'><x:source path='/run/tmemd/m.swap.sock'/></x:disk>"
+      "</metadata><devices></devices></domain>";
+  EXPECT_TRUE(VhostUserDiskSockets(lookalike).empty());
+  EXPECT_TRUE(CheckMigratableWithSwap(lookalike, "/run/tmemd").ok());
 }
 
 }  // namespace

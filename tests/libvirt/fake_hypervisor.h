@@ -42,6 +42,12 @@ class FakeHypervisor final : public Hypervisor {
     bool detach_pending = false;
     // The <qemu:override> of the persistent definition (DefineXml).
     std::string config_qemu_override;
+    // <disk> elements and the <memoryBacking> as DefineXml last wrote them
+    // (and the running QEMU's copy, taken at Start).
+    std::vector<std::string> config_disks;
+    std::string config_memory_backing;
+    std::vector<std::string> live_disks;
+    std::string live_memory_backing;
   };
 
   void SetEventHandler(EventHandler handler) override {
@@ -69,6 +75,8 @@ class FakeHypervisor final : public Hypervisor {
       d.active = true;
       d.live_devices = d.config_devices;
       d.live_metadata = d.config_metadata;
+      d.live_disks = d.config_disks;
+      d.live_memory_backing = d.config_memory_backing;
     }
     Emit(DomainEvent::Kind::kStarted, name);
   }
@@ -80,6 +88,8 @@ class FakeHypervisor final : public Hypervisor {
       Domain& d = domains_.at(name);
       d.active = false;
       d.live_devices.clear();
+      d.live_disks.clear();
+      d.live_memory_backing.clear();
       d.detach_pending = false;
       transient = !d.persistent;
       if (transient) domains_.erase(name);
@@ -167,15 +177,19 @@ class FakeHypervisor final : public Hypervisor {
     if (it == domains_.end()) return NoDomain(name);
     const Domain& d = it->second;
     const bool live = d.active && !inactive;
-    std::string xml =
-        absl::StrCat("<domain type='qemu'", live ? " id='1'" : "",
-                     ">\n  <name>", name, "</name>\n  <uuid>", d.uuid,
-                     "</uuid>\n  <os>\n    <type arch='x86_64' machine='",
-                     d.machine, "'>hvm</type>\n  </os>\n  <features>",
-                     d.acpi ? "<acpi/>" : "", "</features>\n  <devices>\n");
+    std::string xml = absl::StrCat(
+        "<domain type='qemu'", live ? " id='1'" : "", ">\n  <name>", name,
+        "</name>\n  <uuid>", d.uuid, "</uuid>\n",
+        live ? d.live_memory_backing : d.config_memory_backing,
+        "  <os>\n    <type arch='x86_64' machine='", d.machine,
+        "'>hvm</type>\n  </os>\n  <features>", d.acpi ? "<acpi/>" : "",
+        "</features>\n  <devices>\n");
     if (d.pcie_to_pci_bridge) {
       xml +=
           "    <controller type='pci' index='1' model='pcie-to-pci-bridge'/>\n";
+    }
+    for (const std::string& disk : live ? d.live_disks : d.config_disks) {
+      absl::StrAppend(&xml, "    ", disk, "\n");
     }
     int n = 0;
     for (std::string dev : live ? d.live_devices : d.config_devices) {
@@ -235,7 +249,8 @@ class FakeHypervisor final : public Hypervisor {
     if (config) Emit(DomainEvent::Kind::kDefined, name);
     return absl::OkStatus();
   }
-  // Models what tmemd changes with a definition: the <qemu:override>.
+  // Models what tmemd changes with a definition: the <qemu:override>, the
+  // disks and the <memoryBacking>.
   absl::Status DefineXml(const std::string& xml) override {
     ++define_calls_;
     if (!connected_) return absl::UnavailableError("fake: disconnected");
@@ -258,6 +273,19 @@ class FakeHypervisor final : public Hypervisor {
           o0 == std::string::npos || o1 == std::string::npos
               ? ""
               : xml.substr(o0, o1 + 16 - o0);
+      it->second.config_disks.clear();
+      for (size_t at = xml.find("<disk "); at != std::string::npos;
+           at = xml.find("<disk ", at + 1)) {
+        const size_t end = xml.find("</disk>", at);
+        if (end == std::string::npos) break;
+        it->second.config_disks.push_back(xml.substr(at, end + 7 - at));
+      }
+      const size_t m0 = xml.find("<memoryBacking");
+      const size_t m1 = xml.find("</memoryBacking>");
+      it->second.config_memory_backing =
+          m0 == std::string::npos || m1 == std::string::npos
+              ? ""
+              : absl::StrCat("  ", xml.substr(m0, m1 + 16 - m0), "\n");
     }
     Emit(DomainEvent::Kind::kDefined, name);
     return absl::OkStatus();

@@ -15,7 +15,12 @@
 #    prepared and QEMU connects;
 #  - a look-alike shmem inside <metadata> makes no socket;
 #  - a domain XML over the control socket's 256 KiB default request limit
-#    starts with its socket prepared.
+#    starts with its socket prepared;
+#  - migrate (run on the destination before the incoming QEMU starts): a
+#    domain with a disk on tmemd's swap socket is refused, naming it, and
+#    nothing is printed on stdout (libvirt would use it as the domain XML);
+#    other domains pass; with tmemd down a disk on a *.swap.sock socket is
+#    still refused and other domains pass.
 # Exit 77 (skipped, with the reason) only when libvirtd cannot run here.
 #
 # Usage: libvirt_hook_test.sh TMEMD TMEMCTL SOURCE_DIR
@@ -228,11 +233,52 @@ done
 [[ -n "${connected}" ]] || { echo "${out}"; fail "QEMU of the big domain did not connect"; }
 virsh -c qemu:///system destroy --domain "${name}-big" >/dev/null 2>&1
 
-log "8. tmemd stopped: a domain without the device still starts"
+log "8. migrate (libvirt runs it on the destination before QEMU starts): a domain"
+log "   with a disk on tmemd's swap socket is refused, naming it; others pass; nothing on stdout"
+swap_disk() {
+  printf "<disk type='vhostuser' device='disk'><driver name='qemu' type='raw'/><source type='unix' path='%s'><reconnect enabled='yes' timeout='1'/></source><target dev='vdb' bus='virtio'/></disk>" "$1"
+}
+migrate_hook() {  # $1 domain name, $2 XML file; as libvirt calls it
+  "${tmemctl}" -s "${control}" libvirt-hook -- "$1" migrate begin - <"$2" \
+    >"${work}/migrate.out" 2>"${work}/migrate.err"
+}
+domain_xml "${name}-swap" "" "" "${uuid_h}" |
+  sed "s#</devices>#$(swap_disk "${sock}/${name}-swap.swap.sock")</devices>#" >"${work}/swap.xml"
+grep -q "type='vhostuser'" "${work}/swap.xml" || fail "the test's swap XML has no vhostuser disk"
+migrate_hook "${name}-swap" "${work}/swap.xml" &&
+  fail "the migrate hook let a domain with a tmemd swap device migrate"
+grep -q "domain '${name}-swap'" "${work}/migrate.err" &&
+  grep -q "cannot migrate swap devices" "${work}/migrate.err" ||
+  { cat "${work}/migrate.err"; fail "the refusal does not name the domain and the reason"; }
+[[ -s "${work}/migrate.out" ]] && { cat "${work}/migrate.out"; fail "the migrate hook wrote to stdout (libvirt would take it as the XML)"; }
+grep -q "event=libvirt_migration_refused" "${work}/tmemd.log" || fail "no libvirt_migration_refused in tmemd's log"
+log "   refused: $(head -1 "${work}/migrate.err")"
+# Another program's vhost-user disk, and a domain with tmem but no swap.
+domain_xml "${name}-spdk" "" "" |
+  sed "s#</devices>#$(swap_disk /var/tmp/spdk/vhost.0)</devices>#" >"${work}/spdk.xml"
+migrate_hook "${name}-spdk" "${work}/spdk.xml" ||
+  { cat "${work}/migrate.err"; fail "the migrate hook refused another program's vhost-user disk"; }
+[[ -s "${work}/migrate.out" ]] && fail "the migrate hook wrote to stdout for a migratable domain"
+migrate_hook "${name}" "${work}/dom.xml" ||
+  { cat "${work}/migrate.err"; fail "the migrate hook refused a domain without a swap device"; }
+[[ -s "${work}/migrate.out" ]] && fail "the migrate hook wrote to stdout for a tmem domain"
+
+log "9. tmemd stopped: a domain without the device still starts"
 kill "${tmemd_pid}" && wait "${tmemd_pid}" 2>/dev/null
 tmemd_pid=""
 domain_xml "${name}-plain" "" "" >"${work}/plain.xml"
 virsh -c qemu:///system create "${work}/plain.xml" >"${work}/plain.out" 2>&1 ||
   { cat "${work}/plain.out"; fail "a domain without tmem did not start with tmemd down"; }
 virsh -c qemu:///system destroy "${name}-plain" >/dev/null 2>&1
+# ... and migrates: without a vhost-user disk the hook does not ask tmemd;
+# another program's vhost-user disk passes, a *.swap.sock one is refused.
+migrate_hook "${name}-plain" "${work}/plain.xml" ||
+  { cat "${work}/migrate.err"; fail "with tmemd down the migrate hook refused a domain without a swap device"; }
+migrate_hook "${name}-spdk" "${work}/spdk.xml" ||
+  { cat "${work}/migrate.err"; fail "with tmemd down the migrate hook refused another program's vhost-user disk"; }
+migrate_hook "${name}-swap" "${work}/swap.xml" &&
+  fail "with tmemd down the migrate hook let a domain with a swap device migrate"
+grep -q "domain '${name}-swap'" "${work}/migrate.err" ||
+  { cat "${work}/migrate.err"; fail "the refusal with tmemd down does not name the domain"; }
+[[ -s "${work}/migrate.out" ]] && fail "the migrate hook wrote to stdout with tmemd down"
 log "PASS"

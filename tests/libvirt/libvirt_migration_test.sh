@@ -39,7 +39,11 @@
 #  2. transient domain (virsh create), A -> B -> A: the destination's
 #     socket comes from its hook (prepare), the source's channel is gone.
 #  3. the same domain without the device, A -> B -> A, for the times.
-#  4. virsh migrate --live once (outcome printed).
+#  5. a domain with a tmemd swap device (tmemctl attach --swap) does not
+#     migrate: running, QEMU blocks it on the source (no dirty logging in
+#     tmemd's back-end); --offline, the destination's migrate hook refuses
+#     it, virsh shows why; it keeps running on the source.
+#  6. virsh migrate --live once (outcome printed).
 # Prints BENCH lines: virsh migrate wall time and libvirt's job time and
 # downtime (domjobinfo --completed on the destination), with the tmem
 # device and for the same domain without it.
@@ -584,7 +588,39 @@ vsh A destroy "${glued}" >/dev/null
 vsh A undefine "${glued}" >/dev/null
 log "   migrated A -> B -> A with the device the glue wrote; detach --persistent took device and override out"
 
-log "5. virsh migrate --live (printed, not asserted: live precopy under TCG is unreliable here)"
+log "5. a domain with a tmemd swap device (tmemctl attach --swap) does not migrate"
+swapped="tmemd-mig-s-${tag}"
+domain_xml "${swapped}" "$(cat /proc/sys/kernel/random/uuid)" 0 >"${work}/s.xml"
+vsh A define "${work}/s.xml" >/dev/null || fail "virsh define ${swapped} on A failed"
+out="$(ctl A attach --swap 16MiB "${swapped}" 2>&1)" || fail "tmemctl attach --swap ${swapped}: ${out}"
+vsh A start "${swapped}" >/dev/null || fail "virsh start ${swapped} (with its swap disk) on A failed"
+# Running: QEMU 7.2 blocks it on the source already (tmemd's back-end does
+# not offer dirty logging, VHOST_USER_PROTOCOL_F_LOG_SHMFD), before B's
+# hook could run; B's hook refuses it when nothing on the source does.
+if migrate A B "${swapped}" swap_refused; then
+  fail "a domain with a tmemd swap device migrated A -> B"
+fi
+grep -q -e "domain '${swapped}' has a tmemd swap device" -e "VHOST_USER_PROTOCOL_F_LOG_SHMFD" "${work}/migrate.out" ||
+  fail "virsh migrate of ${swapped} failed for another reason: $(cat "${work}/migrate.out")"
+log "   running, refused: $(tr '\n' ' ' <"${work}/migrate.out")"
+[[ "$(vsh A domstate "${swapped}")" == running ]] || fail "${swapped} is not running on A after the refused migration"
+vsh B dominfo "${swapped}" >/dev/null 2>&1 && fail "the refused domain ${swapped} exists on B"
+# --offline (the definition only): nothing on the source refuses; B's hook
+# does, naming the domain.
+if vsh A migrate --offline --persistent "${swapped}" "$(uri B)" >"${work}/migrate.out" 2>&1; then
+  fail "B's migrate hook let ${swapped} (tmemd swap device) migrate --offline"
+fi
+grep -q "domain '${swapped}' has a tmemd swap device" "${work}/migrate.out" ||
+  fail "virsh migrate --offline does not show B's hook's reason: $(cat "${work}/migrate.out")"
+grep -q "event=libvirt_migration_refused.*${swapped}" "${work}/B/tmemd.log" ||
+  fail "B's tmemd log has no libvirt_migration_refused for ${swapped}"
+vsh B dominfo "${swapped}" >/dev/null 2>&1 && fail "the refused domain ${swapped} is defined on B"
+log "   --offline, refused by B's hook: $(tr '\n' ' ' <"${work}/migrate.out")"
+vsh A destroy "${swapped}" >/dev/null
+ctl A detach --swap "${swapped}" >/dev/null || fail "tmemctl detach --swap ${swapped} failed"
+vsh A undefine "${swapped}" >/dev/null
+
+log "6. virsh migrate --live (printed, not asserted: live precopy under TCG is unreliable here)"
 before="$(vm_field B "${persistent}" foreign_regions)"
 if migrate A B "${persistent}" live_with_tmem --live; then
   if wait_until 30 more_than B "${persistent}" foreign_regions "${before}" &&

@@ -51,11 +51,11 @@ def wait_for(cond, timeout):
 
 
 class Server:
-    def __init__(self, binary, sock, mib, queues=1):
+    def __init__(self, binary, sock, mib, queues=1, extra=()):
         self.sock = sock
         self.proc = subprocess.Popen(
             [binary, "--socket", sock, "--mib", str(mib),
-             "--queues", str(queues)],
+             "--queues", str(queues), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.proc.stdout.readline()
         if not line.startswith("READY"):
@@ -176,7 +176,13 @@ def case_guest(a, tmp):
         return SKIP
     sock = os.path.join(tmp, "vm1.swap.sock")
     # The working set (1.5 x 256 MiB) plus room: 1 GiB of device.
-    server = Server(a.server, sock, 1024)
+    extra = []
+    if a.backing == "tmem":
+        # The store over a real TmemStore; a quota below the working set
+        # makes part of it spill to the image on disk.
+        extra = ["--backing", "tmem", "--image-dir", tmp,
+                 "--quota-mib", str(a.quota_mib)]
+    server = Server(a.server, sock, 1024, extra=extra)
     ok = True
     try:
         r = subprocess.run(
@@ -202,6 +208,21 @@ def case_guest(a, tmp):
         if st[key] != 0:
             log(f"FAIL: {key}={st[key]}")
             ok = False
+    if a.backing == "tmem":
+        for key in ("tmem_writes_stored", "tmem_reads_store"):
+            if st[key] == 0:
+                log(f"FAIL: {key}=0: the store served nothing")
+                ok = False
+        if a.quota_mib > 0 and st["tmem_spilled_quota"] == 0:
+            log("FAIL: nothing spilled at the quota")
+            ok = False
+        for key in ("tmem_pages_lost", "tmem_store_errors",
+                    "tmem_store_misses", "tmem_image_write_errors",
+                    "tmem_image_read_errors", "tmem_image_punch_errors",
+                    "tmem_image_io_errors"):
+            if st[key] != 0:
+                log(f"FAIL: {key}={st[key]}")
+                ok = False
     return 0 if ok and rc == 0 else 1
 
 
@@ -210,6 +231,10 @@ def main():
     p.add_argument("--case", choices=("realize", "guest"), required=True)
     p.add_argument("--server", required=True, help="swap_test_server binary")
     p.add_argument("--timeout", type=int, default=1200)
+    p.add_argument("--backing", choices=("memory", "tmem"), default="memory",
+                   help="the server's backing (guest case)")
+    p.add_argument("--quota-mib", type=int, default=0,
+                   help="tmem backing: the VM's store quota (0: none)")
     a = p.parse_args()
     if shutil.which("qemu-system-x86_64") is None:
         log("SKIP: qemu-system-x86_64 is not installed (Debian package "
