@@ -465,7 +465,8 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, false, &created);
   if (!e.ok()) return e.status();
   const VmId vm = (*e)->vm;
-  auto undo = [&](const absl::Status& s) {
+  // Called only with mu_ held (the lock above spans every use).
+  auto undo = [&](const absl::Status& s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (created) {
       EraseLocked(name);
       (void)store_->ForgetVm(vm);
@@ -529,11 +530,26 @@ absl::Status Agent::RemoveSwapDevice(const std::string& name) {
       EraseLocked(name);
     }
   }
+  // The image alone must be the whole device afterwards: a later
+  // AddSwapDevice of this name adopts it, so pages only memory held would
+  // otherwise come back as zeros.
+  doomed->device->Stop();
+  const absl::Status written = doomed->store->WriteBack();
   const uint64_t stored = doomed->store->PageStats().stored;
-  doomed.reset();  // stops the device, unlinks its socket, frees its pages
+  if (!written.ok()) {
+    Log(LogLevel::kError, "swap_write_back_failed",
+        {{"vm", name}, {"error", std::string(written.message())}});
+  }
+  doomed.reset();  // unlinks its socket, frees its pages
   if (forget) (void)store_->ForgetVm(*forget);  // the VM's last frontend
   Log(LogLevel::kInfo, "swap_device_removed",
       {{"vm", name}, {"stored_pages", stored}});
+  if (!written.ok()) {
+    return absl::DataLossError(
+        absl::StrCat("swap device '", name, "' removed, but ", stored,
+                     " pages held in memory were not written to its image: ",
+                     written.message()));
+  }
   return absl::OkStatus();
 }
 

@@ -15,9 +15,9 @@
 // takes it back (returns once no worker touches it) and destroys it, which
 // unlinks the socket and drops the channel's pools. AddSwapDevice starts a
 // vhost-user-blk device on SOCKET_DIR/NAME.swap.sock over a backing the
-// swap-store factory makes; RemoveSwapDevice stops it, unlinks the socket
-// and drops its pages. StopServing writes every swap backing back (a spill
-// image, where the backing has one) before it returns.
+// swap-store factory makes; RemoveSwapDevice stops it, writes its pages
+// into its spill image and unlinks the socket. StopServing writes every swap
+// backing back (a spill image, where the backing has one) before it returns.
 //
 // Threads: every public method is thread-safe. Methods that change the set
 // of VMs or policies serialize on one mutex; statistics readers take it too
@@ -155,8 +155,11 @@ class Agent {
   // yet known is registered with the policy the resolver gives it.
   absl::StatusOr<SwapDeviceInfo> AddSwapDevice(const std::string& name,
                                                uint64_t size_bytes);
-  // Stops the device (a connected front-end is cut off), unlinks its
-  // socket and drops its pages; NOT_FOUND if the VM has no swap device.
+  // Stops the device (a connected front-end is cut off), writes every page
+  // it holds in memory into its spill image (so adding the device again
+  // finds the same disk), unlinks its socket and frees its memory;
+  // NOT_FOUND if the VM has no swap device. If the write-back fails the
+  // device is removed all the same and the error says what was lost.
   absl::Status RemoveSwapDevice(const std::string& name);
   // A VM whose channel a previous tmemd handed over (fd_handoff.h): the
   // socket path is the one the handed-over socket is bound to. `fds` are

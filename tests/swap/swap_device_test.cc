@@ -173,10 +173,10 @@ TEST_F(SwapDeviceTest, HostileFrontEndsBesideAVerifiedNeighbour) {
   uint32_t round = 0;
   const auto neighbour_ok = [&] {
     ++round;
-    for (uint8_t s : good.WritePages(round * 8, 8, round)) {
+    for (uint8_t s : good.WritePages(uint64_t{round} * 8, 8, round)) {
       EXPECT_EQ(s, kVirtioBlkSOk);
     }
-    EXPECT_EQ(good.VerifyPages(round * 8, 8, round), 0);
+    EXPECT_EQ(good.VerifyPages(uint64_t{round} * 8, 8, round), 0);
   };
 
   struct Case {

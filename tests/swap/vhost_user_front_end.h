@@ -85,7 +85,7 @@ class FrontEnd {
   }
   // Reads one reply; its payload, or nullopt on EOF/timeout.
   std::optional<std::vector<uint8_t>> Recv() {
-    std::array<uint8_t, 12> h;
+    std::array<uint8_t, 12> h{};
     if (!ReadAll(h.data(), h.size())) return std::nullopt;
     uint32_t size;
     std::memcpy(&size, h.data() + 8, 4);
@@ -137,7 +137,7 @@ inline std::vector<uint8_t> MemTable(
   // Sized once and filled by memcpy: GCC 12 misreads the inlined
   // byte-by-byte inserts as an overflow (-Wstringop-overflow).
   std::vector<uint8_t> b(8 + 32 * regions.size(), 0);
-  const uint32_t n = static_cast<uint32_t>(regions.size());
+  const auto n = static_cast<uint32_t>(regions.size());
   std::memcpy(b.data(), &n, 4);
   size_t at = 8;
   for (const auto& r : regions) {
@@ -296,7 +296,7 @@ class Guest {
     Kick();
     EXPECT_TRUE(WaitUsed(submitted_));
     int bad = 0;
-    std::array<uint8_t, 4096> want;
+    std::array<uint8_t, 4096> want{};
     for (int i = 0; i < pages; ++i) {
       Fill(want.data(), seed, first + i);
       if (*drv_->Host(status[i]) != kVirtioBlkSOk ||
