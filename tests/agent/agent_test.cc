@@ -14,6 +14,7 @@
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "guest-driver/userspace/tmem_guest.h"
 #include "proto/tmem_abi.h"
+#include "tests/swap/vhost_user_front_end.h"
 #include "tests/temp_dir.h"
 
 namespace tmem {
@@ -335,6 +336,58 @@ TEST_F(AgentTest, ChannelAndSwapDeviceShareOneStoreVm) {
   EXPECT_TRUE(agent_->GetVm("c")->has_channel);
   EXPECT_FALSE(agent_->GetVm("c")->swap.has_value());
   EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
+}
+
+// Removing a swap device loses none of its pages: those it held in memory
+// go into its spill image first, so adding the device again serves the
+// same disk. (Freeing them without writing them back left holes that read
+// as zeros.)
+TEST(AgentSwapTest, RemovingADeviceKeepsItsPagesInTheImage) {
+  tmem::testing::TempDir tmp("tmem-agent-swap");
+  ASSERT_FALSE(tmp.path().empty());
+  FakeSampler sampler;
+  AgentOptions o;
+  o.socket_dir = tmp.path() + "/s";
+  o.state_dir = tmp.path() + "/state";
+  o.swap_store_factory = swap::TmemSwapStoreFactory();
+  o.store.memory_cap_bytes = 64 << 20;
+  o.store.address_space_bytes = 256 << 20;
+  o.workers = 1;
+  o.cpu_sampler = &sampler;
+  o.run_valve_ticker = false;
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  constexpr uint64_t kDevicePages = 1024;
+  constexpr int kPages = 64;
+  const auto queues = static_cast<uint64_t>((*agent)->options().swap_queues);
+
+  absl::StatusOr<SwapDeviceInfo> sw =
+      (*agent)->AddSwapDevice("a", kDevicePages * swap::kSwapPageSize);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  {
+    auto fe = swap::testing::FrontEnd::Connect(sw->socket_path);
+    ASSERT_NE(fe, nullptr);
+    swap::testing::Guest g(kDevicePages, queues);
+    g.Handshake(fe.get());
+    for (uint8_t s : g.WritePages(0, kPages, 5)) {
+      ASSERT_EQ(s, swap::kVirtioBlkSOk);
+    }
+    ASSERT_EQ(g.VerifyPages(0, kPages, 5), 0);
+    absl::StatusOr<VmInfo> vm = (*agent)->GetVm("a");
+    ASSERT_TRUE(vm.ok() && vm->swap.has_value());
+    ASSERT_EQ(vm->swap->pages.in_memory, uint64_t{kPages})
+        << "the pages must be held in memory";
+  }
+  ASSERT_TRUE((*agent)->RemoveSwapDevice("a").ok());
+
+  sw = (*agent)->AddSwapDevice("a", kDevicePages * swap::kSwapPageSize);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  auto fe = swap::testing::FrontEnd::Connect(sw->socket_path);
+  ASSERT_NE(fe, nullptr);
+  swap::testing::Guest g(kDevicePages, queues);
+  g.Handshake(fe.get());
+  EXPECT_EQ(g.VerifyPages(0, kPages, 5), 0) << "every page must come back";
+  EXPECT_EQ(g.VerifyPages(0, 8, 6), 8) << "negative control";
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // playing QEMU's vhost-user front-end and the guest's virtio-blk driver
 // over the device's real socket. Pages written are read back and verified;
 // tmemctl (-o json and the table) and /metrics (promtool-clean) show the
-// device; SIGTERM leaves no socket behind. Bad --swap values and a bad
+// device; SIGTERM leaves no socket behind, and the next tmemd over the same
+// state directory reads every page back. Bad --swap values and a bad
 // [swap.NAME] are refused with their source.
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -180,6 +181,27 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
       << tmemd.Log();
   EXPECT_FALSE(testing::PathExists(swap_sock));
   EXPECT_FALSE(testing::PathExists(sockets + "/vm1.sock"));
+
+  // The next tmemd over the same state directory serves the same disk:
+  // every page the first one held comes back from the image.
+  Process next({TMEMD_BIN, "--socket-dir", sockets, "--swap", "vm1=64M",
+                "--control-socket", "", "--state-dir", dir_ + "/state",
+                "--workers", "1", "--no-fd-store"},
+               dir_ + "/tmemd-next.log");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return next.Log().find("event=tmemd_ready") != std::string::npos;
+      },
+      30000))
+      << next.Log();
+  auto again = FrontEnd::Connect(swap_sock);
+  ASSERT_NE(again, nullptr);
+  Guest g2(kDeviceBytes / 4096, 4);
+  g2.Handshake(again.get());
+  EXPECT_EQ(g2.VerifyPages(0, kPagesWritten, 11), 0) << next.Log();
+  EXPECT_EQ(g2.VerifyPages(last, 1, 11), 0) << next.Log();
+  again.reset();
+  EXPECT_EQ(next.Stop(), 0) << next.Log();
 }
 
 TEST_F(TmemdSwapTest, BadSwapSettingsAreRefusedWithTheirSource) {
