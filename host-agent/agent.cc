@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   // The store tells the valve about evictions: build the valve first. The
   // valve reads no store; TickValve hands it the store's memory sample.
   a->valve_ = std::make_unique<Valve>(options.valve);
+  a->swap_advisor_ = std::make_unique<swap::SwapValveAdvisor>(a->valve_.get());
   StoreOptions store_options = options.store;
   store_options.eviction_listener = a->valve_.get();
   a->compaction_queue_ =
@@ -480,7 +481,8 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   request.vm = vm;
   request.page_count = size_bytes / swap::kSwapPageSize;
   request.store = store_.get();
-  request.advisor = valve_.get();
+  // Swap pages always come back: the valve only says how to store them.
+  request.advisor = swap_advisor_.get();
   request.state_dir = options_.state_dir;
   absl::StatusOr<std::unique_ptr<swap::SwapStore>> store =
       swap_store_factory_(request);
@@ -496,6 +498,9 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   o.blk.num_queues = static_cast<uint16_t>(options_.swap_queues);
   o.on_event = [name](std::string_view event, std::string_view reason) {
     Log(LogLevel::kWarn, event, {{"vm", name}, {"reason", reason}});
+  };
+  o.charge_cpu = [advisor = swap_advisor_.get(), vm](int64_t nanos) {
+    advisor->ChargeCpu(vm, nanos);
   };
   absl::StatusOr<std::unique_ptr<swap::SwapDevice>> dev =
       swap::SwapDevice::Start(std::move(o), entry->metered.get());
