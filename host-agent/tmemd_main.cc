@@ -675,11 +675,12 @@ StepExit PlanDescriptors(Daemon& d) {
   return std::nullopt;
 }
 
-// What backs swap devices' pages: the one place a backing is chosen. In
-// memory (pages do not outlive tmemd) until the store's persistent pool
-// with a spill image under STATE_DIR/swap/ takes its place here.
+// What backs swap devices' pages: the one place a backing is chosen. The
+// store's persistent pool, with a spill image per device under
+// STATE_DIR/swap/ (swap_store.h).
 swap::SwapStoreFactory SwapStoreFactoryFor(const TmemdConfig& /*config*/) {
-  return swap::MemorySwapStoreFactory();
+  static swap::SpillOpenRefusals refusals;  // outlives every device
+  return swap::TmemSwapStoreFactory(&refusals);
 }
 
 AgentOptions AgentOptionsFor(const TmemdConfig& config, const Flags& f,

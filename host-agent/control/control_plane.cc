@@ -319,9 +319,17 @@ v1::SwapDevice SwapMessage(const SwapDeviceInfo& info) {
   m.set_size_bytes(info.size_bytes);
   m.set_connected(info.connected);
   m.set_stored_pages(info.pages.stored);
-  m.set_compressed_pages(info.pages.compressed);
-  m.set_raw_pages(info.pages.raw);
+  m.set_memory_pages(info.pages.in_memory);
+  m.set_memory_bytes(info.pages.memory_bytes);
   m.set_spilled_pages(info.pages.spilled);
+  m.set_compressed_puts(info.pages.compressed_puts);
+  m.set_raw_puts(info.pages.raw_puts);
+  m.set_lost_pages(info.pages.lost);
+  for (const auto& [name, value] : info.pages.counters) {
+    v1::Counter* c = m.add_backing_counters();
+    c->set_name(name);
+    c->set_value(value);
+  }
   m.set_discarded_pages(info.times.discarded_pages);
   m.set_reads(info.counters[static_cast<int>(swap::SwapCounter::kReads)]);
   m.set_writes(info.counters[static_cast<int>(swap::SwapCounter::kWrites)]);
@@ -683,9 +691,10 @@ absl::StatusOr<v1::FlushVmResponse> ControlPlane::FlushVm(
   if (!info.ok()) return UnknownVm(vm);
   const uint64_t before =
       CounterValueOf(info->stats.counters, Counter::kPagesHeld);
-  // Private pools only: a shared pool's pages belong to every member.
+  // Private cache pools only: a shared pool's pages belong to every member,
+  // and a persistent pool's are the swap device's (the guest's memory).
   for (const PoolStats& p : info->stats.pools) {
-    if (p.shared) continue;
+    if (p.shared || p.kind == PoolKind::kPersistent) continue;
     absl::Status s = agent_->store().InvalidatePool(info->stats.id, p.id);
     // The guest may have destroyed the pool meanwhile: nothing to drop.
     if (!s.ok() && s.code() != absl::StatusCode::kNotFound) return s;

@@ -213,10 +213,22 @@ constexpr MetricFamily kSwapConnected{
 constexpr MetricFamily kSwapStored{
     "tmem_swap_stored_pages", kGauge,
     "Swap pages the device holds (compressed + raw + spilled)."};
-constexpr MetricFamily kSwapCompressed{"tmem_swap_compressed_pages", kGauge,
-                                       "Swap pages held compressed in memory."};
-constexpr MetricFamily kSwapRaw{"tmem_swap_raw_pages", kGauge,
-                                "Swap pages held uncompressed in memory."};
+constexpr MetricFamily kSwapMemory{
+    "tmem_swap_memory_pages", kGauge,
+    "Swap pages held in tmemd's store (the VM's persistent pool)."};
+constexpr MetricFamily kSwapMemoryBytes{
+    "tmem_swap_memory_bytes", kGauge,
+    "What the swap pages in the store take there, compressed or raw."};
+constexpr MetricFamily kSwapLost{
+    "tmem_swap_lost_pages", kGauge,
+    "Swap pages a failed write lost (their reads fail, never silently)."};
+constexpr MetricFamily kSwapPuts{
+    "tmem_swap_store_puts_total", kCounter,
+    "Swap pages the store took, by how (compressed or raw)."};
+constexpr MetricFamily kSwapBackingEvents{
+    "tmem_swap_backing_events_total", kCounter,
+    "Swap backing counters (host-agent/swap/tmem_swap_backing.h): where "
+    "writes went, spills by cause, write-back, failures."};
 constexpr MetricFamily kSwapSpilled{
     "tmem_swap_spilled_pages", kGauge,
     "Swap pages moved to the VM's spill image on disk."};
@@ -565,9 +577,16 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
       out.Add(kSwapSize, vm_label, sw.size_bytes);
       out.Add(kSwapConnected, vm_label, uint64_t{sw.connected ? 1u : 0u});
       out.Add(kSwapStored, vm_label, sw.pages.stored);
-      out.Add(kSwapCompressed, vm_label, sw.pages.compressed);
-      out.Add(kSwapRaw, vm_label, sw.pages.raw);
+      out.Add(kSwapMemory, vm_label, sw.pages.in_memory);
+      out.Add(kSwapMemoryBytes, vm_label, sw.pages.memory_bytes);
       out.Add(kSwapSpilled, vm_label, sw.pages.spilled);
+      out.Add(kSwapLost, vm_label, sw.pages.lost);
+      out.Add(kSwapPuts, {{"vm", vm.name}, {"how", "compressed"}},
+              sw.pages.compressed_puts);
+      out.Add(kSwapPuts, {{"vm", vm.name}, {"how", "raw"}}, sw.pages.raw_puts);
+      for (const auto& [name, value] : sw.pages.counters) {
+        out.Add(kSwapBackingEvents, {{"vm", vm.name}, {"event", name}}, value);
+      }
       out.Add(kSwapDiscarded, vm_label, sw.times.discarded_pages);
       out.Add(kSwapReadSeconds, vm_label,
               static_cast<double>(sw.times.read_ns) / 1e9);

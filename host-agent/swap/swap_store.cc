@@ -1,6 +1,14 @@
 #include "host-agent/swap/swap_store.h"
 
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "host-agent/log.h"
 #include "host-agent/swap/memory_swap_backing.h"
+#include "host-agent/swap/tmem_swap_backing.h"
 
 namespace tmem::swap {
 namespace {
@@ -11,7 +19,11 @@ class MemorySwapStore final : public SwapStore {
   SwapBacking& backing() override { return backing_; }
   SwapPageStats PageStats() const override {
     const uint64_t stored = backing_.stored_pages();
-    return {.stored = stored, .compressed = 0, .raw = stored, .spilled = 0};
+    SwapPageStats s;
+    s.stored = stored;
+    s.in_memory = stored;
+    s.memory_bytes = stored * kSwapPageSize;
+    return s;
   }
   absl::Status WriteBack() override { return absl::OkStatus(); }
 
@@ -19,12 +31,99 @@ class MemorySwapStore final : public SwapStore {
   MemorySwapBacking backing_;
 };
 
+class TmemSwapStore final : public SwapStore {
+ public:
+  TmemSwapStore(TmemStore* store, VmId vm, PoolId pool,
+                std::unique_ptr<TmemSwapBacking> backing)
+      : store_(store), vm_(vm), pool_(pool), backing_(std::move(backing)) {}
+  ~TmemSwapStore() override {
+    backing_.reset();
+    // NOT_FOUND: the VM went first; its pools went with it.
+    (void)store_->DestroyPool(vm_, pool_);
+  }
+  TmemSwapStore(const TmemSwapStore&) = delete;
+  TmemSwapStore& operator=(const TmemSwapStore&) = delete;
+
+  SwapBacking& backing() override { return *backing_; }
+  SwapPageStats PageStats() const override {
+    const TmemSwapStats t = backing_->Stats();
+    SwapPageStats s;
+    s.in_memory = t.pages_in_store;
+    s.spilled = t.pages_in_image;
+    s.lost = t.pages_lost;
+    s.stored = t.pages_in_store + t.pages_in_image;
+    s.memory_bytes = CounterValueOf(t.pool, Counter::kStoredBytes);
+    s.compressed_puts = CounterValueOf(t.pool, Counter::kPutsCompressed);
+    s.raw_puts = CounterValueOf(t.pool, Counter::kPutsRaw);
+    for (int i = 0; i < kNumTmemSwapCounters; ++i) {
+      const auto c = static_cast<TmemSwapCounter>(i);
+      s.counters.emplace_back(std::string(TmemSwapCounterName(c)), t.Get(c));
+    }
+    s.counters.emplace_back("image_io_errors", t.image_io_errors);
+    return s;
+  }
+  absl::Status WriteBack() override {
+    absl::StatusOr<uint64_t> n = backing_->WriteBackAll();
+    return n.ok() ? absl::OkStatus() : n.status();
+  }
+
+ private:
+  TmemStore* const store_;
+  const VmId vm_;
+  const PoolId pool_;
+  std::unique_ptr<TmemSwapBacking> backing_;
+};
+
+// A directory only this user may write (SpillImage refuses others).
+absl::Status MakePrivateDir(const std::string& dir) {
+  if (mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot create '", dir, "': ", std::generic_category().message(errno)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 SwapStoreFactory MemorySwapStoreFactory() {
   return [](const SwapStoreRequest& r)
              -> absl::StatusOr<std::unique_ptr<SwapStore>> {
     return std::make_unique<MemorySwapStore>(r.page_count);
+  };
+}
+
+SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals) {
+  return [refusals](const SwapStoreRequest& r)
+             -> absl::StatusOr<std::unique_ptr<SwapStore>> {
+    const std::string dir = r.state_dir + "/swap";
+    for (const std::string& d : {r.state_dir, dir}) {
+      if (absl::Status s = MakePrivateDir(d); !s.ok()) return s;
+    }
+    SpillImageOptions io;
+    io.path = absl::StrCat(dir, "/", r.vm_name, ".img");
+    io.page_count = r.page_count;
+    io.refusals = refusals;
+    io.on_event = [vm = r.vm_name](std::string_view event,
+                                   std::string_view detail) {
+      Log(LogLevel::kInfo, event, {{"vm", vm}, {"detail", detail}});
+    };
+    absl::StatusOr<std::unique_ptr<SpillImage>> image = SpillImage::Open(io);
+    if (!image.ok()) return image.status();
+    absl::StatusOr<PoolId> pool =
+        r.store->NewPool(r.vm, nullptr, PoolKind::kPersistent);
+    if (!pool.ok()) return pool.status();
+    TmemSwapBackingOptions o;
+    o.store = r.store;
+    o.vm = r.vm;
+    o.pool = *pool;
+    o.advisor = r.advisor;
+    absl::StatusOr<std::unique_ptr<TmemSwapBacking>> b =
+        TmemSwapBacking::Open(o, std::move(*image));
+    if (!b.ok()) {
+      (void)r.store->DestroyPool(r.vm, *pool);
+      return b.status();
+    }
+    return std::make_unique<TmemSwapStore>(r.store, r.vm, *pool, std::move(*b));
   };
 }
 

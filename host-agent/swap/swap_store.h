@@ -18,21 +18,28 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "backend/put_advisor.h"
 #include "backend/tmem_store.h"
+#include "host-agent/swap/spill_image.h"
 #include "host-agent/swap/swap_backing.h"
 
 namespace tmem::swap {
 
-// Pages as the backing holds them now (gauges), and pages the guest
-// discarded (a counter).
+// Where the device's pages are now (gauges), how the store took them
+// (counters), and the backing's own counters by name.
 struct SwapPageStats {
-  uint64_t stored = 0;      // written and not discarded: compressed + raw
-  uint64_t compressed = 0;  // of those, held compressed in memory
-  uint64_t raw = 0;         // of those, held uncompressed in memory
-  uint64_t spilled = 0;     // of those, moved to the spill image on disk
+  uint64_t stored = 0;           // pages holding data: in memory + spilled
+  uint64_t in_memory = 0;        // in the store (the VM's persistent pool)
+  uint64_t memory_bytes = 0;     // what those take there (compressed or not)
+  uint64_t spilled = 0;          // in the spill image on disk
+  uint64_t lost = 0;             // a failed write lost them: reads fail
+  uint64_t compressed_puts = 0;  // pages the store took compressed
+  uint64_t raw_puts = 0;         // pages the store took as written
+  std::vector<std::pair<std::string, uint64_t>> counters;
 };
 
 class SwapStore {
@@ -59,8 +66,18 @@ using SwapStoreFactory =
         const SwapStoreRequest&)>;
 
 // Pages in tmemd's own memory (MemorySwapBacking): nothing survives the
-// process, nothing is compressed or spilled.
+// process, nothing is compressed or spilled. For tests.
 SwapStoreFactory MemorySwapStoreFactory();
+
+// tmemd's: TmemSwapBacking in a new persistent pool of the request's VM
+// (never evicted; compressed as the valve advises), with the spill image
+// STATE_DIR/swap/NAME.img (0600, in directories of mode 0700 it creates)
+// for what the quota, the cap or the valve keeps out of memory. An image
+// left by an earlier run is the device's content (a restart keeps the
+// guest's swap). Destroying the store destroys the pool; the image stays.
+// `refusals` (optional) counts image files refused as hostile, across
+// devices; it must outlive every store the factory makes.
+SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals = nullptr);
 
 }  // namespace tmem::swap
 

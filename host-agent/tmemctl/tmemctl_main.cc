@@ -322,15 +322,20 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
     };
     absl::StrAppendFormat(
         &t,
-        "swap       %s at %s (%s): %d pages (%d compressed, %d raw, %d "
-        "spilled), %d discarded; %d reads (%.1f us), %d writes (%.1f us)\n",
+        "swap       %s at %s (%s): %d pages (%d in memory in %s, %d "
+        "spilled, %d lost), %d discarded; %d reads (%.1f us), %d writes "
+        "(%.1f us)\n",
         Bytes(d.size_bytes()), d.socket_path(),
         d.connected() ? "connected" : "not connected", d.stored_pages(),
-        d.compressed_pages(), d.raw_pages(), d.spilled_pages(),
-        d.discarded_pages(), d.reads(), mean_us(d.read_ns(), d.read_calls()),
-        d.writes(), mean_us(d.write_ns(), d.write_calls()));
+        d.memory_pages(), Bytes(d.memory_bytes()), d.spilled_pages(),
+        d.lost_pages(), d.discarded_pages(), d.reads(),
+        mean_us(d.read_ns(), d.read_calls()), d.writes(),
+        mean_us(d.write_ns(), d.write_calls()));
     for (const v1::Counter& k : d.counters()) {
       c.Add({"swap_" + k.name(), absl::StrCat(k.value())});
+    }
+    for (const v1::Counter& k : d.backing_counters()) {
+      c.Add({"swap_backing_" + k.name(), absl::StrCat(k.value())});
     }
   }
   t += "\n" + c.Render();

@@ -174,11 +174,12 @@ class ControlServiceTest : public ::testing::Test {
 
   // Puts `n` text pages into a private pool of `vm` straight into the store
   // (what a guest's ring would do); returns the pool id.
-  PoolId PutPages(const std::string& vm, int n, bool* all_stored = nullptr) {
+  PoolId PutPages(const std::string& vm, int n, bool* all_stored = nullptr,
+                  PoolKind kind = PoolKind::kEphemeral) {
     absl::StatusOr<VmInfo> info = agent_->GetVm(vm);
     EXPECT_TRUE(info.ok());
     absl::StatusOr<PoolId> pool =
-        agent_->store().NewPool(info->stats.id, nullptr);
+        agent_->store().NewPool(info->stats.id, nullptr, kind);
     EXPECT_TRUE(pool.ok()) << pool.status();
     bool stored = true;
     for (int i = 0; i < n; ++i) {
@@ -509,6 +510,29 @@ TEST_F(ControlServiceTest, FlushDropsEveryPageOfTheVmOnly) {
   req.set_vm("nope");
   EXPECT_EQ(admin_->FlushVm(&ctx2, req, &resp).error_code(),
             grpc::StatusCode::NOT_FOUND);
+}
+
+// A flush drops cached pages only: a persistent pool holds the VM's swap
+// device's pages, which are its memory and must survive.
+TEST_F(ControlServiceTest, FlushKeepsTheSwapDevicesPersistentPages) {
+  PutPages("g1", 12);
+  const PoolId swap_pool = PutPages("g1", 5, nullptr, PoolKind::kPersistent);
+  grpc::ClientContext ctx;
+  v1::VmRequest req;
+  req.set_vm("g1");
+  v1::FlushVmResponse resp;
+  ASSERT_TRUE(admin_->FlushVm(&ctx, req, &resp).ok());
+  EXPECT_EQ(resp.pages_dropped(), 12u);
+  EXPECT_EQ(GetVm("g1").summary().pages(), 5u);
+  const VmId vm = agent_->GetVm("g1")->stats.id;
+  for (int i = 0; i < 5; ++i) {
+    test::Page out{};
+    absl::StatusOr<bool> hit = agent_->store().Get(
+        vm, swap_pool, ObjectId::FromInode(1), i, MutablePage(out));
+    ASSERT_TRUE(hit.ok()) << hit.status();
+    EXPECT_TRUE(*hit) << i;
+    EXPECT_EQ(out, test::TextPage(i + 1)) << i;
+  }
 }
 
 TEST_F(ControlServiceTest, AuthorizeSharedPoolGrantsRevokesAndPersists) {

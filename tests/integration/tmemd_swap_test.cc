@@ -129,7 +129,9 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
   EXPECT_EQ(U64Of(sw["size_bytes"]), kDeviceBytes);
   EXPECT_TRUE(sw["connected"].get<bool>());
   EXPECT_EQ(U64Of(sw["stored_pages"]), stored);
-  EXPECT_EQ(U64Of(sw["raw_pages"]), stored);
+  // In memory (the persistent pool) or spilled: every page is somewhere.
+  EXPECT_EQ(U64Of(sw["memory_pages"]) + U64Of(sw["spilled_pages"]), stored);
+  EXPECT_EQ(U64Of(sw["lost_pages"]), 0u);
   EXPECT_EQ(U64Of(sw["writes"]), stored);
   EXPECT_EQ(U64Of(sw["reads"]), stored + 8);
   EXPECT_EQ(U64Of(sw["write_calls"]), stored);
@@ -150,7 +152,8 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
   ASSERT_NE(metrics.find("200 OK"), std::string::npos) << metrics;
   for (const std::string& series :
        {"tmem_swap_stored_pages{vm=\"vm1\"} " + std::to_string(stored),
-        "tmem_swap_raw_pages{vm=\"vm1\"} " + std::to_string(stored),
+        std::string("# TYPE tmem_swap_memory_pages gauge"),
+        std::string("# TYPE tmem_swap_backing_events_total counter"),
         "tmem_swap_writes_total{vm=\"vm1\"} " + std::to_string(stored),
         std::string("tmem_swap_connected{vm=\"vm1\"} 1"),
         std::string("tmem_swap_size_bytes{vm=\"vm1\"} 67108864"),
