@@ -154,10 +154,16 @@ void Agent::StopSwapDevices() {
     // holds now is everything the guest was told is written.
     e.swap->device->Stop();
     const absl::Status s = e.swap->store->WriteBack();
+    const swap::SwapPageStats after = e.swap->store->PageStats();
+    uint64_t written_back = 0;  // store pages moved into the image
+    for (const auto& [counter, value] : after.counters) {
+      if (counter == "written_back") written_back = value;
+    }
     Log(s.ok() ? LogLevel::kInfo : LogLevel::kError, "swap_written_back",
         {{"vm", name},
-         {"stored_pages", e.swap->store->PageStats().stored},
-         {"spilled_pages", e.swap->store->PageStats().spilled},
+         {"written_back", written_back},
+         {"stored_pages", after.stored},
+         {"spilled_pages", after.spilled},
          {"error", s.ok() ? std::string() : std::string(s.message())}});
   }
 }

@@ -185,6 +185,17 @@ void SwapDevice::Stop() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof one);
   thread_.join();
+  // Stop listening now, not at destruction: tmemd writes the backing back
+  // between the two, and meanwhile a reconnecting QEMU (reconnect=1) must be
+  // refused and retry. A listener left open would let the kernel complete
+  // its connect into a backlog nobody accepts; QEMU 7.2 then sends its
+  // first message, fails when the process exits, and never re-runs the
+  // handshake on its next connection (seen: the restarted tmemd accepted
+  // QEMU and got no message).
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
 }
 
 void SwapDevice::Loop() {

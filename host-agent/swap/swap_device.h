@@ -68,6 +68,8 @@ class SwapDevice {
   SwapDevice(const SwapDevice&) = delete;
   SwapDevice& operator=(const SwapDevice&) = delete;
 
+  // Stops serving: the connection is closed and the socket stops
+  // listening (a connect is refused; the path stays until destruction).
   void Stop();
   const SwapMetrics& metrics() const { return metrics_; }
   bool connected() const { return connected_.load(); }

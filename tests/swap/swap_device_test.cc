@@ -116,6 +116,25 @@ TEST_F(SwapDeviceTest, QueuePassesChargeTheirCpu) {
   EXPECT_GT(charged.load(), 0);
 }
 
+// After Stop (tmemd then writes the backing back before it exits), a
+// reconnecting front-end is refused, so it retries until the next tmemd
+// listens; a connect that succeeded into the stopped device's backlog
+// would leave QEMU waiting on a reply that never comes.
+TEST_F(SwapDeviceTest, StoppedDeviceRefusesConnections) {
+  MemorySwapBacking backing(kPages);
+  auto dev = StartDevice("vm1", &backing);
+  ASSERT_NE(dev, nullptr);
+  {
+    auto fe = FrontEnd::Connect(dev->socket_path());
+    ASSERT_NE(fe, nullptr);
+    Guest g;
+    g.Handshake(fe.get());
+    dev->Stop();
+    EXPECT_TRUE(fe->Closed());
+  }
+  EXPECT_EQ(FrontEnd::Connect(dev->socket_path()), nullptr);
+}
+
 TEST_F(SwapDeviceTest, GetVringBaseStopsTheRingAndReconnectKeepsPages) {
   MemorySwapBacking backing(kPages);
   auto dev = StartDevice("vm1", &backing);
