@@ -393,6 +393,36 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
              : PutMode::kRaw;
 }
 
+PutMode Valve::DecideSwap(VmId vm) {
+  VmState* s = Find(vm);
+  if (s == nullptr) return PutMode::kCompress;
+  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kDefault) {
+    mode =
+        static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
+  }
+  if (mode == ValveMode::kOff) {
+    s->Count(ValveCounter::kDroppedOff);
+    return PutMode::kDrop;
+  }
+  if (mode == ValveMode::kAlways) {
+    s->Count(ValveCounter::kCompressed);
+    return PutMode::kCompress;
+  }
+  const bool deferred = deferred_compression_.load(std::memory_order_relaxed);
+  if (s->tokens.load(std::memory_order_relaxed) > 0) {
+    s->Count(ValveCounter::kCompressed);
+    return deferred ? PutMode::kDefer : PutMode::kCompress;
+  }
+  // Out of tokens: a memcpy now. The page is not dropped -- the guest
+  // would read it from the image instead, at more host CPU and disk than
+  // the raw store costs -- and its VM's demand shows in the next refill
+  // (starved), as for a ring put.
+  s->starved.fetch_add(1, std::memory_order_relaxed);
+  s->Count(ValveCounter::kRaw);
+  return deferred ? PutMode::kDeferIdle : PutMode::kRaw;
+}
+
 void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {
   VmState* s = Find(vm);
   if (s == nullptr) return;

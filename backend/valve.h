@@ -195,6 +195,18 @@ class Valve final : public PutAdvisor, public EvictionListener {
   // `guest_applies_hint`: the guest advertised TMEM_FEAT_ADMISSION_HINT, so
   // what arrives is already the sample; otherwise the valve samples itself.
   PutMode Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint);
+  // A put to one of the VM's swap devices (a persistent pool). A swap page
+  // always comes back (the guest reads every page it did not discard), so
+  // this answers only how to store it, from the VM's CPU tokens: compress
+  // with tokens (kDefer with deferred_compression), raw without (kDeferIdle
+  // with deferred_compression), compress in mode always. It never drops for
+  // reuse, CPU debt, memory headroom or a guest standing aside: room is the
+  // store's business (a refused put spills to the device's image), and the
+  // decision touches no reuse statistics, so a VM's swap traffic neither
+  // hides nor fakes its cleancache reuse. Mode off is the one drop (the VM
+  // is to get no tmem memory: its swap pages go to the image). Counted as
+  // kCompressed / kRaw / kDroppedOff. Lock-free, like Decide.
+  PutMode DecideSwap(VmId vm);
   void RecordGet(VmId vm, uint64_t key_hash, bool hit);
   void RecordEviction(VmId vm, uint64_t key_hash);
   void ChargeCpu(VmId vm, int64_t nanos) override;

@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(
   // The store tells the valve about evictions: build the valve first. The
   // valve reads no store; TickValve hands it the store's memory sample.
   a->valve_ = std::make_unique<Valve>(options.valve);
+  a->swap_advisor_ = std::make_unique<swap::SwapValveAdvisor>(a->valve_.get());
   StoreOptions store_options = options.store;
   store_options.eviction_listener = a->valve_.get();
   a->compaction_queue_ =
@@ -153,10 +154,16 @@ void Agent::StopSwapDevices() {
     // holds now is everything the guest was told is written.
     e.swap->device->Stop();
     const absl::Status s = e.swap->store->WriteBack();
+    const swap::SwapPageStats after = e.swap->store->PageStats();
+    uint64_t written_back = 0;  // store pages moved into the image
+    for (const auto& [counter, value] : after.counters) {
+      if (counter == "written_back") written_back = value;
+    }
     Log(s.ok() ? LogLevel::kInfo : LogLevel::kError, "swap_written_back",
         {{"vm", name},
-         {"stored_pages", e.swap->store->PageStats().stored},
-         {"spilled_pages", e.swap->store->PageStats().spilled},
+         {"written_back", written_back},
+         {"stored_pages", after.stored},
+         {"spilled_pages", after.spilled},
          {"error", s.ok() ? std::string() : std::string(s.message())}});
   }
 }
@@ -481,7 +488,8 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   request.vm = vm;
   request.page_count = size_bytes / swap::kSwapPageSize;
   request.store = store_.get();
-  request.advisor = valve_.get();
+  // Swap pages always come back: the valve only says how to store them.
+  request.advisor = swap_advisor_.get();
   request.state_dir = options_.state_dir;
   absl::StatusOr<std::unique_ptr<swap::SwapStore>> store =
       swap_store_factory_(request);
@@ -497,6 +505,9 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   o.blk.num_queues = static_cast<uint16_t>(options_.swap_queues);
   o.on_event = [name](std::string_view event, std::string_view reason) {
     Log(LogLevel::kWarn, event, {{"vm", name}, {"reason", reason}});
+  };
+  o.charge_cpu = [advisor = swap_advisor_.get(), vm](int64_t nanos) {
+    advisor->ChargeCpu(vm, nanos);
   };
   absl::StatusOr<std::unique_ptr<swap::SwapDevice>> dev =
       swap::SwapDevice::Start(std::move(o), entry->metered.get());

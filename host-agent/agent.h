@@ -52,6 +52,7 @@
 #include "host-agent/swap/metered_swap_backing.h"
 #include "host-agent/swap/swap_device.h"
 #include "host-agent/swap/swap_store.h"
+#include "host-agent/swap/swap_valve_advisor.h"
 #include "host-agent/worker.h"
 
 namespace tmem {
@@ -265,6 +266,8 @@ class Agent {
   uint64_t host_generation_ = 0;
   int64_t start_nanos_ = 0;
   std::unique_ptr<Valve> valve_;  // before store_: the store calls it
+  // The valve's view for swap devices' puts (never a drop for reuse).
+  std::unique_ptr<swap::SwapValveAdvisor> swap_advisor_;
   // Before store_ (the store pushes into it), compactor_ after (it reads
   // the store, so it stops first).
   std::unique_ptr<CompactionQueue> compaction_queue_;

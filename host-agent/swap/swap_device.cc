@@ -6,6 +6,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <array>
@@ -27,6 +28,12 @@ constexpr uint64_t kTagListen = 2ull << 32;
 constexpr uint64_t kTagClient = 3ull << 32;
 constexpr uint64_t kTagKick = 4ull << 32;  // | queue index
 constexpr uint64_t kTagMask = 0xffffffffull << 32;
+
+int64_t ThreadCpuNanos() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (static_cast<int64_t>(ts.tv_sec) * 1'000'000'000) + ts.tv_nsec;
+}
 
 // Waits until `fd` is readable or the deadline passes.
 bool WaitReadable(int fd, std::chrono::steady_clock::time_point deadline) {
@@ -178,6 +185,17 @@ void SwapDevice::Stop() {
   const uint64_t one = 1;
   [[maybe_unused]] ssize_t n = write(stop_fd_, &one, sizeof one);
   thread_.join();
+  // Stop listening now, not at destruction: tmemd writes the backing back
+  // between the two, and meanwhile a reconnecting QEMU (reconnect=1) must be
+  // refused and retry. A listener left open would let the kernel complete
+  // its connect into a backlog nobody accepts; QEMU 7.2 then sends its
+  // first message, fails when the process exits, and never re-runs the
+  // handshake on its next connection (seen: the restarted tmemd accepted
+  // QEMU and got no message).
+  if (listen_fd_ >= 0) {
+    close(listen_fd_);
+    listen_fd_ = -1;
+  }
 }
 
 void SwapDevice::Loop() {
@@ -220,6 +238,18 @@ void SwapDevice::Loop() {
     if (options_.on_event) {
       options_.on_event(event, std::string_view(reason.data(), reason.size()));
     }
+  };
+
+  // A queue pass, charged to the VM when the owner asked for it.
+  const auto serve = [&](uint32_t q) {
+    if (!options_.charge_cpu) {
+      session->ServeQueue(q);
+      return;
+    }
+    const int64_t start = ThreadCpuNanos();
+    session->ServeQueue(q);
+    const int64_t used = ThreadCpuNanos() - start;
+    if (used > 0) options_.charge_cpu(used);
   };
 
   std::vector<uint8_t> bytes;
@@ -298,7 +328,7 @@ void SwapDevice::Loop() {
         // A ring that just started may already hold requests (a front-end
         // reconnecting to a running guest): serve them without a kick.
         for (uint32_t q = 0; q < session->queue_count(); ++q) {
-          session->ServeQueue(q);
+          serve(q);
         }
       } else if (tag == kTagKick) {
         const auto q = static_cast<uint32_t>(evs[i].data.u64);
@@ -309,7 +339,7 @@ void SwapDevice::Loop() {
         // Drain the counter: one pass serves every kick so far.
         [[maybe_unused]] ssize_t r = read(fd, &v, sizeof v);
         metrics_.Inc(SwapCounter::kKicks);
-        session->ServeQueue(q);
+        serve(q);
       }
     }
   }

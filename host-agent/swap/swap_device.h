@@ -26,6 +26,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -48,6 +49,12 @@ struct SwapDeviceOptions {
   // client, with a short event name and the reason (tmemd logs it). May be
   // empty.
   std::function<void(std::string_view event, std::string_view reason)> on_event;
+  // Called on the loop thread after each pass over a queue with the CPU
+  // that pass took (CLOCK_THREAD_CPUTIME_ID: ring walking, copies,
+  // compression, the completion interrupt; not the time blocked in disk
+  // I/O), so tmemd charges the VM's swap work to its CPU budget as it does
+  // its ring work. May be empty.
+  std::function<void(int64_t cpu_nanos)> charge_cpu;
 };
 
 inline constexpr std::chrono::seconds kMessageTimeout{5};
@@ -61,6 +68,8 @@ class SwapDevice {
   SwapDevice(const SwapDevice&) = delete;
   SwapDevice& operator=(const SwapDevice&) = delete;
 
+  // Stops serving: the connection is closed and the socket stops
+  // listening (a connect is refused; the path stays until destruction).
   void Stop();
   const SwapMetrics& metrics() const { return metrics_; }
   bool connected() const { return connected_.load(); }

@@ -57,8 +57,10 @@ struct SwapStoreRequest {
                             // ivshmem channel, if any)
   uint64_t page_count = 0;  // device size / 4096
   TmemStore* store = nullptr;
-  PutAdvisor* advisor = nullptr;  // the valve
-  std::string state_dir;          // spill images live under STATE_DIR/swap/
+  // The valve's swap view (SwapValveAdvisor: how to store, never a drop
+  // for reuse).
+  PutAdvisor* advisor = nullptr;
+  std::string state_dir;  // spill images live under STATE_DIR/swap/
 };
 
 using SwapStoreFactory =

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
@@ -88,6 +89,50 @@ TEST_F(SwapDeviceTest, PagesRoundTripThroughTheWholeStack) {
   EXPECT_GT(dev->metrics().Get(SwapCounter::kCalls), 0u);
   EXPECT_EQ(dev->metrics().Get(SwapCounter::kSessionResets), 0u);
   EXPECT_EQ(dev->metrics().Get(SwapCounter::kQueuesBroken), 0u);
+}
+
+// The CPU of every queue pass reaches the owner (tmemd charges it to the
+// VM's token bucket), measured on the loop thread's own clock.
+TEST_F(SwapDeviceTest, QueuePassesChargeTheirCpu) {
+  MemorySwapBacking backing(kPages);
+  std::atomic<int64_t> charged{0};
+  std::atomic<int> charges{0};
+  SwapDeviceOptions o;
+  o.socket_path = dir_.path() + "/vm1.swap.sock";
+  o.charge_cpu = [&](int64_t ns) {
+    EXPECT_GT(ns, 0);
+    charged.fetch_add(ns);
+    charges.fetch_add(1);
+  };
+  auto dev = SwapDevice::Start(std::move(o), &backing);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  auto fe = FrontEnd::Connect((*dev)->socket_path());
+  ASSERT_NE(fe, nullptr);
+  Guest g;
+  g.Handshake(fe.get());
+  for (uint8_t s : g.WritePages(0, 100, 3)) ASSERT_EQ(s, kVirtioBlkSOk);
+  EXPECT_EQ(g.VerifyPages(0, 100, 3), 0);
+  EXPECT_GT(charges.load(), 0);
+  EXPECT_GT(charged.load(), 0);
+}
+
+// After Stop (tmemd then writes the backing back before it exits), a
+// reconnecting front-end is refused, so it retries until the next tmemd
+// listens; a connect that succeeded into the stopped device's backlog
+// would leave QEMU waiting on a reply that never comes.
+TEST_F(SwapDeviceTest, StoppedDeviceRefusesConnections) {
+  MemorySwapBacking backing(kPages);
+  auto dev = StartDevice("vm1", &backing);
+  ASSERT_NE(dev, nullptr);
+  {
+    auto fe = FrontEnd::Connect(dev->socket_path());
+    ASSERT_NE(fe, nullptr);
+    Guest g;
+    g.Handshake(fe.get());
+    dev->Stop();
+    EXPECT_TRUE(fe->Closed());
+  }
+  EXPECT_EQ(FrontEnd::Connect(dev->socket_path()), nullptr);
 }
 
 TEST_F(SwapDeviceTest, GetVringBaseStopsTheRingAndReconnectKeepsPages) {

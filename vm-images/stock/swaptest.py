@@ -140,8 +140,11 @@ def corrupt_swapped_pages(path, seed, count):
 class Run:
     """One guest boot with one swap backend."""
 
-    def __init__(self, args, images, accel):
+    def __init__(self, args, images, accel, on_wait=None):
         self.args = args
+        # Called with the phase name while the guest waits after it (the
+        # host may act on the backend then, e.g. restart it).
+        self.on_wait = on_wait
         self.images = images
         self.accel = accel
         self.tmp = tempfile.mkdtemp(prefix="swaptest-")
@@ -329,6 +332,8 @@ class Run:
                     self.swap_file, self.args.seed, self.args.corrupt)
                 log(f"corrupted {len(r['corrupted_pages'])} swapped-out pages")
             r["host"].append(self._host_sample(phase))
+            if self.on_wait:
+                self.on_wait(phase)
             self.qemu.stdin.write(b"\n")
             self.qemu.stdin.flush()
         elif line.startswith("SWAPCHECK BAD "):
@@ -452,11 +457,12 @@ def parse_args(argv=None):
     return a
 
 
-def run_one(args, images=None, accel=None):
-    """Boots one guest; returns the result dict with "ok" and "verdict"."""
+def run_one(args, images=None, accel=None, on_wait=None):
+    """Boots one guest; returns the result dict with "ok" and "verdict".
+    on_wait(phase), if given, runs while the guest waits after a phase."""
     images = images or build_images()
     accel = accel or (probe_kvm(images) if args.accel == "auto" else args.accel)
-    run = Run(args, images, accel)
+    run = Run(args, images, accel, on_wait)
     try:
         r = run.run()
     except Exception as e:  # a backend that did not start: report, not crash
