@@ -347,7 +347,7 @@ TEST(AgentSwapTest, RemovingADeviceKeepsItsPagesInTheImage) {
   ASSERT_FALSE(tmp.path().empty());
   FakeSampler sampler;
   AgentOptions o;
-  o.socket_dir = tmp.path() + "/s";
+  o.socket_dir = tmp.path();
   o.state_dir = tmp.path() + "/state";
   o.swap_store_factory = swap::TmemSwapStoreFactory();
   o.store.memory_cap_bytes = 64 << 20;
