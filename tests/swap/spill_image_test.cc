@@ -15,12 +15,14 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::swap {
 namespace {
@@ -40,12 +42,12 @@ std::vector<uint8_t> Pattern(uint64_t page, uint8_t salt = 0) {
 class SpillImageTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/spill_image_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<tmem::testing::TempDir>("spill-image-test");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
     path_ = dir_ + "/vm.swap.img";
   }
-  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void TearDown() override { tmp_.reset(); }
 
   absl::StatusOr<std::unique_ptr<SpillImage>> Open(
       uint64_t pages = kPages, SpillIoMode mode = SpillIoMode::kDirect) {
@@ -73,7 +75,8 @@ class SpillImageTest : public ::testing::Test {
     ::close(fd);
   }
 
-  std::string dir_;
+  std::unique_ptr<tmem::testing::TempDir> tmp_;
+  std::string dir_;  // tmp_'s path
   std::string path_;
   SpillOpenRefusals refusals_;
   std::vector<std::string> events_;

@@ -22,6 +22,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::swap {
 namespace {
@@ -77,9 +78,9 @@ std::vector<GuestSpan> Split(std::vector<uint8_t>& buf,
 class TmemSwapBackingTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmem_swap_backing_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<tmem::testing::TempDir>("tmem-swap-backing-test");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
     StoreOptions so;
     so.memory_cap_bytes = 64ull << 20;
     so.num_shards = 8;
@@ -97,7 +98,7 @@ class TmemSwapBackingTest : public ::testing::Test {
   void TearDown() override {
     backing_.reset();
     if (!mounted_.empty()) ::umount(mounted_.c_str());
-    std::filesystem::remove_all(dir_);
+    tmp_.reset();
   }
 
   void Reopen() {
@@ -184,7 +185,8 @@ class TmemSwapBackingTest : public ::testing::Test {
     return pages;
   }
 
-  std::string dir_;
+  std::unique_ptr<tmem::testing::TempDir> tmp_;
+  std::string dir_;        // tmp_'s path
   std::string image_dir_;  // "": dir_
   std::string mounted_;    // a tmpfs to unmount
   std::unique_ptr<TmemStore> store_;

@@ -21,6 +21,7 @@
 #include "host-agent/swap/tmem_swap_backing.h"
 #include "host-agent/swap/virtio_blk.h"
 #include "tests/swap/virtq_driver.h"
+#include "tests/temp_dir.h"
 
 namespace tmem::swap {
 namespace {
@@ -42,9 +43,9 @@ class FixedAdvisor final : public PutAdvisor {
 class TmemRequestTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    char tmpl[] = "/tmp/tmem_swap_request_test.XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
+    tmp_ = std::make_unique<tmem::testing::TempDir>("tmem-swap-request-test");
+    ASSERT_FALSE(tmp_->path().empty());
+    dir_ = tmp_->path();
     buf_.reset(static_cast<uint8_t*>(std::aligned_alloc(4096, kSize)));
     std::vector<MemoryRegionDesc> t{{kGpa, kSize, kUva, 0}};
     uint8_t* bases[] = {buf_.get()};
@@ -71,7 +72,7 @@ class TmemRequestTest : public ::testing::Test {
   void TearDown() override {
     backing_.reset();
     if (!mounted_.empty()) ::umount(mounted_.c_str());
-    std::filesystem::remove_all(dir_);
+    tmp_.reset();
   }
   void OpenBacking(const std::string& image_dir) {
     backing_.reset();
@@ -138,7 +139,8 @@ class TmemRequestTest : public ::testing::Test {
   struct Free {
     void operator()(uint8_t* p) const { std::free(p); }
   };
-  std::string dir_;
+  std::unique_ptr<tmem::testing::TempDir> tmp_;
+  std::string dir_;  // tmp_'s path
   std::string mounted_;
   std::unique_ptr<uint8_t, Free> buf_;
   GuestMemory mem_;
