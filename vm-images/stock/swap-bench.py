@@ -288,6 +288,9 @@ def main():
         p.error(f"rows c, c_hog need --tmemd and --tmemctl ({a.tmemd}, {a.tmemctl}) "
                 "or --socket")
 
+    # SIGTERM unwinds like an exception, so a stopped run still stops the
+    # row's tmemd, hogs and guest (the finally blocks) and keeps its --out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     images = swaptest.build_images()
     accel = swaptest.probe_kvm(images) if a.accel == "auto" else a.accel
     doc = {"kernel": images.get("KVER"), "accel": accel, "mem_mib": a.mem,
@@ -436,6 +439,14 @@ def section_rows(doc):
     add("host memory per swapped page, c tmemd (idle host)",
         c.get("host_bytes_per_swapped_byte"), "x 4 KiB", "<= 0.6",
         "(VM's store charge + spill image allocated) / guest swap in use")
+    if c.get("host_bytes_held") and c.get("swap_stored_pages"):
+        # The guest keeps the slots of pages it swapped in until a whole
+        # cluster is free, so the device holds more pages than the guest
+        # counts as swap in use; this is per page tmemd actually holds.
+        add("host memory per page tmemd holds, c tmemd",
+            round(c["host_bytes_held"] / (c["swap_stored_pages"] * PAGE), 3),
+            "x 4 KiB", "", f"{c['swap_stored_pages']} pages held for "
+            f"{c.get('guest_swap_used_bytes', 0) // PAGE} in the guest's swap")
     d = doc["rows"].get("d", {})
     add("host memory per swapped page, d qsd tmpfs",
         d.get("host_bytes_per_swapped_byte"), "x 4 KiB", "1.0",
