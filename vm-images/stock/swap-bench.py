@@ -159,9 +159,7 @@ class Tmemd:
                   "discarded_pages"):
             s["swap_" + k] = u64(sw.get(k))
         for c in sw.get("backing_counters", []):
-            if c["name"].startswith("spilled_") or c["name"] in (
-                    "pages_lost", "store_errors", "image_io_errors"):
-                s["backing_" + c["name"]] = u64(c.get("value"))
+            s["backing_" + c["name"]] = u64(c.get("value"))
         return s
 
     def stop(self):
@@ -225,7 +223,9 @@ def tmemd_summary(r, budget_percent):
             out[k] = end[k]
     for k in ("swap_compressed_puts", "swap_raw_puts", "swap_writes", "swap_reads",
               "backing_spilled_valve", "backing_spilled_quota",
-              "backing_spilled_no_memory", "backing_spilled_other"):
+              "backing_spilled_no_memory", "backing_spilled_other",
+              "backing_reads_store", "backing_reads_store_direct",
+              "backing_reads_image", "backing_reads_zero", "backing_discarded"):
         if k in end and k in begin:
             out[k + "_passes"] = end[k] - begin[k]
     puts = out.get("swap_compressed_puts_passes", 0) + out.get("swap_raw_puts_passes", 0)
@@ -472,6 +472,14 @@ def section_rows(doc):
             f"{x.get('swap_memory_pages')} pages in memory "
             f"({x.get('swap_memory_bytes')} B), {x.get('swap_spilled_pages')} "
             f"spilled at the end")
+        w = next((h for h in x.get("host", []) if h.get("phase") == "write"), {})
+        if "backing_spilled_valve" in w:
+            add(f"{ROW_LABEL[row]}: pages spilled to the image during the write",
+                w["backing_spilled_valve"] + w.get("backing_spilled_quota", 0)
+                + w.get("backing_spilled_no_memory", 0), "pages", "",
+                f"of {w.get('swap_stored_pages')} stored after the write phase "
+                f"({w.get('swap_memory_pages')} in memory); spilled pages are "
+                "read back from host disk")
     for row, x in doc["rows"].items():
         label = ROW_LABEL.get(row, row)
         note = "" if x.get("ok") else f"not verified: {x.get('verdict')}"
