@@ -335,6 +335,9 @@ def main():
                          + (f" (tmemd pid {tmemd.pid}, {sa.socket})" if tmemd else "")
                          + (f" with {a.hogs} CPU hogs" if hogs else ""))
             r = swaptest.run_one(sa, images, accel)
+        except RuntimeError as e:  # tmemd did not start: this row failed
+            r = {"backend": ROW_BACKEND[row], "ok": False, "verdict": str(e),
+                 "error": str(e), "ws_mib": sa.ws_mib, "phases": [], "host": []}
         finally:
             if hogs:
                 hogs.stop()
