@@ -38,6 +38,8 @@ BENCHMARKS = [
     ("fleet-propagation", "Fleet policy propagation",
      "fleet_propagation_bench"),
     ("real-guest", "Real guest (TCG)", "vm-images/bench.sh"),
+    ("swap", "Swap devices: stock 6.1 guest, side by side",
+     "vm-images/stock/swap-bench.py --results"),
 ]
 ORDER = {b[0]: i for i, b in enumerate(BENCHMARKS)}
 TITLES = {b[0]: (b[1], b[2]) for b in BENCHMARKS}

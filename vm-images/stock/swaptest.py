@@ -252,6 +252,11 @@ class Run:
             s["backend_cpu_s"] = cpu_seconds(self.backend_pid)
         if self.swap_file:
             s["swap_file_allocated"] = allocated_bytes(self.swap_file)
+        # A caller's own figures, taken while the guest waits (swap-bench.py:
+        # tmemd's view of its swap device).
+        probe = getattr(self.args, "host_probe", None)
+        if probe:
+            s.update(probe())
         return s
 
     def start(self):
