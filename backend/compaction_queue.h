@@ -49,6 +49,9 @@ struct CompactionTicket {
   // PutMode::kDeferIdle: compressed at SCHED_IDLE even under memory
   // pressure (compactor.h).
   bool idle_only = false;
+  // A persistent pool's page (swap): it always comes back, so it is
+  // compressed whatever its VM's cleancache reuse.
+  bool persistent = false;
 };
 
 // Why a pending page left the store before the compactor reached it.

@@ -161,7 +161,7 @@ size_t Compactor::SkipNoReuse(std::span<CompactionTicket> batch) {
   if (!options_.expects_no_reuse) return batch.size();
   size_t kept = 0;
   for (const CompactionTicket& t : batch) {
-    if (!options_.expects_no_reuse(t.vm)) {
+    if (t.persistent || !options_.expects_no_reuse(t.vm)) {
       batch[kept++] = t;
       continue;
     }

@@ -74,7 +74,8 @@ struct CompactorOptions {
   // A VM whose pages are not expected back (the valve throttled it for no
   // reuse, or its guest stands aside): its queued pages are left raw
   // unread (skipped_no_reuse), no copy and no LZ4 spent on them. They are
-  // the first the store evicts anyway.
+  // the first the store evicts anyway. Persistent (swap) pages are never
+  // skipped: they always come back, and the store never evicts them.
   std::function<bool(VmId)> expects_no_reuse;
   // Told once about the first priority failure (the caller logs it).
   std::function<void(const absl::Status&)> on_priority_error;

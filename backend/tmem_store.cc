@@ -652,8 +652,8 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
                             static_cast<int64_t>(actual));
         }
         if (defer)
-          result.deferred =
-              QueueDeferredLocked(shard, entry, id, pid, oid, index, idle_only);
+          result.deferred = QueueDeferredLocked(shard, entry, id, pool, pid,
+                                                oid, index, idle_only);
       }
     }
     if (stored) break;
@@ -700,11 +700,13 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
 }
 
 bool TmemStore::Impl::QueueDeferredLocked(Shard& shard, uint32_t entry, VmId id,
-                                          PoolId pid, const ObjectId& oid,
-                                          PageIndex index, bool idle_only) {
+                                          const Pool& pool, PoolId pid,
+                                          const ObjectId& oid, PageIndex index,
+                                          bool idle_only) {
   CompactionQueue& queue = *options_.compaction_queue;
   CompactionTicket ticket;
   ticket.idle_only = idle_only;
+  ticket.persistent = pool.persistent();
   ticket.vm = id;
   ticket.pool = pid;
   ticket.oid = oid;

@@ -207,8 +207,9 @@ class TmemStore::Impl {
 
   // Queues a page just stored raw for the compactor and marks it pending.
   // A full queue leaves it raw (counted by the queue).
-  bool QueueDeferredLocked(Shard& shard, uint32_t entry, VmId id, PoolId pid,
-                           const ObjectId& oid, PageIndex index, bool idle_only)
+  bool QueueDeferredLocked(Shard& shard, uint32_t entry, VmId id,
+                           const Pool& pool, PoolId pid, const ObjectId& oid,
+                           PageIndex index, bool idle_only)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
   // The entry holding the ticket's pending raw page, or kNoEntry.

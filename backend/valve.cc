@@ -405,14 +405,12 @@ PutMode Valve::DecideSwap(VmId vm) {
     s->Count(ValveCounter::kDroppedOff);
     return PutMode::kDrop;
   }
-  if (mode == ValveMode::kAlways) {
+  // Deferred whatever deferred_compression says: the guest's write
+  // completes once its page is copied, never waiting for LZ4.
+  if (mode == ValveMode::kAlways ||
+      s->tokens.load(std::memory_order_relaxed) > 0) {
     s->Count(ValveCounter::kCompressed);
-    return PutMode::kCompress;
-  }
-  const bool deferred = deferred_compression_.load(std::memory_order_relaxed);
-  if (s->tokens.load(std::memory_order_relaxed) > 0) {
-    s->Count(ValveCounter::kCompressed);
-    return deferred ? PutMode::kDefer : PutMode::kCompress;
+    return PutMode::kDefer;
   }
   // Out of tokens: a memcpy now. The page is not dropped -- the guest
   // would read it from the image instead, at more host CPU and disk than
@@ -420,7 +418,7 @@ PutMode Valve::DecideSwap(VmId vm) {
   // (starved), as for a ring put.
   s->starved.fetch_add(1, std::memory_order_relaxed);
   s->Count(ValveCounter::kRaw);
-  return deferred ? PutMode::kDeferIdle : PutMode::kRaw;
+  return PutMode::kDeferIdle;
 }
 
 void Valve::RecordGet(VmId vm, uint64_t key_hash, bool hit) {

@@ -197,9 +197,12 @@ class Valve final : public PutAdvisor, public EvictionListener {
   PutMode Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint);
   // A put to one of the VM's swap devices (a persistent pool). A swap page
   // always comes back (the guest reads every page it did not discard), so
-  // this answers only how to store it, from the VM's CPU tokens: compress
-  // with tokens (kDefer with deferred_compression), raw without (kDeferIdle
-  // with deferred_compression), compress in mode always. It never drops for
+  // this answers only how to store it, from the VM's CPU tokens, and always
+  // deferred (whatever deferred_compression says), so a guest's write
+  // completes once its page is copied: with tokens (or in mode always)
+  // kDefer, compressed soon by the compactor; without, kDeferIdle, raw
+  // until the compactor finds idle cycles. A store without a compaction
+  // queue compresses either in the put. It never drops for
   // reuse, CPU debt, memory headroom or a guest standing aside: room is the
   // store's business (a refused put spills to the device's image), and the
   // decision touches no reuse statistics, so a VM's swap traffic neither

@@ -1,18 +1,25 @@
 // The valve as swap devices see it (SwapValveAdvisor over a real Valve),
 // driving a real TmemSwapBacking over a real TmemStore and spill image.
-// The valve's state is set by hand-made CPU samples (no clock, no /proc):
-// spare CPU compresses (or defers), a saturated host stores raw (or defers
-// to idle cycles), and a VM the valve throttled for streaming its
-// cleancache pages keeps every swap page in the store -- none dropped or
-// spilled for reuse -- while its swap reads do not count as cleancache
-// reuse. The device's CPU reaches the VM's token bucket.
+// The valve's state is set by hand-made CPU samples (no clock, no /proc).
+// A swap write never waits for LZ4: with spare CPU its page is stored raw
+// and queued for the compactor (kDefer), on a saturated host it stays raw
+// until idle cycles (kDeferIdle), whatever deferred_compression says. A VM
+// the valve throttled for streaming its cleancache pages keeps every swap
+// page in the store -- none dropped or spilled for reuse, and the
+// compactor compresses them all the same -- while its swap reads do not
+// count as cleancache reuse. The device's CPU reaches the VM's token
+// bucket.
 #include "host-agent/swap/swap_valve_advisor.h"
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "backend/compaction_queue.h"
+#include "backend/compactor.h"
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
 #include "backend/valve.h"
@@ -73,9 +80,11 @@ class SwapValveAdvisorTest : public ::testing::Test {
   void Build(const ValveOptions& vo) {
     valve_ = std::make_unique<Valve>(vo);
     advisor_ = std::make_unique<SwapValveAdvisor>(valve_.get());
+    queue_ = std::make_unique<CompactionQueue>(4096);
     StoreOptions so;
     so.memory_cap_bytes = 64ull << 20;
     so.num_shards = 8;
+    so.compaction_queue = queue_.get();
     auto store = TmemStore::Create(so);
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = std::move(*store);
@@ -121,6 +130,22 @@ class SwapValveAdvisorTest : public ::testing::Test {
     }
     return bad;
   }
+  // Runs the compactor until the queue is empty, the way the agent wires
+  // it (pages of a VM the valve expects no reuse from are skipped).
+  CompactorStats Drain() {
+    CompactorOptions o;
+    o.expects_no_reuse = [this](VmId vm) { return valve_->ExpectsNoReuse(vm); };
+    Compactor compactor(store_.get(), queue_.get(), o);
+    EXPECT_TRUE(compactor.Start().ok());
+    const auto deadline = std::chrono::steady_clock::now() +
+                          std::chrono::seconds(120);  // generous: loaded hosts
+    while (compactor.Stats().queue.length > 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    compactor.Stop();
+    return compactor.Stats();
+  }
   uint64_t Swap(TmemSwapCounter c) const { return backing_->Stats().Get(c); }
   uint64_t Pool(Counter c) const {
     return CounterValueOf(backing_->Stats().pool, c);
@@ -141,24 +166,31 @@ class SwapValveAdvisorTest : public ::testing::Test {
   FakeHost host_;
   std::unique_ptr<Valve> valve_;
   std::unique_ptr<SwapValveAdvisor> advisor_;
+  std::unique_ptr<CompactionQueue> queue_;  // outlives the store
   std::unique_ptr<TmemStore> store_;
   VmId vm_ = 0;
   std::unique_ptr<TmemSwapBacking> backing_;
 };
 
-TEST_F(SwapValveAdvisorTest, SpareCpuCompressesEverySwapPage) {
-  ASSERT_NO_FATAL_FAILURE(Build(TestOptions()));
+// deferred_compression off (the default): swap pages are deferred all the
+// same, stored raw at the write and compressed by the compactor after.
+TEST_F(SwapValveAdvisorTest, SpareCpuDefersAndTheCompactorCompressesThem) {
+  ASSERT_NO_FATAL_FAILURE(Build(TestOptions(/*deferred=*/false)));
   valve_->Tick(host_.Advance(0, 0));  // idle host: a share of tokens
   ASSERT_GT(valve_->VmStatus(vm_).cpu_tokens_ns, 0);
-  EXPECT_EQ(advisor_->Advise(vm_, 1, false), PutMode::kCompress);
+  EXPECT_EQ(advisor_->Advise(vm_, 1, false), PutMode::kDefer);
   Write(0, 200, 1);
   EXPECT_EQ(Swap(TmemSwapCounter::kWritesStored), 200u);
-  EXPECT_EQ(Pool(Counter::kPutsCompressed), 200u);
-  EXPECT_EQ(Pool(Counter::kPutsRaw), 0u);
+  EXPECT_EQ(Pool(Counter::kPutsRaw), 200u) << "no LZ4 in the write";
+  EXPECT_EQ(queue_->Stats().length, 200u);
+  const uint64_t raw_bytes = Pool(Counter::kStoredBytes);
+  const CompactorStats s = Drain();
+  EXPECT_EQ(s.compressed, 200u);
+  EXPECT_LT(Pool(Counter::kStoredBytes), raw_bytes / 2);
   EXPECT_EQ(Bad(0, 200, 1), 0);
 }
 
-TEST_F(SwapValveAdvisorTest, SpareCpuDefersWithDeferredCompression) {
+TEST_F(SwapValveAdvisorTest, DeferredWithDeferredCompressionToo) {
   ASSERT_NO_FATAL_FAILURE(Build(TestOptions(/*deferred=*/true)));
   valve_->Tick(host_.Advance(0, 0));
   EXPECT_EQ(advisor_->Advise(vm_, 1, false), PutMode::kDefer);
@@ -220,6 +252,12 @@ TEST_F(SwapValveAdvisorTest, StreamingVmsSwapPagesAreNotDroppedForReuse) {
   }
   EXPECT_TRUE(valve_->VmStatus(vm_).throttled);
   EXPECT_EQ(valve_->VmStatus(vm_).reuse_ratio, 0.0);
+  // The compactor skips a no-reuse VM's cleancache pages, never its swap
+  // pages: they come back, and they stay in the store.
+  const CompactorStats s = Drain();
+  EXPECT_EQ(s.skipped_no_reuse, 0u);
+  EXPECT_EQ(s.compressed, 300u);
+  EXPECT_EQ(Bad(0, 300, 3), 0);
 }
 
 // Mode off: no tmem memory for the VM; its swap pages go to the image.
