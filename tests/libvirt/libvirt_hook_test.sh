@@ -90,6 +90,7 @@ trap cleanup EXIT
 
 start_tmemd() {
   "${tmemd}" --socket-dir "${sock}" --control-socket "${control}" \
+    --state-dir "${work}/state" \
     --libvirt-uri qemu:///system >>"${work}/tmemd.log" 2>&1 &
   tmemd_pid=$!
   for _ in $(seq 100); do

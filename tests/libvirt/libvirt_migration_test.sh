@@ -230,7 +230,8 @@ host_ready() {
   local mode=()
   ((real_guest)) && mode=(--mode always)
   nsenter -t "${ns_pid[${h}]}" -m -- "${tmemd_bin}" --socket-dir "${sockdir}" \
-    --control-socket "${root}/control.sock" --no-fd-store --stats-interval 1 \
+    --control-socket "${root}/control.sock" --state-dir "${root}/state" \
+    --no-fd-store --stats-interval 1 \
     "${mode[@]}" --libvirt-uri "$(uri "${h}")" >"${root}/tmemd.log" 2>&1 &
   tmemd_pid[${h}]=$!
   wait_until 30 ctl "${h}" status >/dev/null 2>&1 || {
