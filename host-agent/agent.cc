@@ -536,6 +536,9 @@ absl::Status Agent::RemoveSwapDevice(const std::string& name) {
           absl::StrCat("no VM named '", name, "' with a swap device"));
     }
     doomed = std::move(it->second.swap);
+    // Stopped first: the device's thread charges its CPU to the VM's valve
+    // entry, which EraseLocked removes. No request runs once it is stopped.
+    doomed->device->Stop();
     if (it->second.channel == nullptr) {
       forget = it->second.vm;
       EraseLocked(name);
@@ -544,7 +547,6 @@ absl::Status Agent::RemoveSwapDevice(const std::string& name) {
   // The image alone must be the whole device afterwards: a later
   // AddSwapDevice of this name adopts it, so pages only memory held would
   // otherwise come back as zeros.
-  doomed->device->Stop();
   const absl::Status written = doomed->store->WriteBack();
   const uint64_t stored = doomed->store->PageStats().stored;
   if (!written.ok()) {

@@ -35,6 +35,11 @@ using testing::ReadFile;
 using testing::WaitUntil;
 
 constexpr uint64_t kDeviceBytes = uint64_t{64} << 20;
+#ifdef TMEM_TSAN_SKIP_GRPC
+constexpr bool kRpcChecks = false;
+#else
+constexpr bool kRpcChecks = true;
+#endif
 constexpr int kPagesWritten = 256;
 
 std::string HttpGet(int port) {
@@ -117,34 +122,38 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
   EXPECT_EQ(g.VerifyPages(0, 8, 12), 8);
   const uint64_t stored = kPagesWritten + 1;
 
-  // tmemctl -o json: the VM has both frontends, the device its pages.
-  testing::RunResult r = Ctl({"-o", "json", "vms"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  const json vms = json::parse(r.output.substr(r.output.find('{')));
-  ASSERT_EQ(vms["vms"].size(), 1u) << r.output;
-  const json& vm = vms["vms"][0];
-  EXPECT_EQ(vm["name"], "vm1");
-  EXPECT_TRUE(vm["has_channel"].get<bool>());
-  const json& sw = vm["swap"];
-  EXPECT_EQ(sw["socket_path"], swap_sock);
-  EXPECT_EQ(U64Of(sw["size_bytes"]), kDeviceBytes);
-  EXPECT_TRUE(sw["connected"].get<bool>());
-  EXPECT_EQ(U64Of(sw["stored_pages"]), stored);
-  // In memory (the persistent pool) or spilled: every page is somewhere.
-  EXPECT_EQ(U64Of(sw["memory_pages"]) + U64Of(sw["spilled_pages"]), stored);
-  EXPECT_EQ(U64Of(sw["lost_pages"]), 0u);
-  EXPECT_EQ(U64Of(sw["writes"]), stored);
-  EXPECT_EQ(U64Of(sw["reads"]), stored + 8);
-  EXPECT_EQ(U64Of(sw["write_calls"]), stored);
-  EXPECT_GT(U64Of(sw["write_ns"]), 0u);
+  // Debian's gRPC is not TSan-instrumented (tests/control/CMakeLists.txt):
+  // under TSan the tmemctl checks are left out, the data path still runs.
+  if (kRpcChecks) {
+    // tmemctl -o json: the VM has both frontends, the device its pages.
+    testing::RunResult r = Ctl({"-o", "json", "vms"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    const json vms = json::parse(r.output.substr(r.output.find('{')));
+    ASSERT_EQ(vms["vms"].size(), 1u) << r.output;
+    const json& vm = vms["vms"][0];
+    EXPECT_EQ(vm["name"], "vm1");
+    EXPECT_TRUE(vm["has_channel"].get<bool>());
+    const json& sw = vm["swap"];
+    EXPECT_EQ(sw["socket_path"], swap_sock);
+    EXPECT_EQ(U64Of(sw["size_bytes"]), kDeviceBytes);
+    EXPECT_TRUE(sw["connected"].get<bool>());
+    EXPECT_EQ(U64Of(sw["stored_pages"]), stored);
+    // In memory (the persistent pool) or spilled: every page is somewhere.
+    EXPECT_EQ(U64Of(sw["memory_pages"]) + U64Of(sw["spilled_pages"]), stored);
+    EXPECT_EQ(U64Of(sw["lost_pages"]), 0u);
+    EXPECT_EQ(U64Of(sw["writes"]), stored);
+    EXPECT_EQ(U64Of(sw["reads"]), stored + 8);
+    EXPECT_EQ(U64Of(sw["write_calls"]), stored);
+    EXPECT_GT(U64Of(sw["write_ns"]), 0u);
 
-  // The table shows the swap columns.
-  r = Ctl({"vms"});
-  ASSERT_EQ(r.code, 0) << r.output;
-  EXPECT_NE(r.output.find("SWPAGES"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("64.0MiB"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(std::to_string(stored)), std::string::npos)
-      << r.output;
+    // The table shows the swap columns.
+    r = Ctl({"vms"});
+    ASSERT_EQ(r.code, 0) << r.output;
+    EXPECT_NE(r.output.find("SWPAGES"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("64.0MiB"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(std::to_string(stored)), std::string::npos)
+        << r.output;
+  }
 
   // /metrics: the tmem_swap_* families, in an exposition promtool accepts.
   const int64_t port = LogInt(tmemd.Log(), "control_ready", "metrics_port");
@@ -189,9 +198,7 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
                 "--workers", "1", "--no-fd-store"},
                dir_ + "/tmemd-next.log");
   ASSERT_TRUE(WaitUntil(
-      [&] {
-        return next.Log().find("event=tmemd_ready") != std::string::npos;
-      },
+      [&] { return next.Log().find("event=tmemd_ready") != std::string::npos; },
       30000))
       << next.Log();
   auto again = FrontEnd::Connect(swap_sock);
