@@ -183,10 +183,10 @@ TEST_F(TmemRequestTest, PartialPagesAreReadModifyWrittenAcrossStoreAndImage) {
   ASSERT_EQ(Read(0, 8192, &got), kVirtioBlkSOk);
   for (size_t i = 0; i < 8192; ++i) {
     uint8_t want = 0;
-    if (i < 5 * 512) {
+    if (i < size_t{5} * 512) {
       want = Byte(0x10, i);
-    } else if (i < 11 * 512) {
-      want = Byte(0x30, i - 5 * 512);
+    } else if (i < size_t{11} * 512) {
+      want = Byte(0x30, i - size_t{5} * 512);
     } else {
       want = Byte(0x20, i - 4096);
     }
