@@ -932,6 +932,12 @@ absl::StatusOr<uint64_t> TmemStore::Impl::GetRun(VmId id, PoolId pid,
       arena_.Free(BlobRef::Unpack(taken[k].payload));
     }
   }
+  return CountGetRun(vm, pool, n, hits, corrupt);
+}
+
+absl::StatusOr<uint64_t> TmemStore::Impl::CountGetRun(Vm& vm, Pool& pool,
+                                                      size_t n, uint64_t hits,
+                                                      bool corrupt) {
   const auto hit_count = static_cast<int64_t>(std::popcount(hits));
   const auto miss_count = static_cast<int64_t>(n) - hit_count;
   vm.counters.Add(Counter::kGetsHit, hit_count);
@@ -970,17 +976,7 @@ absl::StatusOr<uint64_t> TmemStore::Impl::GetRunKept(Vm& vm, Pool& pool,
     }
     if (corrupt) CompactLocked(shard);
   }
-  const auto hit_count = static_cast<int64_t>(std::popcount(hits));
-  const auto miss_count = static_cast<int64_t>(n) - hit_count;
-  vm.counters.Add(Counter::kGetsHit, hit_count);
-  vm.counters.Add(Counter::kGetsMiss, miss_count);
-  pool.counters.Add(Counter::kGetsHit, hit_count);
-  pool.counters.Add(Counter::kGetsMiss, miss_count);
-  if (corrupt) {
-    return absl::DataLossError(
-        "stored LZ4 block failed to decompress; page dropped");
-  }
-  return hits;
+  return CountGetRun(vm, pool, n, hits, corrupt);
 }
 
 bool TmemStore::Impl::DecodeEntry(const PageEntry& entry,

@@ -232,6 +232,10 @@ class TmemStore::Impl {
                                   PageIndex first, size_t n,
                                   std::span<uint8_t> out);
 
+  // Counts a get run's hits and misses (n pages, `hits` their bits); a
+  // corrupt block makes it DATA_LOSS.
+  absl::StatusOr<uint64_t> CountGetRun(Vm& vm, Pool& pool, size_t n,
+                                       uint64_t hits, bool corrupt);
   // GetRun of a persistent pool: hits stay (not exclusive), decoded under
   // the shard lock.
   absl::StatusOr<uint64_t> GetRunKept(Vm& vm, Pool& pool, Shard& shard,

@@ -37,6 +37,7 @@ namespace tmem {
 namespace {
 
 using nlohmann::json;
+using testing::HttpGet;
 using testing::LogInt;
 using testing::Process;
 using testing::RunResult;
@@ -68,28 +69,6 @@ int ConnectTcp(int port) {
     return -1;
   }
   return fd;
-}
-
-std::string HttpGet(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(fd);
-  return out;
 }
 
 std::vector<int> OpenFds(pid_t pid) {

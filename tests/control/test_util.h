@@ -5,8 +5,10 @@
 #define TMEMD_TESTS_CONTROL_TEST_UTIL_H_
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,6 +31,30 @@ struct RunResult {
   int code = -1;
   std::string output;  // stdout + stderr
 };
+
+// GET `path` from 127.0.0.1:`port` (HTTP/1.0); the whole response, or ""
+// if the connection is refused. A read waits at most 10 s.
+inline std::string HttpGet(int port, const std::string& path = "/metrics") {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  (void)!write(fd, req.data(), req.size());
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
+  close(fd);
+  return out;
+}
 
 // The integer after " key=" in the last "event=EVENT" line of a tmemd log;
 // -1 if there is none.

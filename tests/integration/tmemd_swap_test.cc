@@ -29,6 +29,7 @@ namespace {
 using nlohmann::json;
 using swap::testing::FrontEnd;
 using swap::testing::Guest;
+using testing::HttpGet;
 using testing::LogInt;
 using testing::Process;
 using testing::ReadFile;
@@ -41,28 +42,6 @@ constexpr bool kRpcChecks = false;
 constexpr bool kRpcChecks = true;
 #endif
 constexpr int kPagesWritten = 256;
-
-std::string HttpGet(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  timeval tv{10, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    close(fd);
-    return "";
-  }
-  const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
-  (void)!write(fd, req.data(), req.size());
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, n);
-  close(fd);
-  return out;
-}
 
 // Proto JSON writes 64-bit integers as strings.
 uint64_t U64Of(const json& j) {
