@@ -144,6 +144,13 @@ struct VmPolicy {
   bool frozen = false;  // like Xen's tmem-freeze: puts refused, gets served
   // Read by the valve, not the store.
   ValveMode mode = ValveMode::kDefault;
+  // The VM's swap device (its persistent pools): at most this much of the
+  // VM's charge may be swap pages (within quota_bytes, which bounds
+  // everything the VM holds); past it a swap page goes to the spill image.
+  uint64_t swap_quota_bytes = kUnlimitedQuota;
+  // How the valve stores the VM's swap pages; kDefault follows `mode`.
+  // Read by the valve, not the store.
+  ValveMode swap_mode = ValveMode::kDefault;
 };
 
 }  // namespace tmem
