@@ -18,11 +18,13 @@
 #include <set>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "backend/mutex.h"
 #include "backend/tmem_store.h"
 #include "host-agent/agent.h"
 #include "host-agent/channel/fd_handoff.h"
@@ -49,6 +51,58 @@ namespace {
 // one that does not is exited on, well inside systemd's stop timeout.
 constexpr std::chrono::milliseconds kShutdownDeadline{5000};
 constexpr int kExitShutdownDeadline = 3;
+
+// A stop writes every swap page tmemd holds into its VM's spill image
+// (Agent::StopServing); with gigabytes held that can outlast systemd's
+// TimeoutStopSec= (90 s by default) and WatchdogSec=, and a SIGKILL then
+// would lose the pages not yet written. So while a stop runs, tmemd tells
+// systemd every kStopKeepalivePeriod that it is still at work, each time
+// extending the stop by kStopKeepaliveExtension. (As long as the stop
+// runs: one stuck on a hung disk is not cut short either.)
+constexpr std::chrono::seconds kStopKeepalivePeriod{5};
+constexpr std::chrono::seconds kStopKeepaliveExtension{30};
+
+class StopKeepalive {
+ public:
+  explicit StopKeepalive(std::string what)
+      : what_(std::move(what)),
+        start_(std::chrono::steady_clock::now()),
+        thread_([this] { Run(); }) {}
+  ~StopKeepalive() {
+    {
+      MutexLock lock(&mu_);
+      done_ = true;
+    }
+    cv_.NotifyAll();
+    thread_.join();
+  }
+  StopKeepalive(const StopKeepalive&) = delete;
+  StopKeepalive& operator=(const StopKeepalive&) = delete;
+
+ private:
+  void Run() {
+    MutexLock lock(&mu_);
+    while (!done_) {
+      const auto elapsed = std::chrono::duration_cast<std::chrono::seconds>(
+          std::chrono::steady_clock::now() - start_);
+      NotifyStopProgress(
+          absl::StrCat(what_, " for ", elapsed.count(),
+                       " s: stopping the data plane, writing swap pages "
+                       "back to their spill images"),
+          kStopKeepaliveExtension);
+      const auto next = std::chrono::steady_clock::now() + kStopKeepalivePeriod;
+      while (!done_ && cv_.WaitUntil(&mu_, next)) {
+      }
+    }
+  }
+
+  const std::string what_;
+  const std::chrono::steady_clock::time_point start_;
+  Mutex mu_;
+  CondVar cv_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // last: starts once the fields above exist
+};
 
 void LogStats(const Agent& agent, std::string_view event) {
   const AgentStatus st = agent.Status();
@@ -1034,6 +1088,8 @@ int Shutdown(const Flags& f, Daemon& d, StopReason why) {
   } else {
     NotifyStopping();
   }
+  std::optional<StopKeepalive> keepalive;
+  keepalive.emplace(upgrade ? "upgrading" : "stopping");
   d.fleet.reset();
   d.control_server->Shutdown();
   d.metrics.reset();
@@ -1052,6 +1108,7 @@ int Shutdown(const Flags& f, Daemon& d, StopReason why) {
     // Workers are stopped and nothing else touches the channels: hand their
     // descriptors to the new image. Returns only if the exec failed.
     const std::vector<NamedFd> fds = d.agent->HandoffFds();
+    keepalive.reset();  // the new image sends READY=1 in its place
     absl::Status s = ExecWithFds(d.own_executable, f.argv, fds);
     Log(LogLevel::kError, "upgrade_failed", {{"error", s.message()}});
     // With an fd store, systemd restarts tmemd and it recovers from there.

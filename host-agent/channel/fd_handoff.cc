@@ -268,6 +268,11 @@ void NotifyReloading() { sd_notify(0, "RELOADING=1"); }
 void NotifyWatchdog(const std::string& status) {
   NotifyWithoutBlocking(absl::StrCat("WATCHDOG=1\nSTATUS=", status));
 }
+void NotifyStopProgress(const std::string& status,
+                        std::chrono::microseconds extend) {
+  NotifyWithoutBlocking(absl::StrCat(
+      "WATCHDOG=1\nEXTEND_TIMEOUT_USEC=", extend.count(), "\nSTATUS=", status));
+}
 std::optional<std::chrono::microseconds> WatchdogInterval() {
   uint64_t usec = 0;
   if (sd_watchdog_enabled(0, &usec) <= 0 || usec == 0) return std::nullopt;

@@ -117,6 +117,11 @@ void NotifyReloading();
 // Kept across an exec in place (same PID, same environment).
 std::optional<std::chrono::microseconds> WatchdogInterval();
 void NotifyWatchdog(const std::string& status);
+// While a stop is under way (STOPPING=1 or RELOADING=1 sent): WATCHDOG=1,
+// EXTEND_TIMEOUT_USEC= (systemd gives the stop `extend` more from now,
+// beyond TimeoutStopSec=) and STATUS=. Never blocks.
+void NotifyStopProgress(const std::string& status,
+                        std::chrono::microseconds extend);
 
 }  // namespace tmem
 

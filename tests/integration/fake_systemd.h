@@ -95,6 +95,11 @@ class FakeSystemd {
     return ready_;
   }
   int rejected_messages() const { return rejected_; }
+  // Every message received, in order, as its text.
+  std::vector<std::string> messages() {
+    Pump();
+    return messages_;
+  }
 
   // Starts `argv` as systemd would start the service: NOTIFY_SOCKET set,
   // and (when `pass_store`) the stored descriptors as fds 3.. with
@@ -165,6 +170,7 @@ class FakeSystemd {
 
  private:
   void Apply(const std::string& text, const std::vector<int>& fds) {
+    messages_.push_back(text);
     std::map<std::string, std::string> kv;
     std::istringstream in(text);
     std::string line;
@@ -197,6 +203,7 @@ class FakeSystemd {
   std::map<std::string, int> store_;
   int ready_ = 0;
   int rejected_ = 0;
+  std::vector<std::string> messages_;
 };
 
 }  // namespace tmem::testing

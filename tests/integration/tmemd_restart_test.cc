@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -226,6 +227,28 @@ TEST_F(TmemdRestartTest, SigtermRestartFromFdStoreKeepsTheGuest) {
   EXPECT_NE(log.find("source=systemd"), std::string::npos) << log;
   ReportRestartLatency(*next, "sigterm+fdstore", signalled);
   ExpectGuestResumed(*next, *guest, "a");
+}
+
+// A stop tells systemd it is at work and extends its own timeout (the
+// swap write-back may outlast TimeoutStopSec=), after STOPPING=1, and ends
+// with exit status 0.
+TEST_F(TmemdRestartTest, SigtermExtendsTheStopTimeoutWhileItStops) {
+  auto tmemd = StartTmemd({"a"}, /*pass_store=*/false);
+  kill(tmemd->pid(), SIGTERM);
+  int code = -1;
+  ASSERT_TRUE(tmemd->WaitFor(15000, &code)) << tmemd->Log();
+  EXPECT_EQ(code, 0) << tmemd->Log();
+  const std::vector<std::string> messages = systemd_.messages();
+  const auto stopping =
+      std::find(messages.begin(), messages.end(), std::string("STOPPING=1"));
+  ASSERT_NE(stopping, messages.end()) << ::testing::PrintToString(messages);
+  const auto extend =
+      std::find_if(stopping, messages.end(), [](const std::string& m) {
+        return m.find("EXTEND_TIMEOUT_USEC=30000000\n") != std::string::npos &&
+               m.find("WATCHDOG=1\n") != std::string::npos &&
+               m.find("STATUS=stopping for ") != std::string::npos;
+      });
+  EXPECT_NE(extend, messages.end()) << ::testing::PrintToString(messages);
 }
 
 // A crash: nothing is cleaned up, nothing is said to the guest. The
