@@ -420,7 +420,9 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   if (stats.ok()) {
     info.stats = *stats;
     info.policy = stats->policy;
-    info.policy.mode = info.valve.mode;  // the valve holds the mode
+    // The valve holds the modes.
+    info.policy.mode = info.valve.mode;
+    info.policy.swap_mode = info.valve.swap_mode;
   }
   info.has_channel = e.channel != nullptr;
   if (e.channel != nullptr) {
@@ -451,7 +453,8 @@ SwapDeviceInfo Agent::SwapInfo(const SwapEntry& s) const {
 }
 
 absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
-                                                    uint64_t size_bytes) {
+                                                    uint64_t size_bytes,
+                                                    const VmPolicy& requested) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
   if (size_bytes == 0 || size_bytes % swap::kSwapPageSize != 0) {
     return absl::InvalidArgumentError(
@@ -467,7 +470,7 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   if (swap_stopped_.load()) {
     return absl::FailedPreconditionError("tmemd is stopping");
   }
-  const VmPolicy policy = resolver_ ? resolver_(name, VmPolicy{}) : VmPolicy{};
+  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   bool created = false;
   absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, false, &created);
   if (!e.ok()) return e.status();
@@ -602,7 +605,11 @@ absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
   }
   absl::StatusOr<VmPolicy> p = store_->GetVmPolicy(it->second.vm);
-  if (p.ok()) p->mode = valve_->VmStatus(it->second.vm).mode;
+  if (p.ok()) {
+    const ValveVmStatus valve = valve_->VmStatus(it->second.vm);
+    p->mode = valve.mode;
+    p->swap_mode = valve.swap_mode;
+  }
   return p;
 }
 
