@@ -6,9 +6,10 @@
 // same way wherever it comes from. A value out of range (NaN included) is an
 // error naming its source, never clamped.
 //
-// Quota: 0 means "unlimited" everywhere (file, flag, state file, RPC,
-// metadata, tmemctl); QuotaFromSetting turns it into kUnlimitedQuota. A VM
-// that must store nothing is disabled (enabled = false), not given quota 0.
+// Quota and swap quota: 0 means "unlimited" everywhere (file, flag, state
+// file, RPC, metadata, tmemctl); QuotaFromSetting turns it into
+// kUnlimitedQuota. A VM that must store nothing is disabled (enabled =
+// false), not given quota 0.
 #ifndef TMEMD_HOST_AGENT_COMMON_SETTING_RANGES_H_
 #define TMEMD_HOST_AGENT_COMMON_SETTING_RANGES_H_
 
@@ -88,6 +89,9 @@ inline constexpr IntRange kDetachTimeoutSeconds{"detach_timeout_seconds", 1,
 inline constexpr IntRange kLeaseTtlSeconds{"lease_ttl_seconds", 2, 600};
 // Per VM ([[vm]], state file, RPC, libvirt metadata).
 inline constexpr IntRange kQuota{"quota (bytes; 0: unlimited)", 0, kPiB};
+// The part of the quota swap pages may take (VmPolicy::swap_quota_bytes).
+inline constexpr IntRange kSwapQuota{"swap quota (bytes; 0: unlimited)", 0,
+                                     kPiB};
 inline constexpr IntRange kWeight{"weight", 1, 1000000};
 // A swap device: a positive multiple of 4096 (checked apart) up to 1 PiB.
 inline constexpr IntRange kSwapSize{"swap size (bytes)", 4096, kPiB};

@@ -250,6 +250,10 @@ constexpr MetricFamily kSwapWriteCalls{"tmem_swap_backing_write_calls_total",
 constexpr MetricFamily kVmQuota{
     "tmem_vm_quota_bytes", kGauge,
     "The VM's quota (absent when unlimited); compare tmem_charged_bytes."};
+constexpr MetricFamily kVmSwapQuota{
+    "tmem_vm_swap_quota_bytes", kGauge,
+    "The part of the VM's quota its swap pages may take (absent when "
+    "unlimited); past it swap pages go to the spill image."};
 constexpr MetricFamily kVmAdmission{
     "tmem_vm_admission_ratio", kGauge,
     "Share of the VM's puts the valve admits now (0..1)."};
@@ -602,6 +606,9 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
     out.Add(kVmConnected, vm_label, uint64_t{vm.connected ? 1u : 0u});
     if (vm.policy.quota_bytes != kUnlimitedQuota) {
       out.Add(kVmQuota, vm_label, vm.policy.quota_bytes);
+    }
+    if (vm.policy.swap_quota_bytes != kUnlimitedQuota) {
+      out.Add(kVmSwapQuota, vm_label, vm.policy.swap_quota_bytes);
     }
     out.Add(kVmAdmission, vm_label,
             static_cast<double>(vm.valve.admission) / 65536.0);
