@@ -48,6 +48,8 @@ std::string_view CounterName(Counter c) {
       return "persistent_charged_bytes";
     case Counter::kPersistentPutsRefusedForRoom:
       return "persistent_puts_refused_for_room";
+    case Counter::kPersistentPutsRefusedForSwapQuota:
+      return "persistent_puts_refused_for_swap_quota";
     case Counter::kNumCounters:
       break;
   }

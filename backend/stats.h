@@ -52,6 +52,10 @@ enum class Counter : int {
   // invalidates of persistent pools are counted by the counters above; a
   // pool's own counters tell its kind apart.
   kPersistentPutsRefusedForRoom,
+  // Puts to persistent pools refused at the VM's swap quota (quota, also
+  // counted there; not in kPersistentPutsRefusedForRoom): the VM's swap
+  // pages already hold what the operator allows them.
+  kPersistentPutsRefusedForSwapQuota,
   kNumCounters,
 };
 inline constexpr int kNumCounters = static_cast<int>(Counter::kNumCounters);

@@ -175,6 +175,7 @@ absl::Status TmemStore::Impl::UnknownVm(VmId id) const {
 
 void TmemStore::Impl::ApplyPolicy(Vm& vm, const VmPolicy& policy) {
   vm.quota.store(policy.quota_bytes, std::memory_order_relaxed);
+  vm.swap_quota.store(policy.swap_quota_bytes, std::memory_order_relaxed);
   vm.weight.store(policy.weight, std::memory_order_relaxed);
   vm.enabled.store(policy.enabled, std::memory_order_relaxed);
   vm.frozen.store(policy.frozen, std::memory_order_relaxed);
@@ -186,7 +187,10 @@ absl::Status TmemStore::Impl::SetVmPolicy(VmId id, const VmPolicy& policy) {
   ReaderMutexLock op_lock(&(*vm)->op_mu);
   if (Gone(**vm, id)) return UnknownVm(id);
   ApplyPolicy(**vm, policy);
-  // A lowered quota holds from now on: evict the VM's oldest pages.
+  // A lowered quota holds from now on: evict the VM's oldest pages. A
+  // lowered swap quota evicts nothing (persistent pages are never evicted,
+  // and ephemeral ones are no part of it): new persistent puts are refused
+  // until the VM is back under it.
   while ((*vm)->charged() > policy.quota_bytes) {
     if (!EvictFromVm(**vm, Counter::kEvictionsQuota)) break;
   }
@@ -210,6 +214,7 @@ absl::StatusOr<VmPolicy> TmemStore::Impl::GetVmPolicy(VmId id) const {
   if (Gone(**vm, id)) return UnknownVm(id);
   VmPolicy p;
   p.quota_bytes = (*vm)->quota.load(std::memory_order_relaxed);
+  p.swap_quota_bytes = (*vm)->swap_quota.load(std::memory_order_relaxed);
   p.weight = (*vm)->weight.load(std::memory_order_relaxed);
   p.enabled = (*vm)->enabled.load(std::memory_order_relaxed);
   p.frozen = (*vm)->frozen.load(std::memory_order_relaxed);
@@ -566,6 +571,21 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
     result.reason = reason;
     return result;
   };
+  // Refused at the swap quota: quota to the guest (the swap backing spills
+  // the page), told apart from the VM quota by its own counter.
+  auto refuse_for_swap_quota = [&] {
+    vm.counters.Inc(Counter::kPersistentPutsRefusedForSwapQuota);
+    pool.counters.Inc(Counter::kPersistentPutsRefusedForSwapQuota);
+    {
+      MutexLock lock(&shard.mu);
+      RemoveKeyLocked(shard, pool, oid, index);
+    }
+    vm.counters.Inc(RefusedCounter(RefuseReason::kQuota));
+    pool.counters.Inc(RefusedCounter(RefuseReason::kQuota));
+    result.stored = false;
+    result.reason = RefuseReason::kQuota;
+    return result;
+  };
 
   if (mode == PutMode::kDrop || !vm.enabled.load(std::memory_order_relaxed) ||
       vm.frozen.load(std::memory_order_relaxed)) {
@@ -582,6 +602,31 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
   if (charge > vm.quota.load(std::memory_order_relaxed)) {
     return refuse(RefuseReason::kQuota);
   }
+  // A persistent page is reserved against the swap quota too, before any
+  // eviction: evicting ephemeral pages cannot make room in it, so a put
+  // past it evicts nothing. Add then check, as for the quota below, so
+  // concurrent puts of one VM never overshoot together; the reservation
+  // is held until the page is stored (then trimmed to its actual charge)
+  // or given back on every path that does not store it.
+  bool swap_reserved = false;
+  if (pool.persistent()) {
+    const uint64_t swap_quota = vm.swap_quota.load(std::memory_order_relaxed);
+    if (charge > swap_quota) return refuse_for_swap_quota();
+    vm.counters.Add(Counter::kPersistentChargedBytes,
+                    static_cast<int64_t>(charge));
+    if (vm.persistent_charged() > swap_quota) {
+      vm.counters.Add(Counter::kPersistentChargedBytes,
+                      -static_cast<int64_t>(charge));
+      return refuse_for_swap_quota();
+    }
+    swap_reserved = true;
+  }
+  auto release_swap_reservation = [&] {
+    if (!swap_reserved) return;
+    vm.counters.Add(Counter::kPersistentChargedBytes,
+                    -static_cast<int64_t>(charge));
+    swap_reserved = false;
+  };
 
   bool class_out_of_reach = false;
   int room_rounds = 0;
@@ -595,6 +640,7 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
       if (result.evicted >=
               static_cast<uint32_t>(options_.max_evictions_per_put) ||
           !EvictFromVm(vm, Counter::kEvictionsQuota)) {
+        release_swap_reservation();
         return refuse(RefuseReason::kQuota);
       }
       ++result.evicted;
@@ -645,8 +691,10 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
         pool.counters.Add(Counter::kChargedBytes, static_cast<int64_t>(actual));
         if (pool.persistent()) {
           vm.counters.Inc(Counter::kPersistentPagesHeld);
+          // The swap quota's reservation becomes the actual charge.
           vm.counters.Add(Counter::kPersistentChargedBytes,
-                          static_cast<int64_t>(actual));
+                          -static_cast<int64_t>(charge - actual));
+          swap_reserved = false;
           pool.counters.Inc(Counter::kPersistentPagesHeld);
           pool.counters.Add(Counter::kPersistentChargedBytes,
                             static_cast<int64_t>(actual));
@@ -685,7 +733,10 @@ absl::StatusOr<PutResult> TmemStore::Impl::PutWork(VmId id, PoolId pid,
     } else {
       puts_refused_at_work_bound_.fetch_add(1, std::memory_order_relaxed);
     }
-    if (evicted == 0) return refuse(RefuseReason::kNoMemory);
+    if (evicted == 0) {
+      release_swap_reservation();
+      return refuse(RefuseReason::kNoMemory);
+    }
     result.evicted += evicted;
     // The slab that eviction emptied sits in the cache, still charged.
     if (!slot_missing) slabs_->TrimCache();
@@ -1115,6 +1166,8 @@ HostStats TmemStore::Impl::GetHostStats() const {
   }
   s.persistent_puts_refused_for_room =
       CounterValueOf(s.counters, Counter::kPersistentPutsRefusedForRoom);
+  s.persistent_puts_refused_for_swap_quota =
+      CounterValueOf(s.counters, Counter::kPersistentPutsRefusedForSwapQuota);
   // Read apart from `used`: a snapshot of a changing store can see a
   // charge before its bytes or the reverse, so the figure is clamped.
   s.host_overhead_bytes =
@@ -1135,6 +1188,7 @@ absl::StatusOr<VmStats> TmemStore::Impl::GetVmStats(VmId id) const {
   s.id = vm.id.load(std::memory_order_relaxed);
   s.name = vm.name;
   s.policy.quota_bytes = vm.quota.load(std::memory_order_relaxed);
+  s.policy.swap_quota_bytes = vm.swap_quota.load(std::memory_order_relaxed);
   s.policy.weight = vm.weight.load(std::memory_order_relaxed);
   s.policy.enabled = vm.enabled.load(std::memory_order_relaxed);
   s.policy.frozen = vm.frozen.load(std::memory_order_relaxed);

@@ -42,9 +42,20 @@
 //    HostStats::persistent_*). Eviction victims are the VMs holding
 //    ephemeral pages, furthest over their weighted fair share first (their
 //    persistent charge counts toward how far over they are).
+//  * Swap quota (VmPolicy::swap_quota_bytes, within quota_bytes): a cap on
+//    the VM's persistent charge (persistent_charged_bytes). A persistent put
+//    that would take it past the cap is refused (quota, and
+//    persistent_puts_refused_for_swap_quota, not ..._for_room) and evicts
+//    nothing: evicting ephemeral pages cannot make room in it. The page's
+//    charge is reserved against it before anything else (add then check,
+//    given back on every path that does not store it), so concurrent puts
+//    of one VM never take it over together. A lowered swap quota keeps the
+//    pages held (they are never evicted): the persistent charge shows over
+//    it and new persistent puts are refused until invalidates bring it
+//    under. Ephemeral pages are neither limited by it nor count toward it.
 //  * Deferred compression works as for ephemeral pages (the page is
-//    re-charged at its compressed size); a block with no room leaves the
-//    page raw, never dropped.
+//    re-charged at its compressed size, the persistent charge with it); a
+//    block with no room leaves the page raw, never dropped.
 //
 // Memory: every byte taken from the OS (blob slabs and their descriptors,
 // page entries, hash indexes, object tables, free lists) is charged to one
@@ -229,7 +240,7 @@ struct PoolStats {
 struct VmStats {
   VmId id = 0;
   std::string name;
-  VmPolicy policy;
+  VmPolicy policy;  // the store's fields; mode and swap_mode are the valve's
   CounterValues counters{};
   std::vector<PoolStats> pools;
   // Pages held in the VM's persistent pools and what they are charged
@@ -279,6 +290,8 @@ struct HostStats {
   uint64_t persistent_pages = 0;
   uint64_t persistent_bytes = 0;
   uint64_t persistent_puts_refused_for_room = 0;
+  // Persistent puts refused at their VM's swap quota since start.
+  uint64_t persistent_puts_refused_for_swap_quota = 0;
   int64_t uptime_nanos = 0;
   CounterValues counters{};  // sum over VMs, including forgotten ones
 };

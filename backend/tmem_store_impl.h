@@ -83,6 +83,8 @@ class TmemStore::Impl {
     std::vector<Pool*> pools ABSL_GUARDED_BY(op_mu);  // index = PoolId
     // Policy is read on every put without a lock.
     std::atomic<uint64_t> quota{kUnlimitedQuota};
+    // Cap on the persistent (swap) charge; see "Persistent pools".
+    std::atomic<uint64_t> swap_quota{kUnlimitedQuota};
     std::atomic<uint32_t> weight{100};
     // Divides the weight when choosing whom to evict (SetEvictionBias).
     std::atomic<uint32_t> eviction_bias{1};
@@ -91,6 +93,9 @@ class TmemStore::Impl {
     std::atomic<uint32_t> evict_cursor{0};
     CounterSet counters;
     uint64_t charged() const { return counters.Get(Counter::kChargedBytes); }
+    uint64_t persistent_charged() const {
+      return counters.Get(Counter::kPersistentChargedBytes);
+    }
     // Whether it may hold a page eviction can take (not only persistent
     // ones). Read without a lock: a hint for victim choice.
     bool MayHoldEvictable() const {

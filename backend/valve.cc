@@ -105,6 +105,8 @@ struct Valve::VmState {
   const VmId id;
   // Hot-path state.
   std::atomic<uint8_t> mode{static_cast<uint8_t>(ValveMode::kDefault)};
+  // For its swap devices' puts (DecideSwap); kDefault follows `mode`.
+  std::atomic<uint8_t> swap_mode{static_cast<uint8_t>(ValveMode::kDefault)};
   std::atomic<uint32_t> weight{100};
   std::atomic<uint32_t> admission{kAdmitAll};
   std::atomic<bool> standing_aside{false};
@@ -261,6 +263,7 @@ void Valve::AddVm(VmId vm, const VmPolicy& policy) {
   MutexLock lock(&mu_);
   auto state = std::make_unique<VmState>(vm, options_.ghost_bits);
   state->mode.store(static_cast<uint8_t>(policy.mode));
+  state->swap_mode.store(static_cast<uint8_t>(policy.swap_mode));
   state->weight.store(std::max<uint32_t>(policy.weight, 1));
   VmState* raw = state.get();
   // A new VM starts with an even share of the current budget so its first
@@ -290,8 +293,23 @@ void Valve::SetVmPolicy(VmId vm, const VmPolicy& policy) {
   VmState* s = Find(vm);
   if (s == nullptr) return;
   s->mode.store(static_cast<uint8_t>(policy.mode), std::memory_order_relaxed);
+  s->swap_mode.store(static_cast<uint8_t>(policy.swap_mode),
+                     std::memory_order_relaxed);
   s->weight.store(std::max<uint32_t>(policy.weight, 1),
                   std::memory_order_relaxed);
+}
+
+ValveMode Valve::EffectiveSwapMode(const VmState& s) const {
+  auto mode =
+      static_cast<ValveMode>(s.swap_mode.load(std::memory_order_relaxed));
+  if (mode == ValveMode::kDefault) {
+    mode = static_cast<ValveMode>(s.mode.load(std::memory_order_relaxed));
+  }
+  if (mode == ValveMode::kDefault) {
+    mode =
+        static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
+  }
+  return mode;
 }
 
 Valve::VmState* Valve::Find(VmId vm) const {
@@ -396,11 +414,7 @@ PutMode Valve::Decide(VmId vm, uint64_t key_hash, bool guest_applies_hint) {
 PutMode Valve::DecideSwap(VmId vm) {
   VmState* s = Find(vm);
   if (s == nullptr) return PutMode::kCompress;
-  auto mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
-  if (mode == ValveMode::kDefault) {
-    mode =
-        static_cast<ValveMode>(default_mode_.load(std::memory_order_relaxed));
-  }
+  const ValveMode mode = EffectiveSwapMode(*s);
   if (mode == ValveMode::kOff) {
     s->Count(ValveCounter::kDroppedOff);
     return PutMode::kDrop;
@@ -465,6 +479,9 @@ struct Valve::Claim {
   double used;
   double want;
   double weight;
+  // Its cleancache mode is not adaptive (only its swap mode is): tokens
+  // only, its admission stays what the mode fixes.
+  bool admission_fixed = false;
   double give = 0;
 };
 
@@ -641,19 +658,24 @@ std::vector<Valve::Claim> Valve::CollectClaims(double period_budget_ns) {
     s->win_puts = s->win_puts * o.reuse_window_decay + puts;
     s->win_useful = s->win_useful * o.reuse_window_decay + useful;
     ++s->periods_in_state;
+    const double want = starved ? period_budget_ns
+                                : s->demand_ns * 1.25 + 0.01 * period_budget_ns;
+    const auto weight =
+        static_cast<double>(s->weight.load(std::memory_order_relaxed));
     if (mode != ValveMode::kAdaptive) {
       s->throttled.store(false, std::memory_order_relaxed);
       s->judge_clock.store(UINT64_MAX, std::memory_order_relaxed);
       s->admission.store(mode == ValveMode::kOff ? 0 : kAdmitAll,
                          std::memory_order_relaxed);
+      // Its swap pages may still be adaptive: they store compressed or raw
+      // by the VM's tokens, so it claims them, its admission left fixed.
+      if (EffectiveSwapMode(*s) == ValveMode::kAdaptive) {
+        claims.push_back({s, used, want, weight, /*admission_fixed=*/true});
+      }
       continue;
     }
     JudgeReuse(s);
-    claims.push_back(
-        {s, used,
-         starved ? period_budget_ns
-                 : s->demand_ns * 1.25 + 0.01 * period_budget_ns,
-         static_cast<double>(s->weight.load(std::memory_order_relaxed))});
+    claims.push_back({s, used, want, weight, /*admission_fixed=*/false});
   }
   return claims;
 }
@@ -719,7 +741,9 @@ void Valve::ApplyClaim(const Claim& c) {
   // within it gets admission back (multiplicative increase).
   VmState* s = c.s;
   const double reuse = s->ReuseRatio();
-  if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
+  if (c.admission_fixed) {
+    // Tokens only (below).
+  } else if (c.used > c.give * 1.1 && reuse < kCpuCutExemptReuse) {
     const double factor = std::clamp(c.give / std::max(c.used, 1.0), 0.5, 1.0);
     s->cpu_admission =
         std::max<double>(o.min_admission, s->cpu_admission * factor);
@@ -727,12 +751,14 @@ void Valve::ApplyClaim(const Claim& c) {
     s->cpu_admission =
         std::min<double>(kAdmitAll, s->cpu_admission * 1.5 + 256);
   }
-  const uint32_t reuse_admission = s->throttled.load(std::memory_order_relaxed)
-                                       ? o.min_admission
-                                       : kAdmitAll;
-  s->admission.store(
-      std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
-      std::memory_order_relaxed);
+  if (!c.admission_fixed) {
+    const uint32_t reuse_admission =
+        s->throttled.load(std::memory_order_relaxed) ? o.min_admission
+                                                     : kAdmitAll;
+    s->admission.store(
+        std::min(reuse_admission, static_cast<uint32_t>(s->cpu_admission)),
+        std::memory_order_relaxed);
+  }
   // Refill, but never bank more than one period's share: an idle VM must
   // not save up a burst that blows the budget later. Debt carries over.
   int64_t cur = c.s->tokens.load(std::memory_order_relaxed);
@@ -825,6 +851,9 @@ ValveVmStatus Valve::VmStatus(VmId vm) const {
   out.mode = static_cast<ValveMode>(s->mode.load(std::memory_order_relaxed));
   out.effective_mode =
       out.mode == ValveMode::kDefault ? options_.default_mode : out.mode;
+  out.swap_mode =
+      static_cast<ValveMode>(s->swap_mode.load(std::memory_order_relaxed));
+  out.effective_swap_mode = EffectiveSwapMode(*s);
   out.weight = s->weight.load(std::memory_order_relaxed);
   out.admission = AdmissionHint(vm);
   out.throttled = s->throttled.load(std::memory_order_relaxed);

@@ -53,6 +53,9 @@
 //    (the zcache-like behaviour of the 2011 report); adaptive is all of the
 //    above. With deferred_compression, adaptive answers "defer" where it
 //    would answer "compress" (counted as compressed: the compactor does it).
+//    A VM's swap devices follow its swap_mode (DecideSwap), or its mode
+//    when that is default; a VM whose swap mode is adaptive gets CPU tokens
+//    even when its cleancache mode is not.
 //
 // Every decision is counted per VM (ValveCounter).
 //
@@ -140,6 +143,10 @@ using ValveCounterValues = std::array<uint64_t, kNumValveCounters>;
 struct ValveVmStatus {
   ValveMode mode = ValveMode::kDefault;  // as set on the VM
   ValveMode effective_mode = ValveMode::kAdaptive;
+  // For its swap devices' puts, as set (kDefault follows `mode`), and what
+  // DecideSwap applies.
+  ValveMode swap_mode = ValveMode::kDefault;
+  ValveMode effective_swap_mode = ValveMode::kAdaptive;
   uint32_t weight = 100;
   uint32_t admission = 65536;   // of 65536
   bool throttled = false;       // reuse throttle engaged
@@ -206,9 +213,12 @@ class Valve final : public PutAdvisor, public EvictionListener {
   // reuse, CPU debt, memory headroom or a guest standing aside: room is the
   // store's business (a refused put spills to the device's image), and the
   // decision touches no reuse statistics, so a VM's swap traffic neither
-  // hides nor fakes its cleancache reuse. Mode off is the one drop (the VM
-  // is to get no tmem memory: its swap pages go to the image). Counted as
-  // kCompressed / kRaw / kDroppedOff. Lock-free, like Decide.
+  // hides nor fakes its cleancache reuse. The mode is the VM's swap_mode,
+  // or its mode when that is kDefault, or the host default when both are:
+  // off is the one drop (no tmem memory for its swap pages: every one goes
+  // to the image, the device is a plain disk), always is kDefer whatever
+  // the tokens, adaptive as above. Counted as kCompressed / kRaw /
+  // kDroppedOff. Lock-free, like Decide.
   PutMode DecideSwap(VmId vm);
   void RecordGet(VmId vm, uint64_t key_hash, bool hit);
   void RecordEviction(VmId vm, uint64_t key_hash);
@@ -253,6 +263,8 @@ class Valve final : public PutAdvisor, public EvictionListener {
   struct CpuDelta;
   struct Claim;
   VmState* Find(VmId vm) const;
+  // swap_mode, else mode, else the host default. Lock-free.
+  ValveMode EffectiveSwapMode(const VmState& s) const;
 
   // Tick's steps, in the order Tick runs them (all under mu_).
   // The CPU used since the last sample; none on the first sample, or when

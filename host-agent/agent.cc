@@ -420,7 +420,9 @@ VmInfo Agent::InfoLocked(const std::string& name, const VmEntry& e) const {
   if (stats.ok()) {
     info.stats = *stats;
     info.policy = stats->policy;
-    info.policy.mode = info.valve.mode;  // the valve holds the mode
+    // The valve holds the modes.
+    info.policy.mode = info.valve.mode;
+    info.policy.swap_mode = info.valve.swap_mode;
   }
   info.has_channel = e.channel != nullptr;
   if (e.channel != nullptr) {
@@ -602,7 +604,11 @@ absl::StatusOr<VmPolicy> Agent::GetVmPolicy(const std::string& name) const {
     return absl::NotFoundError(absl::StrCat("no VM named '", name, "'"));
   }
   absl::StatusOr<VmPolicy> p = store_->GetVmPolicy(it->second.vm);
-  if (p.ok()) p->mode = valve_->VmStatus(it->second.vm).mode;
+  if (p.ok()) {
+    const ValveVmStatus valve = valve_->VmStatus(it->second.vm);
+    p->mode = valve.mode;
+    p->swap_mode = valve.swap_mode;
+  }
   return p;
 }
 

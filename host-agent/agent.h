@@ -187,7 +187,8 @@ class Agent {
   absl::StatusOr<VmInfo> GetVm(const std::string& name) const;
   std::vector<VmInfo> ListVms() const;
 
-  // Quota, weight, enabled, frozen and mode at once (store + valve).
+  // Quota, swap quota, weight, enabled and frozen (store) and mode and swap
+  // mode (valve) at once; GetVmPolicy and VmInfo::policy give all back.
   absl::Status SetVmPolicy(const std::string& name, const VmPolicy& policy);
   absl::StatusOr<VmPolicy> GetVmPolicy(const std::string& name) const;
 

@@ -11,8 +11,10 @@
 #include <filesystem>
 #include <thread>
 
+#include "backend/stats.h"
 #include "guest-driver/userspace/ivshmem_client.h"
 #include "guest-driver/userspace/tmem_guest.h"
+#include "host-agent/swap/tmem_swap_backing.h"
 #include "proto/tmem_abi.h"
 #include "tests/swap/vhost_user_front_end.h"
 #include "tests/temp_dir.h"
@@ -129,6 +131,35 @@ TEST_F(AgentTest, PolicyReachesStoreAndValve) {
   EXPECT_EQ(info->valve.mode, ValveMode::kAlways);
   EXPECT_EQ(info->valve.weight, 300u);
   EXPECT_EQ(agent_->SetVmPolicy("nope", p).code(), absl::StatusCode::kNotFound);
+
+  // The swap fields round-trip too: swap quota through the store, swap
+  // mode through the valve.
+  p.swap_quota_bytes = 256 << 10;
+  p.swap_mode = ValveMode::kOff;
+  ASSERT_TRUE(agent_->SetVmPolicy("a", p).ok());
+  info = agent_->GetVm("a");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->policy.swap_quota_bytes, uint64_t{256} << 10);
+  EXPECT_EQ(info->policy.swap_mode, ValveMode::kOff);
+  EXPECT_EQ(info->policy.mode, ValveMode::kAlways);
+  EXPECT_EQ(info->valve.swap_mode, ValveMode::kOff);
+  EXPECT_EQ(info->valve.effective_swap_mode, ValveMode::kOff);
+  EXPECT_EQ(agent_->store().GetVmPolicy(info->stats.id)->swap_quota_bytes,
+            uint64_t{256} << 10);
+  absl::StatusOr<VmPolicy> got = agent_->GetVmPolicy("a");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->swap_quota_bytes, uint64_t{256} << 10);
+  EXPECT_EQ(got->swap_mode, ValveMode::kOff);
+  EXPECT_EQ(got->quota_bytes, uint64_t{1} << 20);
+  p.swap_quota_bytes = kUnlimitedQuota;
+  p.swap_mode = ValveMode::kDefault;
+  ASSERT_TRUE(agent_->SetVmPolicy("a", p).ok());
+  got = agent_->GetVmPolicy("a");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(got->swap_mode, ValveMode::kDefault);
+  EXPECT_EQ(agent_->GetVm("a")->valve.effective_swap_mode, ValveMode::kAlways)
+      << "a default swap mode follows the VM's mode";
 
   ValveOptions bad = agent_->GetValveOptions();
   bad.cpu_budget_percent = -1;
@@ -394,6 +425,76 @@ TEST(AgentSwapTest, RemovingADeviceKeepsItsPagesInTheImage) {
   g.Handshake(fe.get());
   EXPECT_EQ(g.VerifyPages(0, kPages, 5), 0) << "every page must come back";
   EXPECT_EQ(g.VerifyPages(0, 8, 6), 8) << "negative control";
+}
+
+// A VM's swap quota bounds what its swap device keeps in memory, within a
+// larger VM quota: the pages past it go to the spill image (spilled for
+// quota), the VM's persistent charge stays within the swap quota, and every
+// page reads back.
+TEST(AgentSwapTest, SwapQuotaSpillsPastItWithinALargerVmQuota) {
+  tmem::testing::TempDir tmp("tmem-agent-swapq");
+  ASSERT_FALSE(tmp.path().empty());
+  FakeSampler sampler;
+  AgentOptions o;
+  o.socket_dir = tmp.path();
+  o.state_dir = tmp.path() + "/state";
+  o.swap_store_factory = swap::TmemSwapStoreFactory();
+  o.store.memory_cap_bytes = 64 << 20;
+  o.store.address_space_bytes = 256 << 20;
+  o.workers = 1;
+  o.cpu_sampler = &sampler;
+  o.run_valve_ticker = false;
+  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  constexpr uint64_t kDevicePages = 1024;
+  constexpr int kPages = 256;  // 1 MiB written
+  constexpr uint64_t kSwapQuota = 256 << 10;
+  constexpr uint64_t kVmQuota = 16 << 20;
+  const auto queues = static_cast<uint64_t>((*agent)->options().swap_queues);
+
+  absl::StatusOr<SwapDeviceInfo> sw =
+      (*agent)->AddSwapDevice("a", kDevicePages * swap::kSwapPageSize);
+  ASSERT_TRUE(sw.ok()) << sw.status();
+  VmPolicy policy;
+  policy.quota_bytes = kVmQuota;
+  policy.swap_quota_bytes = kSwapQuota;
+  ASSERT_TRUE((*agent)->SetVmPolicy("a", policy).ok());
+
+  auto fe = swap::testing::FrontEnd::Connect(sw->socket_path);
+  ASSERT_NE(fe, nullptr);
+  swap::testing::Guest g(kDevicePages, queues);
+  g.Handshake(fe.get());
+  for (uint8_t s : g.WritePages(0, kPages, 7)) {
+    ASSERT_EQ(s, swap::kVirtioBlkSOk);
+  }
+  absl::StatusOr<VmInfo> vm = (*agent)->GetVm("a");
+  ASSERT_TRUE(vm.ok() && vm->swap.has_value());
+  EXPECT_EQ(vm->policy.swap_quota_bytes, kSwapQuota);
+  EXPECT_EQ(vm->policy.quota_bytes, kVmQuota);
+  uint64_t spilled_quota = 0;
+  bool named = false;
+  for (const auto& [name, value] : vm->swap->pages.counters) {
+    if (name ==
+        swap::TmemSwapCounterName(swap::TmemSwapCounter::kSpilledQuota)) {
+      spilled_quota = value;
+      named = true;
+    }
+  }
+  ASSERT_TRUE(named);
+  EXPECT_GT(spilled_quota, 0u);
+  EXPECT_GT(vm->swap->pages.in_memory, 0u);
+  EXPECT_GT(vm->swap->pages.spilled, 0u);
+  const uint64_t persistent =
+      CounterValueOf(vm->stats.counters, Counter::kPersistentChargedBytes);
+  EXPECT_LE(persistent, kSwapQuota);
+  EXPECT_GT(persistent, 0u);
+  EXPECT_LT(CounterValueOf(vm->stats.counters, Counter::kChargedBytes),
+            kVmQuota)
+      << "the VM quota is not what refused them";
+  EXPECT_EQ(CounterValueOf(vm->stats.counters,
+                           Counter::kPersistentPutsRefusedForSwapQuota),
+            spilled_quota);
+  EXPECT_EQ(g.VerifyPages(0, kPages, 7), 0) << "every page reads back";
 }
 
 }  // namespace

@@ -18,7 +18,9 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/blob_arena.h"
 #include "backend/compaction_queue.h"
+#include "backend/page_charge.h"
 #include "backend/page_codec.h"
 #include "backend/stats.h"
 #include "backend/tmem_store.h"
@@ -39,6 +41,9 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
 // The most work one put or get may do (bounded_work_test's kWorkBound).
 constexpr uint64_t kWorkBound = 200000;
+// What a put of a raw (incompressible) page reserves: the most it can cost.
+constexpr uint64_t kRawPutReserve =
+    BlobCharge(BlobSlotBytes(kPageSize)) + kMaxPageMetadataCharge;
 
 uint64_t Value(const CounterValues& v, Counter c) {
   return v[static_cast<int>(c)];
@@ -55,9 +60,11 @@ class PersistentPoolTest : public ::testing::Test {
     options.compaction_queue = queue;
     store_ = TmemStore::Create(options).value();
   }
-  VmId AddVm(const std::string& name, uint64_t quota = kUnlimitedQuota) {
+  VmId AddVm(const std::string& name, uint64_t quota = kUnlimitedQuota,
+             uint64_t swap_quota = kUnlimitedQuota) {
     VmPolicy policy;
     policy.quota_bytes = quota;
+    policy.swap_quota_bytes = swap_quota;
     return store_->AddVm(name, policy).value();
   }
   PoolId Persistent(VmId vm) {
@@ -799,6 +806,225 @@ TEST_F(PersistentPoolTest, ConcurrentPressureNeverLosesAPersistentPage) {
   EXPECT_EQ(lost.load(), 0u);
   EXPECT_EQ(wrong.load(), 0u);
   EXPECT_GT(checked.load(), 1000u);
+}
+
+// --- Swap quota (tmem_store.h, "Persistent pools": swap quota) ----------
+
+TEST_F(PersistentPoolTest, SwapQuotaRefusesPastItAndEvictsNothing) {
+  Open(16 * kMiB);
+  const uint64_t swap_quota = 256 * kKiB;
+  const VmId a = AddVm("a", 4 * kMiB, swap_quota);
+  EXPECT_EQ(store_->GetVmPolicy(a).value().swap_quota_bytes, swap_quota);
+  EXPECT_EQ(store_->GetVmStats(a).value().policy.swap_quota_bytes, swap_quota);
+  const PoolId swap = Persistent(a);
+  const PoolId cache = Ephemeral(a);
+  for (PageIndex i = 0; i < 100; ++i) {
+    ASSERT_TRUE(Put(a, cache, 1, i, RandomPage(50000 + i)).stored);
+  }
+  PageIndex stored = 0;
+  PutResult refused;
+  for (PageIndex i = 0; i < 400; ++i) {
+    refused = Put(a, swap, 1, i, RandomPage(i));
+    if (!refused.stored) break;
+    ++stored;
+  }
+  ASSERT_FALSE(refused.stored);
+  EXPECT_EQ(refused.reason, RefuseReason::kQuota);
+  EXPECT_EQ(refused.evicted, 0u);
+  const VmStats stats = store_->GetVmStats(a).value();
+  const uint64_t held = Value(stats.counters, Counter::kPersistentChargedBytes);
+  EXPECT_GT(stored, 0u);
+  EXPECT_LE(held, swap_quota);
+  // Refused at the swap quota, not before it: the page's reservation did
+  // not fit in what was left.
+  EXPECT_GT(held + kRawPutReserve, swap_quota);
+  EXPECT_EQ(Value(stats.counters, Counter::kPersistentPutsRefusedForSwapQuota),
+            1u);
+  EXPECT_EQ(Value(stats.pools[swap].counters,
+                  Counter::kPersistentPutsRefusedForSwapQuota),
+            1u);
+  EXPECT_EQ(Value(stats.counters, Counter::kPutsRefusedQuota), 1u);
+  EXPECT_EQ(Value(stats.counters, Counter::kPersistentPutsRefusedForRoom), 0u);
+  EXPECT_EQ(store_->GetHostStats().persistent_puts_refused_for_swap_quota, 1u);
+  // Nothing evicted for it: the VM's cache pages are all there.
+  EXPECT_EQ(Value(stats.counters, Counter::kEvictionsQuota), 0u);
+  EXPECT_EQ(Value(stats.counters, Counter::kEvictionsHostCap), 0u);
+  EXPECT_EQ(EphemeralPages(a), 100u);
+  for (PageIndex i = 0; i < stored; ++i) {
+    ASSERT_EQ(Get(a, swap, 1, i), RandomPage(i)) << i;
+  }
+  // Room made in the swap quota takes the next put.
+  ASSERT_TRUE(store_->InvalidatePage(a, swap, ObjectId::FromInode(1), 0).ok());
+  EXPECT_TRUE(Put(a, swap, 1, stored, RandomPage(stored)).stored);
+}
+
+TEST_F(PersistentPoolTest, SwapQuotaDoesNotLimitEphemeralPages) {
+  Open(16 * kMiB);
+  const VmId a = AddVm("a", kUnlimitedQuota, /*swap_quota=*/0);
+  const PoolId swap = Persistent(a);
+  const PoolId cache = Ephemeral(a);
+  for (PageIndex i = 0; i < 200; ++i) {
+    ASSERT_TRUE(Put(a, cache, 1, i, RandomPage(i)).stored) << i;
+  }
+  const PutResult r = Put(a, swap, 1, 0, RandomPage(1000));
+  EXPECT_FALSE(r.stored);
+  EXPECT_EQ(r.reason, RefuseReason::kQuota);
+  // Even a metadata-only page is charged, so none fits in 0.
+  EXPECT_FALSE(Put(a, swap, 1, 1, FilledWith(0)).stored);
+  const CounterValues c = VmCounters(a);
+  EXPECT_EQ(Value(c, Counter::kPersistentChargedBytes), 0u);
+  EXPECT_EQ(Value(c, Counter::kPersistentPutsRefusedForSwapQuota), 2u);
+  EXPECT_EQ(EphemeralPages(a), 200u);
+  EXPECT_GT(Value(c, Counter::kChargedBytes), 200 * kPageSize);
+}
+
+TEST_F(PersistentPoolTest, LoweredSwapQuotaKeepsThePagesAndRefusesNewOnes) {
+  Open(16 * kMiB);
+  const VmId a = AddVm("a");
+  const PoolId swap = Persistent(a);
+  const PoolId cache = Ephemeral(a);
+  for (PageIndex i = 0; i < 64; ++i) {
+    ASSERT_TRUE(Put(a, swap, 1, i, RandomPage(i)).stored) << i;
+  }
+  const uint64_t held = Value(VmCounters(a), Counter::kPersistentChargedBytes);
+  VmPolicy policy = store_->GetVmPolicy(a).value();
+  policy.swap_quota_bytes = held / 2;
+  ASSERT_TRUE(store_->SetVmPolicy(a, policy).ok());
+  EXPECT_EQ(store_->GetVmPolicy(a).value().swap_quota_bytes, held / 2);
+  // Every page stays, visible as a persistent charge over the swap quota.
+  for (PageIndex i = 0; i < 64; ++i) {
+    ASSERT_EQ(Get(a, swap, 1, i), RandomPage(i)) << i;
+  }
+  EXPECT_EQ(Value(VmCounters(a), Counter::kPersistentChargedBytes), held);
+  EXPECT_EQ(Value(VmCounters(a), Counter::kEvictionsQuota), 0u);
+  // New persistent puts are refused until under; cache puts are not.
+  EXPECT_FALSE(Put(a, swap, 1, 100, RandomPage(100)).stored);
+  EXPECT_TRUE(Put(a, cache, 1, 0, RandomPage(200)).stored);
+  for (PageIndex i = 0; i < 40; ++i) {
+    ASSERT_TRUE(
+        store_->InvalidatePage(a, swap, ObjectId::FromInode(1), i).ok());
+  }
+  EXPECT_LT(Value(VmCounters(a), Counter::kPersistentChargedBytes),
+            held / 2 - kRawPutReserve);
+  EXPECT_TRUE(Put(a, swap, 1, 100, RandomPage(100)).stored);
+  EXPECT_EQ(Value(VmCounters(a), Counter::kPersistentPutsRefusedForSwapQuota),
+            1u);
+}
+
+// Deferred compression re-charges a persistent page at its compressed
+// size: the swap quota's gauge follows, so the room it frees takes more
+// pages, and the gauge stays the sum of what the pages are charged.
+TEST_F(PersistentPoolTest, DeferredRechargeKeepsTheSwapQuotaGaugeRight) {
+  CompactionQueue queue(1024);
+  Open(16 * kMiB, 4, &queue);
+  const uint64_t swap_quota = 128 * kKiB;
+  const VmId a = AddVm("a", kUnlimitedQuota, swap_quota);
+  const PoolId swap = Persistent(a);
+  PageIndex next = 0;
+  while (Put(a, swap, 1, next, TextPage(next), PutMode::kDefer).stored) {
+    ++next;
+    ASSERT_LT(next, 1000u);
+  }
+  const PageIndex raw_pages = next;
+  ASSERT_GT(raw_pages, 0u);
+  std::array<CompactionTicket, 64> tickets;
+  size_t n;
+  while ((n = queue.PopBatch(tickets)) > 0) {
+    for (size_t k = 0; k < n; ++k) {
+      Page raw{};
+      ASSERT_TRUE(store_->ReadDeferred(tickets[k], MutablePage(raw)));
+      std::array<uint8_t, kMaxCompressedPage> block{};
+      const size_t len = CompressPage(ConstPage(raw), block);
+      ASSERT_GT(len, 0u);
+      ASSERT_EQ(store_->CompleteDeferred(
+                    tickets[k], std::span<const uint8_t>(block.data(), len)),
+                DeferredOutcome::kCompressed);
+    }
+  }
+  VmStats stats = store_->GetVmStats(a).value();
+  EXPECT_EQ(
+      Value(stats.counters, Counter::kPersistentChargedBytes),
+      Value(stats.pools[swap].counters, Counter::kPersistentChargedBytes));
+  // The compressed pages left room for more in the same swap quota.
+  while (Put(a, swap, 1, next, TextPage(next)).stored) {
+    ++next;
+    ASSERT_LT(next, 10000u);
+  }
+  EXPECT_GT(next, raw_pages + 1);
+  stats = store_->GetVmStats(a).value();
+  const uint64_t held = Value(stats.counters, Counter::kPersistentChargedBytes);
+  EXPECT_LE(held, swap_quota);
+  EXPECT_EQ(held, Value(stats.pools[swap].counters,
+                        Counter::kPersistentChargedBytes));
+  for (PageIndex i = 0; i < next; ++i) {
+    ASSERT_EQ(Get(a, swap, 1, i), TextPage(i)) << i;
+  }
+}
+
+// Threads: several threads put into one VM's persistent pool at once. The
+// swap quota holds at every put (add then check) and the gauge settles to
+// exactly what the stored pages are charged (every reservation trimmed or
+// given back).
+TEST_F(PersistentPoolTest, SwapQuotaIsExactUnderConcurrentPuts) {
+  Open(32 * kMiB, 8);
+  const uint64_t swap_quota = 512 * kKiB;
+  const VmId a = AddVm("a", 8 * kMiB, swap_quota);
+  const PoolId swap = Persistent(a);
+  const PoolId cache = Ephemeral(a);
+  constexpr int kThreads = 4;
+  constexpr PageIndex kPerThread = 400;
+  std::atomic<uint64_t> over{0}, stored{0}, refused{0}, other{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (PageIndex i = 0; i < kPerThread; ++i) {
+        const PageIndex index = t * kPerThread + i;
+        // Re-puts, invalidates and a cache page now and then, so
+        // reservations meet removals of the same gauge.
+        if (i % 7 == 3) {
+          (void)store_->InvalidatePage(a, swap, ObjectId::FromInode(1),
+                                       index - 2);
+        }
+        if (i % 5 == 1) {
+          (void)store_->Put(a, cache, ObjectId::FromInode(2), index,
+                            ConstPage(RandomPage(90000 + index)));
+        }
+        const Page page = i % 3 == 0 ? TextPage(index) : RandomPage(index);
+        auto r = store_->Put(a, swap, ObjectId::FromInode(1),
+                             i % 11 == 0 ? index / 2 : index, ConstPage(page));
+        if (!r.ok()) {
+          other.fetch_add(1);
+        } else if (r->stored) {
+          stored.fetch_add(1);
+        } else if (r->reason == RefuseReason::kQuota) {
+          refused.fetch_add(1);
+        } else {
+          other.fetch_add(1);
+        }
+        const uint64_t held =
+            store_->GetVmStats(a)
+                .value()
+                .counters[static_cast<int>(Counter::kPersistentChargedBytes)];
+        if (held > swap_quota) over.fetch_add(1);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(over.load(), 0u) << "the gauge (with reservations) went over";
+  EXPECT_EQ(other.load(), 0u);
+  EXPECT_GT(stored.load(), 0u);
+  EXPECT_GT(refused.load(), 0u);
+  const VmStats stats = store_->GetVmStats(a).value();
+  const uint64_t held = Value(stats.counters, Counter::kPersistentChargedBytes);
+  EXPECT_LE(held, swap_quota);
+  EXPECT_EQ(held, Value(stats.pools[swap].counters,
+                        Counter::kPersistentChargedBytes));
+  EXPECT_EQ(Value(stats.counters, Counter::kPersistentPutsRefusedForSwapQuota),
+            refused.load());
+  // Every persistent page gone: the gauge is back at exactly 0.
+  ASSERT_TRUE(store_->InvalidatePool(a, swap).ok());
+  EXPECT_EQ(Value(VmCounters(a), Counter::kPersistentChargedBytes), 0u);
+  EXPECT_EQ(Value(VmCounters(a), Counter::kPersistentPagesHeld), 0u);
 }
 
 }  // namespace

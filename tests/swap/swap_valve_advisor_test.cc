@@ -272,6 +272,94 @@ TEST_F(SwapValveAdvisorTest, ModeOffSpillsEverySwapPage) {
   EXPECT_EQ(Bad(0, 20, 4), 0);
 }
 
+// Swap mode apart from the cleancache mode (VmPolicy::swap_mode): cleancache
+// off, swap adaptive. The VM's cleancache puts are dropped and its guest
+// told to send none; its swap pages are stored, compressed with the tokens
+// it still gets for them.
+TEST_F(SwapValveAdvisorTest, CleancacheOffSwapAdaptiveStoresSwapPages) {
+  ASSERT_NO_FATAL_FAILURE(Build(TestOptions()));
+  VmPolicy policy;
+  policy.mode = ValveMode::kOff;
+  policy.swap_mode = ValveMode::kAdaptive;
+  valve_->SetVmPolicy(vm_, policy);
+  valve_->Tick(host_.Advance(0, 0));
+  const ValveVmStatus st = valve_->VmStatus(vm_);
+  EXPECT_EQ(st.mode, ValveMode::kOff);
+  EXPECT_EQ(st.effective_mode, ValveMode::kOff);
+  EXPECT_EQ(st.swap_mode, ValveMode::kAdaptive);
+  EXPECT_EQ(st.effective_swap_mode, ValveMode::kAdaptive);
+  EXPECT_EQ(st.admission, 0u) << "cleancache stays off";
+  EXPECT_GT(st.cpu_tokens_ns, 0) << "tokens for its adaptive swap pages";
+  EXPECT_EQ(valve_->Decide(vm_, 1, true), PutMode::kDrop);
+  Write(0, 20, 5);
+  EXPECT_EQ(Swap(TmemSwapCounter::kSpilledValve), 0u);
+  EXPECT_EQ(Swap(TmemSwapCounter::kWritesStored), 20u);
+  EXPECT_EQ(Valved(ValveCounter::kCompressed), 20u);
+  EXPECT_EQ(Bad(0, 20, 5), 0);
+  // Out of tokens, adaptive swap pages are stored raw, never spilled.
+  ASSERT_NO_FATAL_FAILURE(DeepInDebt());
+  EXPECT_EQ(advisor_->Advise(vm_, 2, false), PutMode::kDeferIdle);
+  // The refills pay the debt back and give tokens again (a VM whose
+  // every mode is off would get none); its cleancache stays off.
+  valve_->Tick(host_.Advance(0, 0));
+  valve_->Tick(host_.Advance(0, 0));
+  EXPECT_GT(valve_->VmStatus(vm_).cpu_tokens_ns, 0);
+  EXPECT_EQ(advisor_->Advise(vm_, 3, false), PutMode::kDefer);
+  EXPECT_EQ(valve_->VmStatus(vm_).admission, 0u);
+}
+
+// Swap off, cleancache adaptive: every swap page goes to the image (the
+// device is a plain disk) while the VM's cleancache puts are stored.
+TEST_F(SwapValveAdvisorTest, SwapOffCleancacheAdaptiveSpillsEverySwapPage) {
+  ASSERT_NO_FATAL_FAILURE(Build(TestOptions()));
+  VmPolicy policy;
+  policy.mode = ValveMode::kAdaptive;
+  policy.swap_mode = ValveMode::kOff;
+  valve_->SetVmPolicy(vm_, policy);
+  valve_->Tick(host_.Advance(0, 0));
+  const ValveVmStatus st = valve_->VmStatus(vm_);
+  EXPECT_EQ(st.effective_mode, ValveMode::kAdaptive);
+  EXPECT_EQ(st.effective_swap_mode, ValveMode::kOff);
+  EXPECT_EQ(st.admission, 65536u);
+  Write(0, 20, 6);
+  EXPECT_EQ(Swap(TmemSwapCounter::kSpilledValve), 20u);
+  EXPECT_EQ(Swap(TmemSwapCounter::kWritesStored), 0u);
+  EXPECT_EQ(Pool(Counter::kPagesHeld), 0u);
+  EXPECT_EQ(Bad(0, 20, 6), 0);
+  // A cleancache put of the same VM, as the valve advises it, is stored.
+  auto cache = store_->NewPool(vm_, nullptr);
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const PutMode mode = valve_->Decide(vm_, 7, true);
+  EXPECT_NE(mode, PutMode::kDrop);
+  const std::vector<uint8_t> page = Pattern(7, 6);
+  auto r = store_->Put(vm_, *cache, ObjectId::FromInode(7), 0,
+                       ConstPage(page.data(), kPageSize), mode);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->stored);
+}
+
+// Swap always: deferred compression for every swap page, tokens or not;
+// kDefault follows the VM's mode, then the host default.
+TEST_F(SwapValveAdvisorTest, SwapModeAlwaysAndDefaultFallbacks) {
+  ASSERT_NO_FATAL_FAILURE(Build(TestOptions()));
+  VmPolicy policy;
+  policy.swap_mode = ValveMode::kAlways;
+  valve_->SetVmPolicy(vm_, policy);
+  valve_->Tick(host_.Advance(0, 0));
+  ASSERT_NO_FATAL_FAILURE(DeepInDebt());
+  EXPECT_EQ(advisor_->Advise(vm_, 1, false), PutMode::kDefer);
+  EXPECT_EQ(valve_->VmStatus(vm_).effective_mode, ValveMode::kAdaptive);
+  policy.swap_mode = ValveMode::kDefault;
+  policy.mode = ValveMode::kOff;
+  valve_->SetVmPolicy(vm_, policy);
+  EXPECT_EQ(valve_->VmStatus(vm_).effective_swap_mode, ValveMode::kOff);
+  EXPECT_EQ(advisor_->Advise(vm_, 2, false), PutMode::kDrop);
+  policy.mode = ValveMode::kDefault;
+  valve_->SetVmPolicy(vm_, policy);
+  EXPECT_EQ(valve_->VmStatus(vm_).swap_mode, ValveMode::kDefault);
+  EXPECT_EQ(valve_->VmStatus(vm_).effective_swap_mode, ValveMode::kAdaptive);
+}
+
 TEST_F(SwapValveAdvisorTest, ChargedCpuComesOutOfTheVmsTokens) {
   ASSERT_NO_FATAL_FAILURE(Build(TestOptions()));
   valve_->Tick(host_.Advance(0, 0));
