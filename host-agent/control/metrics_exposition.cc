@@ -117,11 +117,12 @@ constexpr MetricFamily kVmPersistentChargedBytes{
     "Of the charged bytes, those of pages in the VM's persistent pools."};
 constexpr MetricFamily kPersistentPutsRefused{
     "tmem_persistent_puts_refused_total", kCounter,
-    "Puts to the VM's persistent pools refused for room (quota or host "
-    "memory): pages its swap device kept on disk instead."};
+    "Puts to the VM's persistent pools refused, by reason (room: quota or "
+    "host memory; swap_quota: the VM's swap quota): pages its swap device "
+    "kept on disk instead."};
 constexpr MetricFamily kHostPersistentPutsRefused{
     "tmem_host_persistent_puts_refused_total", kCounter,
-    "Puts to persistent pools refused for room, over every VM since tmemd "
+    "Puts to persistent pools refused, by reason, over every VM since tmemd "
     "started (removed VMs included)."};
 
 // --- valve counters (backend/valve.h) -----------------------------------
@@ -463,7 +464,11 @@ CounterSeries StoreCounterSeries(Counter c) {
     case Counter::kPersistentChargedBytes:
       return {kVmPersistentChargedBytes, "", "", kNone};
     case Counter::kPersistentPutsRefusedForRoom:
-      return {kPersistentPutsRefused, "", "", kHostPersistentPutsRefused};
+      return {kPersistentPutsRefused, "reason", "room",
+              kHostPersistentPutsRefused};
+    case Counter::kPersistentPutsRefusedForSwapQuota:
+      return {kPersistentPutsRefused, "reason", "swap_quota",
+              kHostPersistentPutsRefused};
     case Counter::kNumCounters:
       break;
   }
