@@ -453,7 +453,8 @@ SwapDeviceInfo Agent::SwapInfo(const SwapEntry& s) const {
 }
 
 absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
-                                                    uint64_t size_bytes) {
+                                                    uint64_t size_bytes,
+                                                    const VmPolicy& requested) {
   if (absl::Status s = ValidateVmName(name); !s.ok()) return s;
   if (size_bytes == 0 || size_bytes % swap::kSwapPageSize != 0) {
     return absl::InvalidArgumentError(
@@ -469,7 +470,7 @@ absl::StatusOr<SwapDeviceInfo> Agent::AddSwapDevice(const std::string& name,
   if (swap_stopped_.load()) {
     return absl::FailedPreconditionError("tmemd is stopping");
   }
-  const VmPolicy policy = resolver_ ? resolver_(name, VmPolicy{}) : VmPolicy{};
+  const VmPolicy policy = resolver_ ? resolver_(name, requested) : requested;
   bool created = false;
   absl::StatusOr<VmEntry*> e = EntryForLocked(name, policy, false, &created);
   if (!e.ok()) return e.status();

@@ -153,9 +153,11 @@ class Agent {
   // The VM's swap device of `size_bytes` (a multiple of 4096, > 0) at
   // SOCKET_DIR/NAME.swap.sock, listening when this returns. ALREADY_EXISTS
   // if the VM has one; INVALID_ARGUMENT for a bad name or size. A VM not
-  // yet known is registered with the policy the resolver gives it.
-  absl::StatusOr<SwapDeviceInfo> AddSwapDevice(const std::string& name,
-                                               uint64_t size_bytes);
+  // yet known is registered with the policy the resolver gives it for
+  // `requested` (the configured one); a known VM keeps its policy.
+  absl::StatusOr<SwapDeviceInfo> AddSwapDevice(
+      const std::string& name, uint64_t size_bytes,
+      const VmPolicy& requested = VmPolicy{});
   // Stops the device (a connected front-end is cut off), writes every page
   // it holds in memory into its spill image (so adding the device again
   // finds the same disk), unlinks its socket and frees its memory;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -153,6 +154,12 @@ class TableReader {
       return Bad(key, *n, absl::StrCat("must be a string, not ", TypeName(*n)));
     *out = *s;
     return absl::OkStatus();
+  }
+
+  // "'PATH.KEY' (FILE:LINE)" of a key that is present; "" otherwise.
+  std::string SourceOf(std::string_view key) const {
+    const toml::node* n = table_.get(key);
+    return n == nullptr ? std::string() : Source(key, *n);
   }
 
   // A refusal of a key that is present, naming it with FILE:LINE.
@@ -532,7 +539,39 @@ absl::Status ApplyFleet(const toml::table& t, FleetConfig& c) {
   return absl::OkStatus();
 }
 
-// [swap.NAME]: size = "4GiB".
+// The policy fields of a [[vm]] or [swap.NAME] table (those in `keys`),
+// into `policy`, with where each was set into `set`.
+struct PolicyKeys {
+  bool enabled = true;  // [[vm]] only: a swap-only VM is served or removed
+};
+absl::Status ReadPolicy(const TableReader& r, const PolicyKeys& keys,
+                        VmPolicy& policy, PolicySources& set) {
+  uint64_t quota = 0;  // 0: unlimited (setting_ranges.h)
+  if (auto s = r.Size("quota", &quota, ranges::kQuota); !s.ok()) return s;
+  policy.quota_bytes = QuotaFromSetting(quota);
+  set.quota = r.SourceOf("quota");
+  if (auto s = r.Integer("weight", &policy.weight, ranges::kWeight); !s.ok()) {
+    return s;
+  }
+  set.weight = r.SourceOf("weight");
+  if (keys.enabled) {
+    if (auto s = r.Bool("enabled", &policy.enabled); !s.ok()) return s;
+    set.enabled = r.SourceOf("enabled");
+  }
+  if (auto s = r.Mode("mode", &policy.mode, true); !s.ok()) return s;
+  set.mode = r.SourceOf("mode");
+  uint64_t swap_quota = 0;  // 0: unlimited, as quota
+  if (auto s = r.Size("swap_quota", &swap_quota, ranges::kSwapQuota); !s.ok()) {
+    return s;
+  }
+  policy.swap_quota_bytes = QuotaFromSetting(swap_quota);
+  set.swap_quota = r.SourceOf("swap_quota");
+  if (auto s = r.Mode("swap_mode", &policy.swap_mode, true); !s.ok()) return s;
+  set.swap_mode = r.SourceOf("swap_mode");
+  return absl::OkStatus();
+}
+
+// [swap.NAME]: size = "4GiB", and the policy of a VM with no [[vm]].
 absl::Status ApplySwap(const toml::table& t, TmemdConfig& c) {
   for (const auto& [key, node] : t) {
     const std::string name(key.str());
@@ -552,7 +591,11 @@ absl::Status ApplySwap(const toml::table& t, TmemdConfig& c) {
           name, "] with size = \"4GiB\""));
     }
     TableReader r(*dev, absl::StrCat("swap.", name, "."));
-    if (auto s = r.CheckKeys({"size"}); !s.ok()) return s;
+    if (auto s = r.CheckKeys(
+            {"size", "quota", "weight", "mode", "swap_quota", "swap_mode"});
+        !s.ok()) {
+      return s;
+    }
     if (dev->get("size") == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat("[swap.", name, "] (", where, ") has no size"));
@@ -568,6 +611,10 @@ absl::Status ApplySwap(const toml::table& t, TmemdConfig& c) {
                      size_src.path ? *size_src.path : std::string("config"),
                      ":", size_src.begin.line, ")");
     if (auto s = CheckSwapSize(sc.size_bytes, sc.source); !s.ok()) return s;
+    if (auto s = ReadPolicy(r, PolicyKeys{.enabled = false}, sc.policy, sc.set);
+        !s.ok()) {
+      return s;
+    }
     c.swap_devices.push_back(sc);
   }
   return absl::OkStatus();
@@ -575,7 +622,8 @@ absl::Status ApplySwap(const toml::table& t, TmemdConfig& c) {
 
 absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
   TableReader r(t, absl::StrCat("vm[", index, "]."));
-  if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode"});
+  if (auto s = r.CheckKeys({"name", "quota", "weight", "enabled", "mode",
+                            "swap_quota", "swap_mode"});
       !s.ok())
     return s;
   VmConfig vm;
@@ -586,13 +634,9 @@ absl::Status ApplyVm(const toml::table& t, size_t index, TmemdConfig& c) {
         absl::StrCat("'vm[", index, "]' has no name"));
   }
   vm.name = *name;
-  uint64_t quota = 0;  // 0: unlimited (setting_ranges.h)
-  if (auto s = r.Size("quota", &quota, ranges::kQuota); !s.ok()) return s;
-  vm.policy.quota_bytes = QuotaFromSetting(quota);
-  if (auto s = r.Integer("weight", &vm.policy.weight, ranges::kWeight); !s.ok())
+  if (auto s = ReadPolicy(r, PolicyKeys{}, vm.policy, vm.set); !s.ok()) {
     return s;
-  if (auto s = r.Bool("enabled", &vm.policy.enabled); !s.ok()) return s;
-  if (auto s = r.Mode("mode", &vm.policy.mode, true); !s.ok()) return s;
+  }
   c.vms.push_back(vm);
   return absl::OkStatus();
 }
@@ -685,6 +729,51 @@ absl::StatusOr<TmemdConfig> LoadConfigFile(const std::string& path,
   return ParseConfig(buf.str(), path, std::move(base));
 }
 
+namespace {
+
+// A policy field a VM's [[vm]] and its [swap.NAME] both set: which one
+// wins would be a guess, so neither does.
+absl::Status CheckSetOnce(const std::string& vm, const PolicySources& a,
+                          const PolicySources& b) {
+  const std::pair<const char*, const std::string PolicySources::*> fields[] = {
+      {"quota", &PolicySources::quota},
+      {"weight", &PolicySources::weight},
+      {"enabled", &PolicySources::enabled},
+      {"mode", &PolicySources::mode},
+      {"swap_quota", &PolicySources::swap_quota},
+      {"swap_mode", &PolicySources::swap_mode},
+  };
+  for (const auto& [field, member] : fields) {
+    if ((a.*member).empty() || (b.*member).empty()) continue;
+    return absl::InvalidArgumentError(
+        absl::StrCat("VM '", vm, "': ", field, " is set twice, by ", a.*member,
+                     " and by ", b.*member, ": set it in one place"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+VmPolicy ConfiguredVmPolicy(const TmemdConfig& c, std::string_view name) {
+  VmPolicy policy;
+  for (const VmConfig& vm : c.vms) {
+    if (vm.name == name) policy = vm.policy;
+  }
+  for (const SwapConfig& sc : c.swap_devices) {
+    if (sc.name != name) continue;
+    const PolicySources& set = sc.set;
+    if (!set.quota.empty()) policy.quota_bytes = sc.policy.quota_bytes;
+    if (!set.weight.empty()) policy.weight = sc.policy.weight;
+    if (!set.enabled.empty()) policy.enabled = sc.policy.enabled;
+    if (!set.mode.empty()) policy.mode = sc.policy.mode;
+    if (!set.swap_quota.empty()) {
+      policy.swap_quota_bytes = sc.policy.swap_quota_bytes;
+    }
+    if (!set.swap_mode.empty()) policy.swap_mode = sc.policy.swap_mode;
+  }
+  return policy;
+}
+
 absl::Status ValidateConfig(const TmemdConfig& c) {
   if (!std::has_single_bit(c.region_bytes)) {
     return absl::InvalidArgumentError(
@@ -715,6 +804,12 @@ absl::Status ValidateConfig(const TmemdConfig& c) {
   }
   absl::flat_hash_set<std::string> swaps;
   for (const SwapConfig& sc : c.swap_devices) {
+    for (const VmConfig& vm : c.vms) {
+      if (vm.name != sc.name) continue;
+      if (absl::Status s = CheckSetOnce(vm.name, vm.set, sc.set); !s.ok()) {
+        return s;
+      }
+    }
     if (absl::Status s = ValidateVmName(sc.name); !s.ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat(sc.source, ": ", s.message()));

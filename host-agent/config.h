@@ -25,8 +25,14 @@
 //   name = "web1"
 //   quota = "512MiB"
 //   weight = 200
-//   [swap.web1]                # a vhost-user-blk swap device for web1
+//   swap_quota = "256MiB"      # of the quota, at most this in swap pages
+//   swap_mode = "default"      # default (follows mode) | off | always |
+//   adaptive [swap.web1]                # a vhost-user-blk swap device for web1
 //   size = "4GiB"              # SOCKET_DIR/web1.swap.sock
+//   [swap.db1]                 # a VM with a swap device only: its policy
+//   size = "8GiB"              # may be set here (quota, weight, mode,
+//   quota = "1GiB"             # swap_quota, swap_mode); a field set in
+//   swap_quota = "512MiB"      # both [[vm]] and [swap.NAME] is an error
 #ifndef TMEMD_HOST_AGENT_CONFIG_H_
 #define TMEMD_HOST_AGENT_CONFIG_H_
 
@@ -48,9 +54,21 @@
 
 namespace tmem {
 
+// Where a [[vm]] or [swap.NAME] table set each policy field: "'KEY'
+// (FILE:LINE)", empty when it did not. A field is set in one place only.
+struct PolicySources {
+  std::string quota;
+  std::string weight;
+  std::string enabled;
+  std::string mode;
+  std::string swap_quota;
+  std::string swap_mode;
+};
+
 struct VmConfig {
   std::string name;
   VmPolicy policy;
+  PolicySources set;  // empty for --vm
 };
 
 // [swap.NAME] or --swap NAME=SIZE: VM NAME's swap device (a vhost-user-blk
@@ -60,6 +78,11 @@ struct SwapConfig {
   std::string name;
   uint64_t size_bytes = 0;  // > 0, a multiple of 4096
   std::string source;       // "FILE:LINE" or "--swap", for errors
+  // Policy fields [swap.NAME] may set (quota, weight, mode, swap_quota,
+  // swap_mode), for a VM with no [[vm]]; fields `set` does not name keep
+  // their defaults. ConfiguredVmPolicy combines them with a [[vm]]'s.
+  VmPolicy policy;
+  PolicySources set;  // empty for --swap
 };
 
 // Parses --swap's NAME=SIZE; errors name the flag and the text.
@@ -151,8 +174,14 @@ absl::StatusOr<TmemdConfig> ParseConfig(std::string_view toml,
                                         TmemdConfig base);
 
 // Cross-field checks (region size, vectors, VM names unique and safe as
-// file names, quota/weight ranges, one swap device per VM).
+// file names, quota/weight ranges, one swap device per VM, no policy field
+// set by both [[vm]] NAME and [swap.NAME]).
 absl::Status ValidateConfig(const TmemdConfig& config);
+
+// The policy VM `name` starts with from the configuration: its [[vm]]'s (or
+// the defaults if it has none), with the fields its [swap.NAME] sets laid
+// over (ValidateConfig made sure no field is set by both).
+VmPolicy ConfiguredVmPolicy(const TmemdConfig& config, std::string_view name);
 
 }  // namespace tmem
 

@@ -120,7 +120,13 @@ void LogStats(const Agent& agent, std::string_view event) {
         {{"vm", vm.name},
          {"connected", vm.connected},
          {"mode", ValveModeName(vm.valve.effective_mode)},
+         {"swap_mode", ValveModeName(vm.valve.effective_swap_mode)},
          {"pages", CounterValueOf(vm.stats.counters, Counter::kPagesHeld)},
+         {"persistent_charged_bytes",
+          CounterValueOf(vm.stats.counters, Counter::kPersistentChargedBytes)},
+         {"persistent_refused_swap_quota",
+          CounterValueOf(vm.stats.counters,
+                         Counter::kPersistentPutsRefusedForSwapQuota)},
          {"gets_hit", CounterValueOf(vm.stats.counters, Counter::kGetsHit)},
          {"gets_miss", CounterValueOf(vm.stats.counters, Counter::kGetsMiss)},
          {"admission", vm.valve.admission},
@@ -443,7 +449,8 @@ StepExit CheckFlagRanges(const Flags& f) {
 
 // Flags override the file: lays every flag given over `config`.
 StepExit MergeFlags(const Flags& f, TmemdConfig& config) {
-  for (const std::string& name : f.vm_names) config.vms.push_back({name, {}});
+  for (const std::string& name : f.vm_names)
+    config.vms.push_back({name, {}, {}});
   for (const std::string& text : f.swap_devices) {
     absl::StatusOr<SwapConfig> sc = ParseSwapFlag(text);
     if (!sc.ok()) return RefuseFlag("--swap", sc.status());
@@ -789,8 +796,7 @@ void RestoreHandedOverVms(Daemon& d) {
       if (vm.name == name) configured = &vm;
     }
     absl::StatusOr<VmInfo> restored = d.agent->RestoreVm(
-        name, configured != nullptr ? configured->policy : VmPolicy{},
-        std::move(fds));
+        name, ConfiguredVmPolicy(d.config, name), std::move(fds));
     if (!restored.ok()) {
       ++restart.failed;
       Log(LogLevel::kError, "channel_restore_failed",
@@ -823,7 +829,8 @@ void RestoreHandedOverVms(Daemon& d) {
 StepExit AddConfiguredVms(Daemon& d) {
   for (const VmConfig& vm : d.config.vms) {
     if (d.agent->HasVm(vm.name)) continue;  // restored
-    absl::StatusOr<VmInfo> added = d.agent->AddVm(vm.name, vm.policy);
+    absl::StatusOr<VmInfo> added =
+        d.agent->AddVm(vm.name, ConfiguredVmPolicy(d.config, vm.name));
     if (!added.ok()) {
       Log(LogLevel::kError, "channel_error",
           {{"vm", vm.name}, {"error", added.status().message()}});
@@ -834,11 +841,12 @@ StepExit AddConfiguredVms(Daemon& d) {
 }
 
 // A swap device per [swap.NAME] / --swap, after the channels, so a VM with
-// both is registered once, with its channel's configured policy.
+// both is registered once, with the policy its [[vm]] and [swap.NAME] set
+// together; a VM with only a swap device gets what its [swap.NAME] sets.
 StepExit AddSwapDevices(Daemon& d) {
   for (const SwapConfig& sc : d.config.swap_devices) {
-    absl::StatusOr<SwapDeviceInfo> added =
-        d.agent->AddSwapDevice(sc.name, sc.size_bytes);
+    absl::StatusOr<SwapDeviceInfo> added = d.agent->AddSwapDevice(
+        sc.name, sc.size_bytes, ConfiguredVmPolicy(d.config, sc.name));
     if (!added.ok()) {
       Log(LogLevel::kError, "swap_device_error",
           {{"vm", sc.name},

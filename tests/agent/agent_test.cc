@@ -375,6 +375,33 @@ TEST_F(AgentTest, ChannelAndSwapDeviceShareOneStoreVm) {
   EXPECT_EQ(agent_->store().GetHostStats().vms, 1u);
 }
 
+// A VM registered by its swap device starts with the policy asked for
+// (tmemd passes what [swap.NAME] configures); a VM already known keeps its
+// own.
+TEST_F(AgentTest, SwapDeviceRegistersANewVmWithTheRequestedPolicy) {
+  VmPolicy requested;
+  requested.quota_bytes = 32 << 20;
+  requested.weight = 250;
+  requested.swap_quota_bytes = 8 << 20;
+  requested.swap_mode = ValveMode::kAlways;
+  ASSERT_TRUE(agent_->AddSwapDevice("s", 1 << 20, requested).ok());
+  absl::StatusOr<VmPolicy> got = agent_->GetVmPolicy("s");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->quota_bytes, uint64_t{32} << 20);
+  EXPECT_EQ(got->weight, 250u);
+  EXPECT_EQ(got->swap_quota_bytes, uint64_t{8} << 20);
+  EXPECT_EQ(got->swap_mode, ValveMode::kAlways);
+
+  VmPolicy channel;
+  channel.quota_bytes = 4 << 20;
+  ASSERT_TRUE(agent_->AddVm("t", channel).ok());
+  ASSERT_TRUE(agent_->AddSwapDevice("t", 1 << 20, requested).ok());
+  got = agent_->GetVmPolicy("t");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->quota_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(got->swap_quota_bytes, kUnlimitedQuota);
+}
+
 // Removing a swap device loses none of its pages: those it held in memory
 // go into its spill image first, so adding the device again serves the
 // same disk. (Freeing them without writing them back left holes that read

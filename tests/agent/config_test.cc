@@ -138,13 +138,13 @@ TEST(ParseConfigTest, RejectsUnknownKeysSectionsAndBadValues) {
 
 TEST(ValidateConfigTest, ChecksCrossFieldRules) {
   TmemdConfig c;
-  c.vms = {{"a", {}}, {"a", {}}};
+  c.vms = {{"a", {}, {}}, {"a", {}, {}}};
   EXPECT_NE(ValidateConfig(c).message().find("twice"), absl::string_view::npos);
-  c.vms = {{"../etc/passwd", {}}};
+  c.vms = {{"../etc/passwd", {}, {}}};
   EXPECT_FALSE(ValidateConfig(c).ok());
-  c.vms = {{".hidden", {}}};
+  c.vms = {{".hidden", {}, {}}};
   EXPECT_FALSE(ValidateConfig(c).ok());
-  c.vms = {{"ok-name_1.2", {}}};
+  c.vms = {{"ok-name_1.2", {}, {}}};
   EXPECT_TRUE(ValidateConfig(c).ok());
   c.region_bytes = 3 << 20;
   EXPECT_NE(ValidateConfig(c).message().find("power of two"),
@@ -409,8 +409,16 @@ TEST(SwapConfigTest, BadFileValuesAreRefusedWithFileAndLine) {
       {"[swap.vm1]\nsize = \"lots\"\n", "lots"},
       {"[swap.vm1]\nsize = true\n", "a boolean"},
       {"[swap.vm1]\nsize = \"2048TiB\"\n", "must be in ["},
-      {"[swap.vm1]\nsize = \"4G\"\nquota = 1\n",
-       "unknown key 'swap.vm1.quota'"},
+      {"[swap.vm1]\nsize = \"4G\"\nenabled = false\n",
+       "unknown key 'swap.vm1.enabled'"},
+      {"[swap.vm1]\nsize = \"4G\"\nquota = true\n", "a boolean"},
+      {"[swap.vm1]\nsize = \"4G\"\nswap_quota = \"2048TiB\"\n", "must be in ["},
+      {"[swap.vm1]\nsize = \"4G\"\nswap_quota = -1\n", "must not be negative"},
+      {"[swap.vm1]\nsize = \"4G\"\nswap_mode = \"fast\"\n",
+       "use default, off, always or adaptive"},
+      {"[swap.vm1]\nsize = \"4G\"\nweight = 0\n", "must be in ["},
+      {"[swap.vm1]\nsize = \"4G\"\nmode = 3\n",
+       "use default, off, always or adaptive"},
       {"[swap.vm1]\n", "has no size"},
       {"[swap]\nvm1 = \"4G\"\n", "must be a table"},
       {"[swap.\"../x\"]\nsize = \"4G\"\n", "VM name"},
@@ -468,6 +476,148 @@ TEST(SwapConfigTest, TwoDevicesForOneVmAreRefused) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("--swap 'vm1=1G'"), absl::string_view::npos) << s;
   EXPECT_NE(s.message().find("one per VM"), absl::string_view::npos) << s;
+}
+
+// [[vm]] swap_quota and swap_mode: exact types, the one range table,
+// errors at FILE:LINE; 0 is unlimited, as for quota.
+TEST(SwapPolicyConfigTest, VmTableReadsSwapQuotaAndSwapMode) {
+  absl::StatusOr<TmemdConfig> c = ParseConfig(
+      "[[vm]]\nname = \"a\"\nquota = \"1GiB\"\nswap_quota = \"256MiB\"\n"
+      "swap_mode = \"off\"\n"
+      "[[vm]]\nname = \"b\"\nswap_quota = 0\nswap_mode = \"default\"\n"
+      "[[vm]]\nname = \"c\"\nswap_quota = 8192\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_EQ(c->vms.size(), 3u);
+  EXPECT_EQ(c->vms[0].policy.swap_quota_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(c->vms[0].policy.quota_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(c->vms[0].policy.swap_mode, ValveMode::kOff);
+  EXPECT_NE(c->vms[0].set.swap_quota.find("'vm[0].swap_quota' (t.toml:4)"),
+            std::string::npos)
+      << c->vms[0].set.swap_quota;
+  EXPECT_EQ(c->vms[1].policy.swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(c->vms[1].policy.swap_mode, ValveMode::kDefault);
+  EXPECT_EQ(c->vms[2].policy.swap_quota_bytes, 8192u);
+  EXPECT_EQ(c->vms[2].policy.swap_mode, ValveMode::kDefault);
+  EXPECT_TRUE(c->vms[2].set.swap_mode.empty());
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(ConfiguredVmPolicy(*c, "a").swap_quota_bytes, uint64_t{256} << 20);
+
+  struct Case {
+    const char* toml;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {"[[vm]]\nname = \"a\"\nswap_quota = true\n", "a boolean"},
+      {"[[vm]]\nname = \"a\"\nswap_quota = 1.5\n", "a float"},
+      {"[[vm]]\nname = \"a\"\nswap_quota = \"lots\"\n", "lots"},
+      {"[[vm]]\nname = \"a\"\nswap_quota = \"2048TiB\"\n", "must be in ["},
+      {"[[vm]]\nname = \"a\"\nswap_mode = \"sometimes\"\n",
+       "use default, off, always or adaptive"},
+      {"[[vm]]\nname = \"a\"\nswap_mode = false\n",
+       "use default, off, always or adaptive"},
+  };
+  for (const Case& k : cases) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(k.toml, "t.toml", TmemdConfig{});
+    ASSERT_FALSE(r.ok()) << k.toml;
+    const std::string msg(r.status().message());
+    EXPECT_NE(msg.find(k.expect), std::string::npos) << k.toml << ": " << msg;
+    EXPECT_NE(msg.find("t.toml:3"), std::string::npos) << k.toml << ": " << msg;
+  }
+}
+
+// A VM with only a swap device takes its policy from [swap.NAME].
+TEST(SwapPolicyConfigTest, SwapOnlyVmGetsItsPolicyFromTheSwapTable) {
+  absl::StatusOr<TmemdConfig> c = ParseConfig(
+      "[swap.db]\nsize = \"4GiB\"\nquota = \"1GiB\"\nweight = 300\n"
+      "mode = \"always\"\nswap_quota = \"512MiB\"\nswap_mode = \"adaptive\"\n"
+      "[swap.plain]\nsize = \"1GiB\"\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  const VmPolicy db = ConfiguredVmPolicy(*c, "db");
+  EXPECT_EQ(db.quota_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(db.weight, 300u);
+  EXPECT_EQ(db.mode, ValveMode::kAlways);
+  EXPECT_EQ(db.swap_quota_bytes, uint64_t{512} << 20);
+  EXPECT_EQ(db.swap_mode, ValveMode::kAdaptive);
+  EXPECT_TRUE(db.enabled);
+  // Nothing set: the defaults.
+  const VmPolicy plain = ConfiguredVmPolicy(*c, "plain");
+  EXPECT_EQ(plain.quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(plain.swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(plain.weight, VmPolicy{}.weight);
+  EXPECT_EQ(plain.swap_mode, ValveMode::kDefault);
+  // A --swap device has no policy fields.
+  c->swap_devices.push_back(*ParseSwapFlag("flagged=1G"));
+  EXPECT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(ConfiguredVmPolicy(*c, "flagged").quota_bytes, kUnlimitedQuota);
+}
+
+// [[vm]] NAME and [swap.NAME] together: the fields of both make the VM's
+// policy; one field set in both is refused naming both FILE:LINEs.
+TEST(SwapPolicyConfigTest, VmAndSwapTablesCombineAndNeverSetOneFieldTwice) {
+  absl::StatusOr<TmemdConfig> c = ParseConfig(
+      "[[vm]]\nname = \"web\"\nquota = \"2GiB\"\nmode = \"off\"\n"
+      "[swap.web]\nsize = \"4GiB\"\nswap_quota = \"1GiB\"\n"
+      "swap_mode = \"adaptive\"\n",
+      "t.toml", TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  const VmPolicy web = ConfiguredVmPolicy(*c, "web");
+  EXPECT_EQ(web.quota_bytes, uint64_t{2} << 30);
+  EXPECT_EQ(web.mode, ValveMode::kOff);
+  EXPECT_EQ(web.swap_quota_bytes, uint64_t{1} << 30);
+  EXPECT_EQ(web.swap_mode, ValveMode::kAdaptive);
+
+  struct Case {
+    const char* toml;
+    const char* field;
+    const char* vm_line;
+    const char* swap_line;
+  };
+  const Case cases[] = {
+      {"[[vm]]\nname = \"web\"\nquota = \"2GiB\"\n"
+       "[swap.web]\nsize = \"4GiB\"\nquota = \"1GiB\"\n",
+       "quota", "'vm[0].quota' (t.toml:3)", "'swap.web.quota' (t.toml:6)"},
+      {"[[vm]]\nname = \"web\"\nweight = 5\n"
+       "[swap.web]\nsize = \"4GiB\"\nweight = 7\n",
+       "weight", "'vm[0].weight' (t.toml:3)", "'swap.web.weight' (t.toml:6)"},
+      {"[swap.web]\nsize = \"4GiB\"\nmode = \"off\"\n"
+       "[[vm]]\nname = \"web\"\nmode = \"off\"\n",
+       "mode", "'vm[0].mode' (t.toml:6)", "'swap.web.mode' (t.toml:3)"},
+      {"[[vm]]\nname = \"web\"\nswap_quota = 4096\n"
+       "[swap.web]\nsize = \"4GiB\"\nswap_quota = 4096\n",
+       "swap_quota", "'vm[0].swap_quota' (t.toml:3)",
+       "'swap.web.swap_quota' (t.toml:6)"},
+      {"[[vm]]\nname = \"web\"\nswap_mode = \"off\"\n"
+       "[swap.web]\nsize = \"4GiB\"\nswap_mode = \"always\"\n",
+       "swap_mode", "'vm[0].swap_mode' (t.toml:3)",
+       "'swap.web.swap_mode' (t.toml:6)"},
+  };
+  for (const Case& k : cases) {
+    absl::StatusOr<TmemdConfig> r =
+        ParseConfig(k.toml, "t.toml", TmemdConfig{});
+    ASSERT_TRUE(r.ok()) << r.status();
+    const absl::Status s = ValidateConfig(*r);
+    ASSERT_FALSE(s.ok()) << k.toml;
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    const std::string msg(s.message());
+    EXPECT_NE(msg.find(absl::StrCat(k.field, " is set twice")),
+              std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find(k.vm_line), std::string::npos) << msg;
+    EXPECT_NE(msg.find(k.swap_line), std::string::npos) << msg;
+  }
+
+  // A --vm VM sets no field: [swap.NAME]'s apply to it.
+  c = ParseConfig("[swap.web]\nsize = \"4GiB\"\nquota = \"1GiB\"\n", "t.toml",
+                  TmemdConfig{});
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->vms.push_back({"web", {}, {}});
+  ASSERT_TRUE(ValidateConfig(*c).ok());
+  EXPECT_EQ(ConfiguredVmPolicy(*c, "web").quota_bytes, uint64_t{1} << 30);
 }
 
 }  // namespace
