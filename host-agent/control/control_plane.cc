@@ -306,6 +306,9 @@ v1::VmPolicy ControlPlane::PolicyMessage(const std::string& vm,
   p.set_mode(ProtoMode(policy.mode));
   p.set_enabled(policy.enabled);
   p.set_frozen(policy.frozen);
+  p.set_swap_quota_bytes(
+      policy.swap_quota_bytes == kUnlimitedQuota ? 0 : policy.swap_quota_bytes);
+  p.set_swap_mode(ProtoMode(policy.swap_mode));
   std::optional<StoredVmPolicy> saved = policies_->Vm(vm);
   p.set_generation(saved ? saved->generation : 0);
   return p;
@@ -486,6 +489,25 @@ absl::StatusOr<VmPolicy> ControlPlane::PlanVmPolicy(
         r.mode(), DefaultMode::kAllowed, absl::StrCat("VM '", r.vm(), "'"));
     if (!m.ok()) return m.status();
     p.mode = *m;
+  }
+  // The swap quota is not checked against the quota or the cap: both bound
+  // it anyway (a swap page past any of them goes to the spill image), and
+  // either may be lowered later.
+  if (r.has_swap_quota_bytes()) {
+    if (absl::Status s =
+            CheckRange(ranges::kSwapQuota, r.swap_quota_bytes(),
+                       absl::StrCat("VM '", r.vm(), "' swap_quota_bytes"));
+        !s.ok()) {
+      return s;
+    }
+    p.swap_quota_bytes = QuotaFromSetting(r.swap_quota_bytes());
+  }
+  if (r.swap_mode() != v1::MODE_UNSPECIFIED) {
+    absl::StatusOr<ValveMode> m =
+        ValveModeFromProto(r.swap_mode(), DefaultMode::kAllowed,
+                           absl::StrCat("VM '", r.vm(), "' swap_mode"));
+    if (!m.ok()) return m.status();
+    p.swap_mode = *m;
   }
   if (r.has_enabled()) p.enabled = r.enabled();
   if (r.has_frozen()) p.frozen = r.frozen();

@@ -117,11 +117,12 @@ constexpr MetricFamily kVmPersistentChargedBytes{
     "Of the charged bytes, those of pages in the VM's persistent pools."};
 constexpr MetricFamily kPersistentPutsRefused{
     "tmem_persistent_puts_refused_total", kCounter,
-    "Puts to the VM's persistent pools refused for room (quota or host "
-    "memory): pages its swap device kept on disk instead."};
+    "Puts to the VM's persistent pools refused, by reason (room: quota or "
+    "host memory; swap_quota: the VM's swap quota): pages its swap device "
+    "kept on disk instead."};
 constexpr MetricFamily kHostPersistentPutsRefused{
     "tmem_host_persistent_puts_refused_total", kCounter,
-    "Puts to persistent pools refused for room, over every VM since tmemd "
+    "Puts to persistent pools refused, by reason, over every VM since tmemd "
     "started (removed VMs included)."};
 
 // --- valve counters (backend/valve.h) -----------------------------------
@@ -250,6 +251,10 @@ constexpr MetricFamily kSwapWriteCalls{"tmem_swap_backing_write_calls_total",
 constexpr MetricFamily kVmQuota{
     "tmem_vm_quota_bytes", kGauge,
     "The VM's quota (absent when unlimited); compare tmem_charged_bytes."};
+constexpr MetricFamily kVmSwapQuota{
+    "tmem_vm_swap_quota_bytes", kGauge,
+    "The part of the VM's quota its swap pages may take (absent when "
+    "unlimited); past it swap pages go to the spill image."};
 constexpr MetricFamily kVmAdmission{
     "tmem_vm_admission_ratio", kGauge,
     "Share of the VM's puts the valve admits now (0..1)."};
@@ -459,7 +464,11 @@ CounterSeries StoreCounterSeries(Counter c) {
     case Counter::kPersistentChargedBytes:
       return {kVmPersistentChargedBytes, "", "", kNone};
     case Counter::kPersistentPutsRefusedForRoom:
-      return {kPersistentPutsRefused, "", "", kHostPersistentPutsRefused};
+      return {kPersistentPutsRefused, "reason", "room",
+              kHostPersistentPutsRefused};
+    case Counter::kPersistentPutsRefusedForSwapQuota:
+      return {kPersistentPutsRefused, "reason", "swap_quota",
+              kHostPersistentPutsRefused};
     case Counter::kNumCounters:
       break;
   }
@@ -602,6 +611,9 @@ void AppendAgentMetrics(const Agent& agent, PrometheusText& out) {
     out.Add(kVmConnected, vm_label, uint64_t{vm.connected ? 1u : 0u});
     if (vm.policy.quota_bytes != kUnlimitedQuota) {
       out.Add(kVmQuota, vm_label, vm.policy.quota_bytes);
+    }
+    if (vm.policy.swap_quota_bytes != kUnlimitedQuota) {
+      out.Add(kVmSwapQuota, vm_label, vm.policy.swap_quota_bytes);
     }
     out.Add(kVmAdmission, vm_label,
             static_cast<double>(vm.valve.admission) / 65536.0);

@@ -120,6 +120,31 @@ absl::Status PolicyStore::LoadLocked(const std::string& text) {
           return absl::InvalidArgumentError(
               absl::StrCat("bad mode for VM '", name, "'"));
         }
+        // Swap fields: absent from state files written before they
+        // existed; the VM then keeps VmPolicy's defaults.
+        if (v.contains("swap_quota_bytes")) {
+          const json& q = v.at("swap_quota_bytes");
+          if (!q.is_number_unsigned()) {
+            return absl::InvalidArgumentError(
+                absl::StrCat(where, ".swap_quota_bytes: ", q.dump(),
+                             " is not a byte count (0: unlimited)"));
+          }
+          if (absl::Status s = CheckRange(ranges::kSwapQuota, q.get<uint64_t>(),
+                                          where + ".swap_quota_bytes");
+              !s.ok()) {
+            return s;
+          }
+          p.policy.swap_quota_bytes = QuotaFromSetting(q.get<uint64_t>());
+        }
+        if (v.contains("swap_mode")) {
+          const json& m = v.at("swap_mode");
+          if (!m.is_string() ||
+              !ParseValveMode(m.get<std::string>(), &p.policy.swap_mode)) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                where, ".swap_mode: ", m.dump(),
+                " is not a mode (default, off, always, adaptive)"));
+          }
+        }
         vms_[name] = p;
       }
     }
@@ -151,15 +176,20 @@ std::string PolicyStore::SerializeLocked() const {
   j["host"] = h;
   json vms = json::object();
   for (const auto& [name, p] : vms_) {
-    vms[name] = {{"generation", p.generation},
-                 // 0: unlimited, as everywhere (setting_ranges.h).
-                 {"quota_bytes", p.policy.quota_bytes == kUnlimitedQuota
-                                     ? uint64_t{0}
-                                     : p.policy.quota_bytes},
-                 {"weight", p.policy.weight},
-                 {"enabled", p.policy.enabled},
-                 {"frozen", p.policy.frozen},
-                 {"mode", std::string(ValveModeName(p.policy.mode))}};
+    vms[name] = {
+        {"generation", p.generation},
+        // 0: unlimited, as everywhere (setting_ranges.h).
+        {"quota_bytes", p.policy.quota_bytes == kUnlimitedQuota
+                            ? uint64_t{0}
+                            : p.policy.quota_bytes},
+        {"weight", p.policy.weight},
+        {"enabled", p.policy.enabled},
+        {"frozen", p.policy.frozen},
+        {"mode", std::string(ValveModeName(p.policy.mode))},
+        {"swap_quota_bytes", p.policy.swap_quota_bytes == kUnlimitedQuota
+                                 ? uint64_t{0}
+                                 : p.policy.swap_quota_bytes},
+        {"swap_mode", std::string(ValveModeName(p.policy.swap_mode))}};
   }
   j["vms"] = vms;
   json grants = json::array();

@@ -105,6 +105,18 @@ absl::Status ParseVmSection(const std::string& key, const json& vm,
       absl::StatusOr<v1::Mode> m = Mode(key, field, v, DefaultMode::kAllowed);
       if (!m.ok()) return m.status();
       out->set_mode(*m);
+    } else if (name == "swap_quota_bytes") {
+      absl::StatusOr<uint64_t> q = Unsigned(key, field, v);
+      if (!q.ok()) return q.status();
+      if (absl::Status s = CheckRange(ranges::kSwapQuota, *q, source);
+          !s.ok()) {
+        return s;
+      }
+      out->set_swap_quota_bytes(*q);
+    } else if (name == "swap_mode") {
+      absl::StatusOr<v1::Mode> m = Mode(key, field, v, DefaultMode::kAllowed);
+      if (!m.ok()) return m.status();
+      out->set_swap_mode(*m);
     } else if (name == "enabled" || name == "frozen") {
       if (!v.is_boolean()) return Refuse(key, field, "must be true or false");
       if (name == "enabled") {
@@ -115,7 +127,7 @@ absl::Status ParseVmSection(const std::string& key, const json& vm,
     } else {
       return Refuse(key, field,
                     "unknown field (vm takes quota_bytes, weight, mode, "
-                    "enabled, frozen)");
+                    "enabled, frozen, swap_quota_bytes, swap_mode)");
     }
   }
   return absl::OkStatus();
@@ -275,6 +287,12 @@ std::string FormatFleetLayer(const FleetLayer& layer) {
   }
   if (layer.vm.has_enabled()) vm["enabled"] = layer.vm.enabled();
   if (layer.vm.has_frozen()) vm["frozen"] = layer.vm.frozen();
+  if (layer.vm.has_swap_quota_bytes()) {
+    vm["swap_quota_bytes"] = layer.vm.swap_quota_bytes();
+  }
+  if (layer.vm.swap_mode() != v1::MODE_UNSPECIFIED) {
+    vm["swap_mode"] = ProtoModeText(layer.vm.swap_mode());
+  }
   if (!vm.empty()) j["vm"] = vm;
   return j.dump();
 }

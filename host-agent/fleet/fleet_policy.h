@@ -11,7 +11,11 @@
 //         mode ("off" | "always" | "adaptive")
 //   vm:   quota_bytes (int, 0: unlimited), weight (int),
 //         mode ("default" | "off" | "always" | "adaptive"),
-//         enabled (bool), frozen (bool)
+//         enabled (bool), frozen (bool),
+//         swap_quota_bytes (int, 0: unlimited; the part of the quota swap
+//         pages may take, past it they go to the spill image),
+//         swap_mode ("default" | "off" | "always" | "adaptive"; default
+//         follows mode, off sends every swap page to the spill image)
 // A vms/<vm> value has no "host" section. Every field is optional; unknown
 // fields, wrong types and out-of-range values are refused with the key and
 // field named, using tmemd's own ranges (setting_ranges.h). Most specific

@@ -314,6 +314,14 @@ absl::StatusOr<bool> DomainManager::RemoveVmOnSocket(
 }
 
 namespace {
+
+// Every field the metadata element carries.
+bool SamePolicy(const VmPolicy& a, const VmPolicy& b) {
+  return a.quota_bytes == b.quota_bytes && a.weight == b.weight &&
+         a.enabled == b.enabled && a.frozen == b.frozen && a.mode == b.mode &&
+         a.swap_quota_bytes == b.swap_quota_bytes && a.swap_mode == b.swap_mode;
+}
+
 // The hook's domain: its name and VM name from the XML, which must have both
 // <name> and <uuid> (libvirt always writes them).
 absl::Status HookDomain(const std::string& domain_xml, DomainAttachState* out,
@@ -515,13 +523,11 @@ void DomainManager::ReleaseChannelLocked(DomainState& st,
 }
 
 void DomainManager::ApplyPolicyLocked(DomainState& st, bool force) {
-  if (!st.channel) return;
+  // A swap device alone: only an element says anything (without one the VM
+  // keeps the state file's policy, as a channel's does when it is made).
+  if (!st.channel && !(st.swap_device && st.metadata.present)) return;
   if (!force && st.applied &&
-      st.applied->policy.quota_bytes == st.metadata.policy.quota_bytes &&
-      st.applied->policy.weight == st.metadata.policy.weight &&
-      st.applied->policy.enabled == st.metadata.policy.enabled &&
-      st.applied->policy.frozen == st.metadata.policy.frozen &&
-      st.applied->policy.mode == st.metadata.policy.mode) {
+      SamePolicy(st.applied->policy, st.metadata.policy)) {
     return;
   }
   absl::Status s = agent_->SetVmPolicy(st.vm, st.metadata.policy);
@@ -538,7 +544,9 @@ void DomainManager::ApplyPolicyLocked(DomainState& st, bool force) {
        {"quota", st.metadata.policy.quota_bytes},
        {"weight", st.metadata.policy.weight},
        {"enabled", st.metadata.policy.enabled},
-       {"mode", ValveModeName(st.metadata.policy.mode)}});
+       {"mode", ValveModeName(st.metadata.policy.mode)},
+       {"swap_quota", st.metadata.policy.swap_quota_bytes},
+       {"swap_mode", ValveModeName(st.metadata.policy.swap_mode)}});
 }
 
 void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
@@ -571,7 +579,13 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
     // Undefined while we looked; its UNDEFINED/STOPPED event follows.
     return;
   }
-  const bool wanted = live || config || (meta.ok() && meta->autoattach);
+  // A swap device the Agent serves for this domain (AttachSwap, [swap.VM],
+  // AddSwapDevice): its VM takes the element's policy like a channel's.
+  const std::string vm = VmNameFor(name, d->uuid);
+  absl::StatusOr<VmInfo> vm_info = agent_->GetVm(vm);
+  const bool swap_device = vm_info.ok() && vm_info->swap.has_value();
+  const bool wanted =
+      live || config || swap_device || (meta.ok() && meta->autoattach);
   if (it == domains_.end()) {
     if (!wanted) return;  // nothing of tmem's in this domain
     it = domains_.emplace(name, DomainState{}).first;
@@ -598,6 +612,13 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
   } else if (st.channel && !st.detach_pending) {
     ReleaseChannelLocked(st, "device no longer in the domain");
   }
+  if (swap_device && !st.swap_device && st.metadata.present) {
+    // A device new to this manager: apply the element even if a channel
+    // applied the same one before (the device's VM may be a new one).
+    st.applied.reset();
+  }
+  st.swap_device = swap_device;
+  if (swap_device && !st.channel) st.vm = vm;
   ApplyPolicyLocked(st, /*force=*/false);
 
   if (autoattach && d->active && !live && !st.detach_pending &&
@@ -615,8 +636,8 @@ void DomainManager::ReconcileLocked(const std::string& name, bool autoattach) {
   // Keep a state only while something of tmem's is left to report.
   it = domains_.find(name);
   if (it != domains_.end() && !it->second.channel && !it->second.live_device &&
-      !it->second.config_device && !it->second.metadata.autoattach &&
-      !it->second.detach_pending) {
+      !it->second.config_device && !it->second.swap_device &&
+      !it->second.metadata.autoattach && !it->second.detach_pending) {
     domains_.erase(it);
   }
 }
@@ -871,7 +892,7 @@ absl::Status DomainManager::PolicyChanged(const std::string& vm,
   MutexLock op(&op_mu_);
   DomainState* st = nullptr;
   for (auto& [name, s] : domains_) {
-    if (s.channel && s.vm == vm) st = &s;
+    if ((s.channel || s.swap_device) && s.vm == vm) st = &s;
   }
   if (st == nullptr) return absl::OkStatus();  // not a libvirt domain's VM
   absl::StatusOr<DomainSummary> d = hv_->GetDomain(st->name);
@@ -898,6 +919,8 @@ absl::Status DomainManager::PolicyChanged(const std::string& vm,
        {"quota", policy.quota_bytes},
        {"weight", policy.weight},
        {"mode", ValveModeName(policy.mode)},
+       {"swap_quota", policy.swap_quota_bytes},
+       {"swap_mode", ValveModeName(policy.swap_mode)},
        {"error", out.ok() ? std::string() : std::string(out.message())}});
   return out;
 }
@@ -986,6 +1009,9 @@ absl::StatusOr<DomainAttachState> DomainManager::AttachSwap(
        {"size_bytes", size_bytes},
        {"definition_changed", edit->changed()},
        {"active", d->active}});
+  // The device's VM takes the domain's metadata policy now, not at the
+  // DEFINED event (there is none when the definition was already right).
+  ReconcileLocked(name, /*autoattach=*/false);
   return out;
 }
 
@@ -1042,6 +1068,7 @@ absl::StatusOr<DomainAttachState> DomainManager::DetachSwap(
   out.detail = config_note + device_note;
   Log(LogLevel::kInfo, "libvirt_swap_detached",
       {{"domain", name}, {"vm", out.vm}, {"in_use", in_use}});
+  ReconcileLocked(name, /*autoattach=*/false);
   return out;
 }
 

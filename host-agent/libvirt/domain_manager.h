@@ -30,7 +30,11 @@
 // channel is created (over the state file's policy when the domain has the
 // element) and whenever the element changes (METADATA_CHANGE). A policy set
 // through gRPC is written back into the element (PolicyChanged: live, and
-// the persistent config), so the next host applies it on arrival.
+// the persistent config), so the next host applies it on arrival. A domain
+// whose only tmemd device is a swap device (the Agent has its VM, with no
+// channel) gets the element's policy too, swap_quota and swap_mode
+// included, when it is reconciled and whenever the element changes; the
+// state file's policy stays while it has no element.
 // `autoattach` domains get the device live on start, at tmemd startup and
 // when autoattach is switched on.
 //
@@ -143,9 +147,13 @@ class DomainManager final : public DomainControl {
   struct DomainState {
     std::string name;
     std::string uuid;
-    std::string vm;           // Agent VM name, when channel
+    std::string vm;           // Agent VM name, when channel or swap_device
     std::string socket_path;  // the channel's socket
     bool channel = false;     // the Agent has a VM for it (ours)
+    // The Agent serves the domain's swap device (its VM, named like the
+    // channel's): the metadata's policy applies to it even without a
+    // channel.
+    bool swap_device = false;
     bool live_device = false;
     bool config_device = false;
     std::string alias;                    // live device alias

@@ -528,6 +528,26 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
           m.policy.quota_bytes = QuotaFromSetting(*q);  // 0: unlimited
         }
       }
+    } else if (name == "swap_quota") {
+      if (text == "unlimited" || text.empty()) {
+        m.policy.swap_quota_bytes = kUnlimitedQuota;
+      } else {
+        absl::StatusOr<uint64_t> q = ParseSize(text);
+        if (!q.ok()) {
+          s = absl::InvalidArgumentError(absl::StrCat(
+              "tmem metadata <swap_quota>: ", q.status().message()));
+        } else if (s = CheckRange(ranges::kSwapQuota, *q,
+                                  "tmem metadata <swap_quota>");
+                   s.ok()) {
+          m.policy.swap_quota_bytes = QuotaFromSetting(*q);  // 0: unlimited
+        }
+      }
+    } else if (name == "swap_mode") {
+      if (!ParseValveMode(text, &m.policy.swap_mode)) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("tmem metadata <swap_mode>'", text,
+                         "': use default, off, always or adaptive"));
+      }
     } else if (name == "weight") {
       int64_t w = 0;
       if (!absl::SimpleAtoi(text, &w)) {
@@ -547,7 +567,8 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
     } else {
       s = absl::InvalidArgumentError(absl::StrCat(
           "tmem metadata: unknown element <", name,
-          "> (known: enabled, quota, weight, mode, frozen, autoattach)"));
+          "> (known: enabled, quota, weight, mode, frozen, autoattach, "
+          "swap_quota, swap_mode)"));
     }
     if (!s.ok()) return s;
     at = e->end;
@@ -557,6 +578,17 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
 
 std::string FormatTmemMetadata(const TmemMetadata& m) {
   const VmPolicy& p = m.policy;
+  // The swap fields only when set: a tmemd from before them refuses an
+  // element it does not know, and a domain that uses no swap policy must
+  // stay readable there.
+  std::string swap;
+  if (p.swap_quota_bytes != kUnlimitedQuota) {
+    absl::StrAppend(&swap, "<swap_quota>", p.swap_quota_bytes, "</swap_quota>");
+  }
+  if (p.swap_mode != ValveMode::kDefault) {
+    absl::StrAppend(&swap, "<swap_mode>",
+                    std::string(ValveModeName(p.swap_mode)), "</swap_mode>");
+  }
   return absl::StrCat(
       "<tmem><enabled>", p.enabled ? "true" : "false", "</enabled><quota>",
       p.quota_bytes == kUnlimitedQuota ? std::string("unlimited")
@@ -564,7 +596,7 @@ std::string FormatTmemMetadata(const TmemMetadata& m) {
       "</quota><weight>", p.weight, "</weight><mode>",
       std::string(ValveModeName(p.mode)), "</mode><frozen>",
       p.frozen ? "true" : "false", "</frozen><autoattach>",
-      m.autoattach ? "true" : "false", "</autoattach></tmem>");
+      m.autoattach ? "true" : "false", "</autoattach>", swap, "</tmem>");
 }
 
 absl::StatusOr<TmemMetadata> DomainTmemMetadata(std::string_view domain_xml) {

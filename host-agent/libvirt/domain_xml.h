@@ -82,8 +82,13 @@ absl::Status CheckPciHotplug(std::string_view domain_xml);
 //     <enabled>true</enabled> <quota>512MiB</quota> <weight>200</weight>
 //     <mode>adaptive</mode> <frozen>false</frozen>
 //     <autoattach>true</autoattach>
+//     <swap_quota>256MiB</swap_quota> <swap_mode>off</swap_mode>
 //   </tmem:tmem>
 // Every element is optional; missing ones keep VmPolicy's defaults.
+// swap_quota ("unlimited" or 0: none) is how much of the quota the swap
+// device's pages may take in memory, swap_mode how the valve stores them
+// (default: as `mode`); FormatTmemMetadata writes them only when they are
+// not the defaults.
 struct TmemMetadata {
   VmPolicy policy;
   bool autoattach = false;

@@ -151,7 +151,7 @@ absl::Status ParseHost(const json& j, v1::SetHostPolicyRequest& out) {
 absl::Status ParseVm(const json& j, size_t i, v1::SetVmPolicyRequest& out) {
   Reader r(j, absl::StrCat("vm[", i, "]."));
   if (auto s = r.Keys({"name", "generation", "quota", "weight", "mode",
-                       "enabled", "frozen"});
+                       "enabled", "frozen", "swap_quota", "swap_mode"});
       !s.ok())
     return s;
   if (!r.Has("name")) return r.Bad("name", "is missing");
@@ -183,6 +183,19 @@ absl::Status ParseVm(const json& j, size_t i, v1::SetVmPolicyRequest& out) {
         ProtoModeFromText(m, DefaultMode::kAllowed, r.Where("mode"));
     if (!mode.ok()) return mode.status();
     out.set_mode(*mode);
+  }
+  if (r.Has("swap_quota")) {
+    uint64_t q = 0;
+    if (auto s = Take(r.Size("swap_quota", true), &q); !s.ok()) return s;
+    out.set_swap_quota_bytes(q);
+  }
+  if (r.Has("swap_mode")) {
+    std::string m;
+    if (auto s = Take(r.String("swap_mode"), &m); !s.ok()) return s;
+    absl::StatusOr<v1::Mode> mode =
+        ProtoModeFromText(m, DefaultMode::kAllowed, r.Where("swap_mode"));
+    if (!mode.ok()) return mode.status();
+    out.set_swap_mode(*mode);
   }
   for (const char* key : {"enabled", "frozen"}) {
     if (!r.Has(key)) continue;

@@ -14,6 +14,9 @@
 //   mode = "default"          # default | off | always | adaptive
 //   enabled = true
 //   frozen = false
+//   swap_quota = "256MiB"     # or "unlimited": swap pages' part of quota
+//   swap_mode = "off"         # default (follows mode) | off | always |
+//                             # adaptive; off: every swap page to the image
 // Every key is optional except a VM's name; unknown keys are errors, like
 // tmemd's own config. Values are checked here (types, sizes, modes, weight
 // range) so a typo fails before anything is sent; tmemd checks again.

@@ -2,6 +2,8 @@
 //
 //   tmemctl status | vms | vm NAME | watch [VM...]
 //   tmemctl set-quota NAME SIZE | set-weight NAME N | set-mode NAME MODE
+//   tmemctl set-policy NAME [--quota SIZE] [--weight N] [--mode MODE]
+//                           [--swap-quota SIZE] [--swap-mode MODE]
 //   tmemctl set-host [--memory-cap SIZE] [--cpu-budget PCT] [--mode MODE]
 //   tmemctl freeze NAME | thaw NAME | flush NAME
 //   tmemctl authorize NAME UUID [--revoke]
@@ -61,6 +63,8 @@ struct Options {
   uint64_t swap_bytes = 0;
   bool swap = false;  // attach --swap / detach --swap
   std::string memory_cap, mode;
+  // set-policy: "" leaves the field unchanged.
+  std::string quota, weight, swap_quota, swap_mode;
   double cpu_budget = -1;
   std::vector<std::string> watch_vms;
   int interval_ms = 1000;
@@ -252,12 +256,15 @@ absl::StatusOr<Result> Status(Host& h) {
 absl::StatusOr<Result> Vms(Host& h) {
   auto r = h.Call(&Stub::ListVms, v1::ListVmsRequest());
   if (!r.ok()) return r.status();
-  // CONN is the ivshmem channel's ("-": the VM has none); the SWAP columns
-  // are its swap device's ("-": none): size, front-end attached, pages
-  // held (of them spilled to disk), read and write requests.
-  Table t({"NAME", "CONN", "STATE", "MODE", "QUOTA", "WEIGHT", "PAGES",
-           "STORED", "HIT%", "PUTS", "GETS", "DECISION", "GEN", "SWAP",
-           "SWCONN", "SWPAGES", "SWSPILL", "SWREADS", "SWWRITES"});
+  // CONN is the ivshmem channel's ("-": the VM has none); SWQUOTA and
+  // SWMODE are the VM's swap policy (shown with or without a device); the
+  // other SW columns are its swap device's ("-": none): size, front-end
+  // attached, pages held (of them spilled to disk), read and write
+  // requests.
+  Table t({"NAME",    "CONN",     "STATE",   "MODE",   "QUOTA",  "WEIGHT",
+           "SWQUOTA", "SWMODE",   "PAGES",   "STORED", "HIT%",   "PUTS",
+           "GETS",    "DECISION", "GEN",     "SWAP",   "SWCONN", "SWPAGES",
+           "SWSPILL", "SWREADS",  "SWWRITES"});
   for (const v1::VmSummary& v : r->vms()) {
     const bool sw = v.has_swap();
     const v1::SwapDevice& d = v.swap();
@@ -268,11 +275,19 @@ absl::StatusOr<Result> Vms(Host& h) {
            !v.has_channel() ? "-"
            : v.connected()  ? "yes"
                             : "no",
-           State(v.policy()), ProtoModeText(v.policy().mode()),
-           Quota(v.policy().quota_bytes()), absl::StrCat(v.policy().weight()),
-           absl::StrCat(v.pages()), Bytes(v.stored_bytes()), Pct(v.hit_ratio()),
-           absl::StrCat(v.puts()), absl::StrCat(v.gets_hit() + v.gets_miss()),
-           v.decision(), absl::StrCat(v.policy().generation()),
+           State(v.policy()),
+           ProtoModeText(v.policy().mode()),
+           Quota(v.policy().quota_bytes()),
+           absl::StrCat(v.policy().weight()),
+           Quota(v.policy().swap_quota_bytes()),
+           ProtoModeText(v.policy().swap_mode()),
+           absl::StrCat(v.pages()),
+           Bytes(v.stored_bytes()),
+           Pct(v.hit_ratio()),
+           absl::StrCat(v.puts()),
+           absl::StrCat(v.gets_hit() + v.gets_miss()),
+           v.decision(),
+           absl::StrCat(v.policy().generation()),
            swap_col(Bytes(d.size_bytes())),
            swap_col(d.connected() ? "yes" : "no"),
            swap_col(absl::StrCat(d.stored_pages())),
@@ -294,10 +309,13 @@ absl::StatusOr<Result> Vm(Host& h, const std::string& name) {
                         s.connected() ? "connected" : "not connected",
                         r->socket_path());
   absl::StrAppendFormat(
-      &t, "policy     %s, mode %s, quota %s, weight %d, generation %d\n",
+      &t,
+      "policy     %s, mode %s, quota %s, weight %d, swap quota %s, swap "
+      "mode %s, generation %d\n",
       State(s.policy()), ProtoModeText(s.policy().mode()),
       Quota(s.policy().quota_bytes()), s.policy().weight(),
-      s.policy().generation());
+      Quota(s.policy().swap_quota_bytes()),
+      ProtoModeText(s.policy().swap_mode()), s.policy().generation());
   absl::StrAppendFormat(
       &t,
       "valve      %s (effective mode %s), admission %d/65536, reuse %.3f%s\n",
@@ -364,13 +382,66 @@ absl::StatusOr<Result> PolicyResult(
   const v1::VmPolicy& p = r->policy();
   return Result{
       ToJson(*r),
-      absl::StrFormat("%s: %s, mode %s, quota %s, weight %d (generation %d)\n",
+      absl::StrFormat("%s: %s, mode %s, quota %s, weight %d, swap quota %s, "
+                      "swap mode %s (generation %d)\n",
                       vm, State(p), ProtoModeText(p.mode()),
-                      Quota(p.quota_bytes()), p.weight(), p.generation())};
+                      Quota(p.quota_bytes()), p.weight(),
+                      Quota(p.swap_quota_bytes()), ProtoModeText(p.swap_mode()),
+                      p.generation())};
 }
 
 absl::StatusOr<Result> SetVmPolicy(Host& h, const v1::SetVmPolicyRequest& req) {
   return PolicyResult(h.Call(&Stub::SetVmPolicy, req), req.vm());
+}
+
+// set-policy's flags as one patch; a flag not given leaves its field alone.
+// Sizes and modes are checked here, naming the flag; ranges by tmemd.
+absl::StatusOr<v1::SetVmPolicyRequest> SetPolicyRequest(const Options& o) {
+  v1::SetVmPolicyRequest req;
+  req.set_vm(o.vm);
+  req.set_generation(o.generation);
+  auto flag_error = [](std::string_view flag, const std::string& value,
+                       const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "set-policy ", std::string(flag), " '", value, "': ", s.message()));
+  };
+  if (!o.quota.empty()) {
+    absl::StatusOr<uint64_t> q = ParseQuota(o.quota);
+    if (!q.ok()) return flag_error("--quota", o.quota, q.status());
+    req.set_quota_bytes(*q);
+  }
+  if (!o.weight.empty()) {
+    int64_t w = 0;
+    if (!absl::SimpleAtoi(o.weight, &w)) {
+      return flag_error("--weight", o.weight,
+                        absl::InvalidArgumentError("not an integer"));
+    }
+    req.set_weight(w);  // range checked by tmemd
+  }
+  if (!o.mode.empty()) {
+    absl::StatusOr<v1::Mode> m =
+        ProtoModeFromText(o.mode, DefaultMode::kAllowed, "set-policy --mode");
+    if (!m.ok()) return m.status();
+    req.set_mode(*m);
+  }
+  if (!o.swap_quota.empty()) {
+    absl::StatusOr<uint64_t> q = ParseQuota(o.swap_quota);
+    if (!q.ok()) return flag_error("--swap-quota", o.swap_quota, q.status());
+    req.set_swap_quota_bytes(*q);
+  }
+  if (!o.swap_mode.empty()) {
+    absl::StatusOr<v1::Mode> m = ProtoModeFromText(
+        o.swap_mode, DefaultMode::kAllowed, "set-policy --swap-mode");
+    if (!m.ok()) return m.status();
+    req.set_swap_mode(*m);
+  }
+  if (o.quota.empty() && o.weight.empty() && o.mode.empty() &&
+      o.swap_quota.empty() && o.swap_mode.empty()) {
+    return absl::InvalidArgumentError(
+        "set-policy: nothing to set (give --quota, --weight, --mode, "
+        "--swap-quota or --swap-mode)");
+  }
+  return req;
 }
 
 absl::StatusOr<Result> SetHost(Host& h, const v1::SetHostPolicyRequest& req) {
@@ -702,7 +773,21 @@ int Run(int argc, char** argv) {
   set_mode->add_option("name", o.vm)->required();
   set_mode->add_option("mode", o.value, "default|off|always|adaptive")
       ->required();
-  for (auto* c : {set_quota, set_weight, set_mode}) {
+  auto* set_policy = app.add_subcommand(
+      "set-policy", "set several of a VM's policy fields in one push");
+  set_policy->add_option("name", o.vm)->required();
+  set_policy->add_option("--quota", o.quota, "e.g. 512MiB, or unlimited");
+  set_policy->add_option("--weight", o.weight, "1..1000000");
+  set_policy->add_option("--mode", o.mode, "default|off|always|adaptive");
+  set_policy->add_option("--swap-quota", o.swap_quota,
+                         "how much of the quota swap pages may take, e.g. "
+                         "256MiB, or unlimited; past it they go to the spill "
+                         "image");
+  set_policy->add_option("--swap-mode", o.swap_mode,
+                         "how swap pages are stored: default (follow "
+                         "--mode)|off (all to the spill image)|always|"
+                         "adaptive");
+  for (auto* c : {set_quota, set_weight, set_mode, set_policy}) {
     c->add_option("-g,--generation", o.generation,
                   "policy generation (0: the next one)");
   }
@@ -829,6 +914,10 @@ int Run(int argc, char** argv) {
       req.set_mode(*m);
     }
     command = [req](Host& h) { return SetVmPolicy(h, req); };
+  } else if (*set_policy) {
+    absl::StatusOr<v1::SetVmPolicyRequest> req = SetPolicyRequest(o);
+    if (!req.ok()) return usage(req.status());
+    command = [r = *req](Host& h) { return SetVmPolicy(h, r); };
   } else if (*set_host) {
     v1::SetHostPolicyRequest req;
     req.set_generation(o.generation);

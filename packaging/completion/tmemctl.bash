@@ -84,10 +84,12 @@ _tmemctl() {
         choices=${choices%\}}
         mapfile -t COMPREPLY < <(compgen -W "${choices//,/ }" -- "${cur}")
       elif [[ ${type} == TEXT* && ${prev} != --server-name &&
-              ${prev} != --memory-cap && ${prev} != --mode ]]; then
+              ${prev} != --memory-cap && ${prev} != --mode &&
+              ${prev} != --quota && ${prev} != --weight &&
+              ${prev} != --swap-quota && ${prev} != --swap-mode ]]; then
         # Paths: sockets, host lists, certificates, keys.
         mapfile -t COMPREPLY < <(compgen -f -- "${cur}")
-      elif [[ ${prev} == --mode ]]; then
+      elif [[ ${prev} == --mode || ${prev} == --swap-mode ]]; then
         mapfile -t COMPREPLY < <(compgen -W "default off always adaptive" -- "${cur}")
       fi
       return 0
@@ -117,7 +119,7 @@ _tmemctl() {
       ;;
   esac
   case "${path[1]}" in
-    vm | set-quota | set-weight | set-mode | freeze | thaw | flush | authorize | watch)
+    vm | set-quota | set-weight | set-mode | set-policy | freeze | thaw | flush | authorize | watch)
       if ((positionals == 0)) || [[ ${path[1]} == watch ]]; then
         mapfile -t COMPREPLY < <(compgen -W "$(_tmemctl_vm_names)" -- "${cur}")
       fi

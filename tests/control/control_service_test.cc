@@ -421,6 +421,119 @@ TEST_F(ControlServiceTest, BadPolicyValuesAreInvalidArgument) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
+// The swap quota and swap mode: patched like the other fields, returned by
+// SetVmPolicy, GetVm and ListVms, written back to the domain, saved in the
+// state file and restored from it.
+TEST_F(ControlServiceTest, SwapPolicyIsSetReadBackAndPersisted) {
+  v1::SetVmPolicyRequest req;
+  req.set_vm("g1");
+  req.set_swap_quota_bytes(uint64_t{8} << 20);
+  req.set_swap_mode(v1::MODE_OFF);
+  v1::SetVmPolicyResponse resp;
+  ASSERT_TRUE(SetPolicy(*admin_, req, &resp).ok());
+  EXPECT_EQ(resp.policy().swap_quota_bytes(), uint64_t{8} << 20);
+  EXPECT_EQ(resp.policy().swap_mode(), v1::MODE_OFF);
+  EXPECT_EQ(resp.policy().quota_bytes(), 0u);  // not said: unchanged
+  {
+    std::lock_guard<std::mutex> l(domains_.mu);
+    ASSERT_EQ(domains_.written.size(), 1u);
+    EXPECT_EQ(domains_.written[0].second.swap_quota_bytes, uint64_t{8} << 20);
+    EXPECT_EQ(domains_.written[0].second.swap_mode, ValveMode::kOff);
+  }
+  const std::string state = ReadFile(dir_ + "/state.json");
+  EXPECT_NE(state.find("\"swap_quota_bytes\": 8388608"), std::string::npos)
+      << state;
+  EXPECT_NE(state.find("\"swap_mode\": \"off\""), std::string::npos) << state;
+
+  // A patch of another field keeps them; the agent carries them.
+  v1::SetVmPolicyRequest w;
+  w.set_vm("g1");
+  w.set_weight(50);
+  ASSERT_TRUE(SetPolicy(*admin_, w, &resp).ok());
+  EXPECT_EQ(resp.policy().swap_quota_bytes(), uint64_t{8} << 20);
+  EXPECT_EQ(resp.policy().swap_mode(), v1::MODE_OFF);
+  EXPECT_EQ(agent_->GetVmPolicy("g1")->swap_quota_bytes, uint64_t{8} << 20);
+  const v1::VmDetail d = GetVm("g1");
+  EXPECT_EQ(d.summary().policy().swap_quota_bytes(), uint64_t{8} << 20);
+  EXPECT_EQ(d.summary().policy().swap_mode(), v1::MODE_OFF);
+  EXPECT_EQ(d.summary().policy().mode(), v1::MODE_DEFAULT);  // apart
+  {
+    grpc::ClientContext ctx;
+    v1::ListVmsResponse list;
+    ASSERT_TRUE(admin_->ListVms(&ctx, v1::ListVmsRequest(), &list).ok());
+    ASSERT_EQ(list.vms_size(), 2);
+    EXPECT_EQ(list.vms(0).name(), "g1");
+    EXPECT_EQ(list.vms(0).policy().swap_quota_bytes(), uint64_t{8} << 20);
+    EXPECT_EQ(list.vms(0).policy().swap_mode(), v1::MODE_OFF);
+    // A VM nobody set: unlimited (0), following its mode.
+    EXPECT_EQ(list.vms(1).policy().swap_quota_bytes(), 0u);
+    EXPECT_EQ(list.vms(1).policy().swap_mode(), v1::MODE_DEFAULT);
+  }
+
+  // A restart restores them from the state file.
+  StopAll();
+  StartAll(/*with_domains=*/true);
+  ASSERT_EQ(policies_->Vm("g1")->policy.swap_mode, ValveMode::kOff);
+  const v1::VmDetail after = GetVm("g1");
+  EXPECT_EQ(after.summary().policy().swap_quota_bytes(), uint64_t{8} << 20);
+  EXPECT_EQ(after.summary().policy().swap_mode(), v1::MODE_OFF);
+
+  // 0: unlimited again.
+  v1::SetVmPolicyRequest q;
+  q.set_vm("g1");
+  q.set_swap_quota_bytes(0);
+  ASSERT_TRUE(SetPolicy(*admin_, q, &resp).ok());
+  EXPECT_EQ(resp.policy().swap_quota_bytes(), 0u);
+  EXPECT_EQ(policies_->Vm("g1")->policy.swap_quota_bytes, kUnlimitedQuota);
+}
+
+TEST_F(ControlServiceTest, BadSwapPolicyValuesNameTheirField) {
+  for (uint64_t bytes : {(uint64_t{1} << 50) + 1, ~uint64_t{0}}) {
+    v1::SetVmPolicyRequest req;
+    req.set_vm("g1");
+    req.set_swap_quota_bytes(bytes);
+    const grpc::Status s = SetPolicy(*admin_, req);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bytes;
+    EXPECT_NE(s.error_message().find("swap_quota_bytes"), std::string::npos)
+        << s.error_message();
+  }
+  v1::SetVmPolicyRequest mode;
+  mode.set_vm("g1");
+  mode.set_swap_mode(static_cast<v1::Mode>(42));
+  mode.set_weight(7);  // a valid field in the same request is not applied
+  const grpc::Status s = SetPolicy(*admin_, mode);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("swap_mode"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ(agent_->GetVmPolicy("g1")->weight, 100u);
+  EXPECT_EQ(GetVm("g1").summary().policy().generation(), 0u);
+  EXPECT_FALSE(policies_->Vm("g1").has_value());
+}
+
+// A whole policy set (what the fleet watcher applies): defaults overlaid by
+// each VM's own fields, swap fields included, checked before anything
+// applies.
+TEST_F(ControlServiceTest, PolicySetCarriesTheSwapFields) {
+  PolicySet set;
+  set.vm_defaults.set_swap_quota_bytes(uint64_t{4} << 20);
+  set.vm_defaults.set_swap_mode(v1::MODE_ALWAYS);
+  set.vms["g2"].set_swap_mode(v1::MODE_OFF);
+  EXPECT_EQ(set.ForVm("g2").swap_quota_bytes(), uint64_t{4} << 20);
+  EXPECT_EQ(set.ForVm("g2").swap_mode(), v1::MODE_OFF);
+  ASSERT_TRUE(control_->ApplyPolicySet(set).ok());
+  EXPECT_EQ(policies_->Vm("g1")->policy.swap_quota_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(policies_->Vm("g1")->policy.swap_mode, ValveMode::kAlways);
+  EXPECT_EQ(policies_->Vm("g2")->policy.swap_mode, ValveMode::kOff);
+  EXPECT_EQ(GetVm("g2").summary().policy().swap_mode(), v1::MODE_OFF);
+
+  PolicySet bad;
+  bad.vms["g1"].set_swap_quota_bytes(~uint64_t{0});
+  const absl::Status s = control_->ApplyPolicySet(bad);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("swap_quota_bytes"), std::string::npos) << s;
+  EXPECT_EQ(policies_->Vm("g1")->policy.swap_quota_bytes, uint64_t{4} << 20);
+}
+
 TEST_F(ControlServiceTest, StaleGenerationIsRejected) {
   v1::SetVmPolicyRequest req;
   req.set_vm("g1");

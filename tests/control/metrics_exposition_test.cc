@@ -214,6 +214,7 @@ TEST(MetricsExpositionTest, TheAgentsExpositionIsWellFormed) {
   ASSERT_TRUE(agent.ok()) << agent.status();
   VmPolicy quota;
   quota.quota_bytes = 4 << 20;
+  quota.swap_quota_bytes = 2 << 20;
   ASSERT_TRUE((*agent)->AddVm("vm1", VmPolicy{}).ok());
   ASSERT_TRUE((*agent)->AddVm("vm2", quota).ok());
 
@@ -240,6 +241,10 @@ TEST(MetricsExpositionTest, TheAgentsExpositionIsWellFormed) {
             std::string::npos)
       << r;
   EXPECT_EQ(r.find("tmem_vm_quota_bytes{vm=\"vm1\"}"), std::string::npos);
+  EXPECT_NE(r.find("tmem_vm_swap_quota_bytes{vm=\"vm2\"} 2097152\n"),
+            std::string::npos)
+      << r;
+  EXPECT_EQ(r.find("tmem_vm_swap_quota_bytes{vm=\"vm1\"}"), std::string::npos);
   EXPECT_NE(r.find("tmem_memory_cap_bytes 16777216\n"), std::string::npos);
   EXPECT_NE(r.find("tmem_vms 2\n"), std::string::npos);
   EXPECT_NE(r.find("tmem_vm_connected{vm=\"vm1\"} 0\n"), std::string::npos);

@@ -59,6 +59,41 @@ TEST(PolicyFileTest, JsonOfTheSameShape) {
   EXPECT_TRUE(f->vms[0].frozen());
 }
 
+TEST(PolicyFileTest, SwapQuotaAndSwapMode) {
+  auto f = ParsePolicyFile(R"(
+[[vm]]
+name = "web1"
+swap_quota = "256MiB"
+swap_mode = "off"
+
+[[vm]]
+name = "db1"
+swap_quota = "unlimited"
+
+[[vm]]
+name = "idle"
+weight = 3
+)",
+                           "p.toml");
+  ASSERT_TRUE(f.ok()) << f.status();
+  ASSERT_EQ(f->vms.size(), 3u);
+  EXPECT_EQ(f->vms[0].swap_quota_bytes(), uint64_t{256} << 20);
+  EXPECT_EQ(f->vms[0].swap_mode(), v1::MODE_OFF);
+  EXPECT_FALSE(f->vms[0].has_quota_bytes());
+  EXPECT_TRUE(f->vms[1].has_swap_quota_bytes());
+  EXPECT_EQ(f->vms[1].swap_quota_bytes(), 0u);             // unlimited
+  EXPECT_EQ(f->vms[1].swap_mode(), v1::MODE_UNSPECIFIED);  // unchanged
+  EXPECT_FALSE(f->vms[2].has_swap_quota_bytes());
+  EXPECT_EQ(f->vms[2].swap_mode(), v1::MODE_UNSPECIFIED);
+
+  auto j = ParsePolicyFile(
+      R"({"vm": [{"name": "web1", "swap_quota": 4096, "swap_mode": "default"}]})",
+      "p.json");
+  ASSERT_TRUE(j.ok()) << j.status();
+  EXPECT_EQ(j->vms[0].swap_quota_bytes(), 4096u);
+  EXPECT_EQ(j->vms[0].swap_mode(), v1::MODE_DEFAULT);
+}
+
 TEST(PolicyFileTest, MalformedFilesSayWhatIsWrong) {
   struct Case {
     const char* text;
@@ -72,6 +107,14 @@ TEST(PolicyFileTest, MalformedFilesSayWhatIsWrong) {
            Case{"[[vm]]\nname = \"a\"\nweight = -3", "1..1000000"},
            Case{"[[vm]]\nname = \"a\"\nquota = \"lots\"", "vm[0].quota"},
            Case{"[[vm]]\nname = \"a\"\nmode = \"fast\"", "vm[0].mode"},
+           Case{"[[vm]]\nname = \"a\"\nswap_quota = \"lots\"",
+                "vm[0].swap_quota"},
+           Case{"[[vm]]\nname = \"a\"\nswap_quota = -1",
+                "'vm[0].swap_quota' must not be negative"},
+           Case{"[[vm]]\nname = \"a\"\nswap_mode = \"fast\"",
+                "vm[0].swap_mode: 'fast' is not a mode"},
+           Case{"[[vm]]\nname = \"a\"\nswap_mode = 1",
+                "'vm[0].swap_mode' must be a string"},
            Case{"[[vm]]\nname = \"a\"\nqouta = 1", "unknown key 'vm[0].qouta'"},
            Case{"[host]\ncpu_budget_percent = 0", "host.cpu_budget_percent"},
            Case{"[host]\nmode = \"default\"", "host.mode"},

@@ -98,6 +98,77 @@ TEST_F(PolicyStoreTest, StateRoundTripsThroughTheFile) {
   EXPECT_FALSE((*store)->Vm("other").has_value());
 }
 
+TEST_F(PolicyStoreTest, SwapPolicyRoundTripsThroughTheFile) {
+  {
+    auto store = PolicyStore::Open(path_);
+    ASSERT_TRUE(store.ok());
+    VmPolicy p;
+    p.swap_quota_bytes = uint64_t{256} << 20;
+    p.swap_mode = ValveMode::kOff;
+    ASSERT_TRUE((*store)->CommitVm("web1", {p, 1}).ok());
+    ASSERT_TRUE((*store)->CommitVm("web2", {VmPolicy{}, 1}).ok());
+    // Unlimited is written as 0, as the quota is.
+    EXPECT_NE((*store)->Serialize().find("\"swap_quota_bytes\": 0"),
+              std::string::npos)
+        << (*store)->Serialize();
+  }
+  auto store = PolicyStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::optional<StoredVmPolicy> web1 = (*store)->Vm("web1");
+  ASSERT_TRUE(web1.has_value());
+  EXPECT_EQ(web1->policy.swap_quota_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(web1->policy.swap_mode, ValveMode::kOff);
+  std::optional<StoredVmPolicy> web2 = (*store)->Vm("web2");
+  ASSERT_TRUE(web2.has_value());
+  EXPECT_EQ(web2->policy.swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(web2->policy.swap_mode, ValveMode::kDefault);
+}
+
+// A state file from before the swap fields loads; its VMs get the
+// defaults (unlimited, following the mode).
+TEST_F(PolicyStoreTest, StateFileWithoutSwapFieldsLoads) {
+  std::ofstream(path_) << R"({"version": 1, "host": {"generation": 2},
+      "vms": {"web1": {"generation": 4, "quota_bytes": 1048576,
+      "weight": 7, "enabled": true, "frozen": false, "mode": "always"}},
+      "shared_pools": []})";
+  auto store = PolicyStore::Open(path_);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::optional<StoredVmPolicy> vm = (*store)->Vm("web1");
+  ASSERT_TRUE(vm.has_value());
+  EXPECT_EQ(vm->generation, 4u);
+  EXPECT_EQ(vm->policy.quota_bytes, 1048576u);
+  EXPECT_EQ(vm->policy.mode, ValveMode::kAlways);
+  EXPECT_EQ(vm->policy.swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(vm->policy.swap_mode, ValveMode::kDefault);
+}
+
+TEST_F(PolicyStoreTest, BadSwapFieldsNameTheirKey) {
+  const std::string vm = R"({"version": 1, "vms": {"a": {"generation": 1,
+      "quota_bytes": 0, "weight": 1, "enabled": true, "frozen": false,
+      "mode": "off", )";
+  struct Bad {
+    const char* fields;
+    const char* reason;
+  } bad[] = {
+      {R"("swap_quota_bytes": 2251799813685248)",
+       "vms.a.swap_quota_bytes: swap quota"},
+      {R"("swap_quota_bytes": -1)",
+       "vms.a.swap_quota_bytes: -1 is not a byte count"},
+      {R"("swap_quota_bytes": "1GiB")",
+       "vms.a.swap_quota_bytes: \"1GiB\" is not a byte count"},
+      {R"("swap_mode": "fast")", "vms.a.swap_mode: \"fast\" is not a mode"},
+      {R"("swap_mode": 3)", "vms.a.swap_mode: 3 is not a mode"},
+  };
+  for (const Bad& b : bad) {
+    std::ofstream(path_) << vm << b.fields << "}}}";
+    auto s = PolicyStore::Open(path_);
+    ASSERT_FALSE(s.ok()) << b.fields;
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find(b.reason), std::string::npos)
+        << b.fields << " -> " << s.status().message();
+  }
+}
+
 TEST_F(PolicyStoreTest, MissingFileIsEmptyAndCorruptFileIsAClearError) {
   auto empty = PolicyStore::Open(path_);
   ASSERT_TRUE(empty.ok());

@@ -174,6 +174,47 @@ TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
   EXPECT_EQ(pol["mode"].get<std::string>(), "MODE_ALWAYS");
   EXPECT_EQ(U64(pol["generation"]), 3u);
 
+  // set-policy: several fields in one push, the swap ones among them.
+  r = Ctl({"set-policy", "g1", "--swap-quota", "8MiB", "--swap-mode", "off",
+           "--weight", "260"});
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("swap quota 8.0MiB, swap mode off"),
+            std::string::npos)
+      << r.output;
+  const json swapped = CtlJson({"vm", "g1"});
+  const json& sp = swapped["summary"]["policy"];
+  EXPECT_EQ(U64(sp["swap_quota_bytes"]), uint64_t{8} << 20) << swapped.dump();
+  EXPECT_EQ(sp["swap_mode"].get<std::string>(), "MODE_OFF");
+  EXPECT_EQ(sp["weight"].get<int>(), 260);
+  EXPECT_EQ(U64(sp["quota_bytes"]), uint64_t{16} << 20);  // kept
+  r = Ctl({"vm", "g1"});
+  EXPECT_NE(r.output.find("swap quota 8.0MiB, swap mode off"),
+            std::string::npos)
+      << r.output;
+  vms = CtlJson({"vms"});
+  EXPECT_EQ(U64(vms["vms"][0]["policy"]["swap_quota_bytes"]), uint64_t{8} << 20)
+      << vms.dump();
+  r = Ctl({"vms"});
+  EXPECT_NE(r.output.find("SWQUOTA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("SWMODE"), std::string::npos) << r.output;
+  // Refused before anything is sent, naming the flag; nothing to set.
+  r = Ctl({"set-policy", "g1", "--swap-quota", "lots"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("--swap-quota 'lots'"), std::string::npos)
+      << r.output;
+  r = Ctl({"set-policy", "g1", "--swap-mode", "fast"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("set-policy --swap-mode"), std::string::npos)
+      << r.output;
+  r = Ctl({"set-policy", "g1"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("nothing to set"), std::string::npos) << r.output;
+  // tmemd's range check (at most 1 PiB), naming the RPC field.
+  r = Ctl({"set-policy", "g1", "--swap-quota", "2000000TiB"});
+  EXPECT_EQ(r.code, 1);
+  EXPECT_NE(r.output.find("INVALID_ARGUMENT"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("swap_quota_bytes"), std::string::npos) << r.output;
+
   r = Ctl({"freeze", "g1"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("frozen"), std::string::npos) << r.output;
@@ -219,11 +260,18 @@ TEST_F(TmemctlE2eTest, EveryCommandAgainstARunningTmemd) {
   // Declarative policy: TOML applies; a malformed file applies nothing.
   std::ofstream(dir_ + "/policy.toml") << "[host]\ncpu_budget_percent = 20\n"
                                           "[[vm]]\nname = \"g2\"\n"
-                                          "weight = 42\nquota = \"8MiB\"\n";
+                                          "weight = 42\nquota = \"8MiB\"\n"
+                                          "swap_quota = \"2MiB\"\n"
+                                          "swap_mode = \"always\"\n";
   r = Ctl({"policy", "apply", dir_ + "/policy.toml"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_EQ(CtlJson({"vm", "g2"})["summary"]["policy"]["weight"].get<int>(),
             42);
+  const json g2 = CtlJson({"vm", "g2"});
+  EXPECT_EQ(U64(g2["summary"]["policy"]["swap_quota_bytes"]), uint64_t{2} << 20)
+      << g2.dump();
+  EXPECT_EQ(g2["summary"]["policy"]["swap_mode"].get<std::string>(),
+            "MODE_ALWAYS");
   std::ofstream(dir_ + "/bad.toml") << "[[vm]]\nname = \"g2\"\nweight = -1\n";
   r = Ctl({"policy", "apply", dir_ + "/bad.toml"});
   EXPECT_EQ(r.code, 1);

@@ -45,6 +45,16 @@ TEST(FleetPolicyTest, ValuesAreCheckedWithTmemdsRanges) {
       {R"({"version":1,"vm":{"mode":"fast"}})", "is not a mode"},
       {R"({"version":1,"vm":{"enabled":1}})", "must be true or false"},
       {R"({"version":1,"vm":{"wieght":1}})", "unknown field"},
+      {R"({"version":1,"vm":{"swap_quota_bytes":-1}})",
+       "vm.swap_quota_bytes: must not be negative"},
+      {R"({"version":1,"vm":{"swap_quota_bytes":"1GiB"}})",
+       "vm.swap_quota_bytes: must be an integer"},
+      {R"({"version":1,"vm":{"swap_quota_bytes":2251799813685248}})",
+       "vm.swap_quota_bytes: swap quota (bytes; 0: unlimited) must be in"},
+      {R"({"version":1,"vm":{"swap_mode":"fast"}})",
+       "vm.swap_mode: 'fast' is not a mode"},
+      {R"({"version":1,"vm":{"swap_mode":2}})",
+       "vm.swap_mode: must be a string"},
       {R"({"version":1,"extra":{}})", "unknown field"},
       {R"({"version":1,)", "not valid JSON"},
   };
@@ -92,15 +102,58 @@ TEST(FleetPolicyTest, MostSpecificWinsFieldByField) {
   EXPECT_TRUE(FleetKeyConcernsHost(kP + "groups/g1", "h1", {"g1"}));
 }
 
+TEST(FleetPolicyTest, SwapFieldsParseAndMergeFieldByField) {
+  absl::StatusOr<FleetLayer> l = ParseFleetLayer(
+      kP + "fleet",
+      R"({"version":1,"vm":{"swap_quota_bytes":0,"swap_mode":"default"}})");
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_TRUE(l->vm.has_swap_quota_bytes());  // 0 is said: unlimited
+  EXPECT_EQ(l->vm.swap_quota_bytes(), 0u);
+  EXPECT_EQ(l->vm.swap_mode(), v1::MODE_DEFAULT);
+
+  const std::map<std::string, std::string> keys = {
+      {kP + "fleet",
+       R"({"version":1,"vm":{"swap_quota_bytes":1073741824,"swap_mode":"off",
+           "weight":100}})"},
+      {kP + "groups/g1",
+       R"({"version":1,"vm":{"swap_quota_bytes":536870912}})"},
+      {kP + "hosts/h1", R"({"version":1,"vm":{"swap_mode":"adaptive"}})"},
+      {kP + "vms/web1", R"({"version":1,"vm":{"swap_mode":"always"}})"},
+      {kP + "vms/db", R"({"version":1,"vm":{"swap_quota_bytes":0}})"},
+  };
+  absl::StatusOr<PolicySet> r = ResolveFleetPolicy(keys, "h1", {"g1"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::SetVmPolicyRequest other = r->ForVm("other");
+  EXPECT_EQ(other.swap_quota_bytes(), uint64_t{512} << 20);  // group
+  EXPECT_EQ(other.swap_mode(), v1::MODE_ADAPTIVE);           // host
+  EXPECT_EQ(other.weight(), 100);                            // fleet
+  const v1::SetVmPolicyRequest web1 = r->ForVm("web1");
+  EXPECT_EQ(web1.swap_mode(), v1::MODE_ALWAYS);             // its key
+  EXPECT_EQ(web1.swap_quota_bytes(), uint64_t{512} << 20);  // not said
+  const v1::SetVmPolicyRequest db = r->ForVm("db");
+  ASSERT_TRUE(db.has_swap_quota_bytes());
+  EXPECT_EQ(db.swap_quota_bytes(), 0u);  // 0 overrides: unlimited
+  EXPECT_EQ(db.swap_mode(), v1::MODE_ADAPTIVE);
+  // No layer says a swap field: not set, the host keeps its own.
+  absl::StatusOr<PolicySet> bare = ResolveFleetPolicy(
+      {{kP + "fleet", R"({"version":1,"vm":{"weight":5}})"}}, "h1", {});
+  ASSERT_TRUE(bare.ok());
+  EXPECT_FALSE(bare->ForVm("x").has_swap_quota_bytes());
+  EXPECT_EQ(bare->ForVm("x").swap_mode(), v1::MODE_UNSPECIFIED);
+}
+
 TEST(FleetPolicyTest, FormatRoundTrips) {
   const std::string k = kP + "hosts/h1";
   absl::StatusOr<FleetLayer> a = ParseFleetLayer(
       k, R"({"version":1,"host":{"memory_cap_bytes":2147483648,"mode":
-      "always"},"vm":{"quota_bytes":1048576,"enabled":false}})");
+      "always"},"vm":{"quota_bytes":1048576,"enabled":false,
+      "swap_quota_bytes":0,"swap_mode":"off"}})");
   ASSERT_TRUE(a.ok());
   absl::StatusOr<FleetLayer> b = ParseFleetLayer(k, FormatFleetLayer(*a));
   ASSERT_TRUE(b.ok()) << FormatFleetLayer(*a);
   EXPECT_TRUE(*a == *b);
+  EXPECT_TRUE(b->vm.has_swap_quota_bytes());
+  EXPECT_EQ(b->vm.swap_mode(), v1::MODE_OFF);
 }
 
 }  // namespace

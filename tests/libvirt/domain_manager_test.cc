@@ -41,6 +41,7 @@ class DomainManagerTest : public ::testing::Test {
     ASSERT_FALSE(dir_.empty()) << "mkdtemp failed";
     AgentOptions o;
     o.socket_dir = dir_;
+    o.state_dir = dir_;
     o.workers = 1;
     o.run_valve_ticker = false;
     absl::StatusOr<std::unique_ptr<Agent>> a = Agent::Create(o);
@@ -840,6 +841,79 @@ TEST_F(DomainManagerTest, SwapDetachKeepsADeviceARunningQemuUses) {
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_FALSE(s->attached);
   EXPECT_TRUE(SwapDevices().empty());
+}
+
+// A domain whose only tmemd device is its swap device (the Agent serves it,
+// as for [swap.NAME] in tmemd's config) takes its metadata's policy, swap
+// fields included, and follows the element's changes; a domain with no
+// element keeps the VM's own policy; a policy set through gRPC is written
+// back into the element.
+TEST_F(DomainManagerTest, SwapOnlyDomainTakesTheMetadataPolicy) {
+  ASSERT_TRUE(agent_->AddSwapDevice("web1", 1 << 20).ok());
+  ASSERT_TRUE(agent_->AddSwapDevice("plain", 1 << 20).ok());
+  VmPolicy own;
+  own.weight = 33;
+  ASSERT_TRUE(agent_->SetVmPolicy("plain", own).ok());
+  FakeHypervisor::Domain d;
+  d.config_metadata = Meta(
+      "<weight>200</weight><swap_quota>8MiB</swap_quota>"
+      "<swap_mode>off</swap_mode>");
+  hv_.Define("web1", d);
+  hv_.Define("plain", FakeHypervisor::Domain{});
+  ASSERT_TRUE(manager_->Start().ok());
+  VmPolicy p = agent_->GetVm("web1")->policy;
+  EXPECT_EQ(p.weight, 200u);
+  EXPECT_EQ(p.swap_quota_bytes, uint64_t{8} << 20);
+  EXPECT_EQ(p.swap_mode, ValveMode::kOff);
+  EXPECT_EQ(agent_->GetVm("plain")->policy.weight, 33u);
+  // Listed (no channel: no VM of a tmem device to name).
+  std::optional<DomainAttachState> st = Find("web1");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_FALSE(st->attached);
+
+  hv_.Start("web1");
+  ASSERT_TRUE(hv_.SetMetadata("web1",
+                              Meta("<weight>300</weight>"
+                                   "<swap_mode>always</swap_mode>"),
+                              true, false)
+                  .ok());
+  manager_->Flush();
+  p = agent_->GetVm("web1")->policy;
+  EXPECT_EQ(p.weight, 300u);
+  EXPECT_EQ(p.swap_quota_bytes, kUnlimitedQuota);  // absent: the default
+  EXPECT_EQ(p.swap_mode, ValveMode::kAlways);
+
+  VmPolicy grpc = p;
+  grpc.swap_quota_bytes = uint64_t{16} << 20;
+  ASSERT_TRUE(manager_->PolicyChanged("web1", grpc).ok());
+  absl::StatusOr<std::optional<std::string>> live =
+      hv_.GetMetadata("web1", /*inactive=*/false);
+  ASSERT_TRUE(live.ok() && live->has_value());
+  absl::StatusOr<TmemMetadata> written = ParseTmemMetadata(**live);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->policy.swap_quota_bytes, uint64_t{16} << 20);
+  EXPECT_EQ(written->policy.swap_mode, ValveMode::kAlways);
+}
+
+// AttachSwap: the new device's VM takes the domain's metadata policy at
+// once.
+TEST_F(DomainManagerTest, SwapAttachAppliesTheMetadataPolicy) {
+  DomainManagerOptions mo;
+  mo.add_swap_device = [this](const std::string& vm, uint64_t size) {
+    return agent_->AddSwapDevice(vm, size).status();
+  };
+  mo.remove_swap_device = [this](const std::string& vm) {
+    return agent_->RemoveSwapDevice(vm);
+  };
+  manager_ = std::make_unique<DomainManager>(agent_.get(), &hv_, mo);
+  FakeHypervisor::Domain d;
+  d.config_metadata = Meta("<quota>32MiB</quota><swap_quota>4MiB</swap_quota>");
+  hv_.Define("web1", d);
+  ASSERT_TRUE(manager_->Start().ok());
+  ASSERT_TRUE(manager_->AttachSwap("web1", 1 << 20).ok());
+  const VmPolicy p = agent_->GetVm("web1")->policy;
+  EXPECT_EQ(p.quota_bytes, uint64_t{32} << 20);
+  EXPECT_EQ(p.swap_quota_bytes, uint64_t{4} << 20);
 }
 
 TEST_F(DomainManagerTest, MigrateHookRefusesADomainWithThisTmemdsSwapDevice) {

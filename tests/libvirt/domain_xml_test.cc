@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace tmem {
 namespace {
 
@@ -301,6 +303,62 @@ TEST(DomainXmlTest, FormatParsesBack) {
   back = ParseTmemMetadata(FormatTmemMetadata(TmemMetadata{}));
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(back->policy.quota_bytes, kUnlimitedQuota);
+}
+
+TEST(DomainXmlTest, SwapQuotaAndSwapModeParseAndFormat) {
+  absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(
+      R"(<tmem:tmem xmlns:tmem="https://tmemd.dev/xmlns/tmem/1">
+           <tmem:quota>1GiB</tmem:quota>
+           <tmem:swap_quota>256MiB</tmem:swap_quota>
+           <tmem:swap_mode>off</tmem:swap_mode>
+         </tmem:tmem>)");
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->policy.swap_quota_bytes, uint64_t{256} << 20);
+  EXPECT_EQ(m->policy.swap_mode, ValveMode::kOff);
+  EXPECT_EQ(m->policy.mode, ValveMode::kDefault);  // apart from swap_mode
+  for (const char* unlimited : {"unlimited", "0", ""}) {
+    m = ParseTmemMetadata(
+        absl::StrCat("<tmem><swap_quota>", unlimited, "</swap_quota></tmem>"));
+    ASSERT_TRUE(m.ok()) << unlimited << ": " << m.status();
+    EXPECT_EQ(m->policy.swap_quota_bytes, kUnlimitedQuota) << unlimited;
+  }
+  // Absent: unlimited, following the mode.
+  m = ParseTmemMetadata("<tmem><mode>always</mode></tmem>");
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->policy.swap_quota_bytes, kUnlimitedQuota);
+  EXPECT_EQ(m->policy.swap_mode, ValveMode::kDefault);
+
+  TmemMetadata set;
+  set.policy.swap_quota_bytes = uint64_t{64} << 20;
+  set.policy.swap_mode = ValveMode::kAdaptive;
+  absl::StatusOr<TmemMetadata> back =
+      ParseTmemMetadata(FormatTmemMetadata(set));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->policy.swap_quota_bytes, uint64_t{64} << 20);
+  EXPECT_EQ(back->policy.swap_mode, ValveMode::kAdaptive);
+  // Defaults are not written, so a tmemd that predates the swap elements
+  // still reads the element of a domain that does not use them.
+  const std::string plain = FormatTmemMetadata(TmemMetadata{});
+  EXPECT_EQ(plain.find("swap"), std::string::npos) << plain;
+}
+
+TEST(DomainXmlTest, BadSwapMetadataNamesTheElement) {
+  struct Bad {
+    const char* xml;
+    const char* reason;
+  } bad[] = {
+      {"<tmem><swap_quota>lots</swap_quota></tmem>", "<swap_quota>"},
+      {"<tmem><swap_quota>2251799813685248</swap_quota></tmem>",
+       "<swap_quota>: swap quota (bytes; 0: unlimited) must be in"},
+      {"<tmem><swap_mode>fast</swap_mode></tmem>", "<swap_mode>'fast'"},
+      {"<tmem><swapquota>1MiB</swapquota></tmem>", "<swapquota>"},
+  };
+  for (const Bad& b : bad) {
+    absl::StatusOr<TmemMetadata> m = ParseTmemMetadata(b.xml);
+    ASSERT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << b.xml;
+    EXPECT_NE(m.status().message().find(b.reason), absl::string_view::npos)
+        << b.xml << " -> " << m.status().message();
+  }
 }
 
 // --- the swap device ------------------------------------------------------

@@ -180,9 +180,12 @@ def test(args, mon, work, procs):
     # the puts compared below are many, not zero.
     if run(ctl + ["set-mode", "g1", "always"]).returncode != 0:
         fail("tmemctl set-mode failed")
-    # A quota on g2, so tmem_vm_quota_bytes (absent when unlimited) is served.
+    # A quota and a swap quota on g2, so tmem_vm_quota_bytes and
+    # tmem_vm_swap_quota_bytes (absent when unlimited) are served.
     if run(ctl + ["set-quota", "g2", "16MiB"]).returncode != 0:
         fail("tmemctl set-quota failed")
+    if run(ctl + ["set-policy", "g2", "--swap-quota", "8MiB"]).returncode != 0:
+        fail("tmemctl set-policy --swap-quota failed")
     r = run([args.guestsim, "--socket", os.path.join(sock_dir, "g1.sock"),
              "--progress-ms", "0", "--workload", "reread", "--pages", "300",
              "--ops", "3000", "--seed", "7"], quiet=True)
@@ -204,6 +207,11 @@ def test(args, mon, work, procs):
         fail("promtool check metrics found problems")
     if len(samples) < 100:
         fail(f"only {len(samples)} samples")
+    swap_quota = samples.get(("tmem_vm_swap_quota_bytes",
+                              frozenset({("vm", "g2")})))
+    if swap_quota != 8 * 1024 * 1024:
+        fail(f"tmem_vm_swap_quota_bytes{{vm=\"g2\"}} is {swap_quota}, "
+             "want 8388608")
     puts = metric_sum(samples, "tmem_puts_total")
     host_puts = metric_sum(samples, "tmem_host_puts_total")
     print(f"sum(tmem_puts_total) = {puts:.0f}, "
