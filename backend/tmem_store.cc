@@ -1197,7 +1197,8 @@ absl::StatusOr<PersistentExcess> TmemStore::Impl::PersistentExcessBytes(
     persistent_total += p;
     if (vm == &me) mine = static_cast<int>(shares.size());
     shares.push_back(
-        {c, p, std::max<uint64_t>(1, vm->weight.load(std::memory_order_relaxed))});
+        {c, p,
+         std::max<uint64_t>(1, vm->weight.load(std::memory_order_relaxed))});
   }
   const uint64_t held = std::min(budget_->used(), charged_total);
   const uint64_t cap = budget_->cap();

@@ -243,11 +243,11 @@ struct VmStats {
 // the owner moves pages out until `bytes` is 0). See
 // TmemStore::PersistentExcessBytes.
 struct PersistentExcess {
-  uint64_t bytes = 0;              // the largest of the three below
-  uint64_t over_quota = 0;         // charged beyond quota_bytes
-  uint64_t over_swap_quota = 0;    // persistent charge beyond swap_quota_bytes
-  uint64_t host_cap_share = 0;     // this VM's part of the host's excess
-  uint64_t persistent_bytes = 0;   // the VM's persistent charge now
+  uint64_t bytes = 0;             // the largest of the three below
+  uint64_t over_quota = 0;        // charged beyond quota_bytes
+  uint64_t over_swap_quota = 0;   // persistent charge beyond swap_quota_bytes
+  uint64_t host_cap_share = 0;    // this VM's part of the host's excess
+  uint64_t persistent_bytes = 0;  // the VM's persistent charge now
 };
 
 struct HostStats {

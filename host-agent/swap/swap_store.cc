@@ -91,8 +91,8 @@ class TmemSwapStore final : public SwapStore {
          {"over_swap_quota_bytes", step.before.over_swap_quota},
          {"host_cap_share_bytes", step.before.host_cap_share},
          {"excess_after_bytes", step.excess_after},
-         {"error",
-          step.error.ok() ? std::string() : std::string(step.error.message())}});
+         {"error", step.error.ok() ? std::string()
+                                   : std::string(step.error.message())}});
     return step.moved;
   }
 

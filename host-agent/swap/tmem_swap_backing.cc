@@ -272,8 +272,8 @@ void TmemSwapBacking::OnWriteFailed(uint64_t page, const absl::Status& s) {
       failures_unlogged_.exchange(0, std::memory_order_relaxed);
   if (on_event_) {
     on_event_("swap_write_failed",
-              absl::StrCat("page ", page, ": ", s.message(), " (",
-                           held_back, " more failed writes since the last "
+              absl::StrCat("page ", page, ": ", s.message(), " (", held_back,
+                           " more failed writes since the last "
                            "such line; the guest sees an I/O error)"));
   }
 }

@@ -116,8 +116,8 @@ enum class TmemSwapCounter : int {
   kImageReadErrors,
   kImagePunchErrors,  // the hole stays; handled (see .cc)
   kImageSyncErrors,
-  kPagesLost,  // pages whose content a failed write lost (see above)
-  kReadsLost,  // reads of such pages (DATA_LOSS)
+  kPagesLost,     // pages whose content a failed write lost (see above)
+  kReadsLost,     // reads of such pages (DATA_LOSS)
   kWritesFailed,  // page writes that failed (the guest saw an I/O error)
   // Relief (see above).
   kRelievedToImage,         // pages moved from the store into the image
@@ -172,8 +172,8 @@ struct TmemSwapBackingOptions {
 struct ReliefStep {
   PersistentExcess before;  // the excess the step started from
   uint64_t excess_after = 0;
-  uint64_t moved = 0;   // pages now in the image instead of the store
-  uint64_t failed = 0;  // pages that stayed in the store (errors)
+  uint64_t moved = 0;    // pages now in the image instead of the store
+  uint64_t failed = 0;   // pages that stayed in the store (errors)
   uint64_t scanned = 0;  // locations looked at
   absl::Status error;    // the first failure, if any
 };

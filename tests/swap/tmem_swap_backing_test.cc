@@ -14,8 +14,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -114,9 +114,9 @@ class TmemSwapBackingTest : public ::testing::Test {
     image_dir_ = dir_ + "/small";
     ASSERT_EQ(::mkdir(image_dir_.c_str(), 0700), 0);
     const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
-    ASSERT_EQ(::mount("tmpfs", image_dir_.c_str(), "tmpfs", 0, opts.c_str()),
-              0)
-        << "mount tmpfs at " << image_dir_ << ": " << std::strerror(errno);
+    ASSERT_EQ(::mount("tmpfs", image_dir_.c_str(), "tmpfs", 0, opts.c_str()), 0)
+        << "mount tmpfs at " << image_dir_ << ": "
+        << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
     mounted_ = image_dir_;
     Reopen();
   }
@@ -237,7 +237,8 @@ class TmemSwapBackingTest : public ::testing::Test {
   PoolId pool_ = -1;
   FixedAdvisor advisor_;
   std::unique_ptr<TmemSwapBacking> backing_;
-  std::unique_ptr<TmemSwapBacking> other_;  // a second VM's, when a test needs one
+  std::unique_ptr<TmemSwapBacking>
+      other_;  // a second VM's, when a test needs one
 };
 
 // The most one page is charged: relief stops within this of the limit.
@@ -799,8 +800,8 @@ TEST_F(TmemSwapBackingTest, ReliefWhileTheGuestReadsAndWrites) {
           if (!got.ok() ||
               std::memcmp(got->data(), Pattern(p, round).data(),
                           kSwapPageSize) != 0 ||
-              std::memcmp(got->data() + kSwapPageSize,
-                          Pattern(p + 1, 1).data(), kSwapPageSize) != 0) {
+              std::memcmp(got->data() + kSwapPageSize, Pattern(p + 1, 1).data(),
+                          kSwapPageSize) != 0) {
             failures.fetch_add(1);
           }
         }

@@ -86,7 +86,8 @@ class TmemRequestTest : public ::testing::Test {
     ASSERT_EQ(::mkdir(small.c_str(), 0700), 0);
     const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
     ASSERT_EQ(::mount("tmpfs", small.c_str(), "tmpfs", 0, opts.c_str()), 0)
-        << "mount tmpfs at " << small << ": " << std::strerror(errno);
+        << "mount tmpfs at " << small << ": "
+        << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
     mounted_ = small;
     OpenBacking(small);
   }
@@ -323,8 +324,7 @@ TEST_F(TmemRequestTest, AFullStateDirFailsExactlyTheWritesItCannotHold) {
   ASSERT_LT(full_at, 64u) << "a 64 KiB tmpfs took 64 pages";
   uint64_t failed = 1;
   EXPECT_EQ(metrics_.Get(SwapCounter::kBackingErrors), failed);
-  EXPECT_EQ(backing_->Stats().Get(TmemSwapCounter::kSpilledQuota),
-            full_at + 1);
+  EXPECT_EQ(backing_->Stats().Get(TmemSwapCounter::kSpilledQuota), full_at + 1);
 
   // More new pages: each fails, each counted once.
   for (uint64_t p = full_at + 1; p < full_at + 4; ++p) {
@@ -390,9 +390,9 @@ TEST_F(TmemRequestTest, AFullStateDirFailsExactlyTheWritesItCannotHold) {
   EXPECT_LE(events_.size(), failed);
 
   // Discarding frees blocks: the page that failed is writable again.
-  EXPECT_EQ(Zeroing(kVirtioBlkTDiscard, 2 * kSectorsPerPage,
-                    2 * kSectorsPerPage, 0),
-            kVirtioBlkSOk);
+  EXPECT_EQ(
+      Zeroing(kVirtioBlkTDiscard, 2 * kSectorsPerPage, 2 * kSectorsPerPage, 0),
+      kVirtioBlkSOk);
   ASSERT_EQ(Write(200 * kSectorsPerPage, 4096, 52), kVirtioBlkSOk);
   ExpectPage(200, 52);
 }
