@@ -620,7 +620,11 @@ ReliefStep TmemSwapBacking::RelieveStep(uint64_t max_pages) {
   }
   step.before = *excess;
   step.excess_after = excess->bytes;
-  if (excess->bytes == 0 || page_count_ == 0) return step;
+  // An excess this device holds no store page of is not its to relieve
+  // (nothing to scan for).
+  if (excess->bytes == 0 || in_store_.load(std::memory_order_relaxed) == 0) {
+    return step;
+  }
   MutexLock relief(&relief_mu_);
   PageBuf buf;  // NOLINT(*-member-init): filled before use
   const uint64_t scan_limit = std::min(page_count_, kReliefScanPages);
