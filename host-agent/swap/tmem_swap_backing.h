@@ -65,8 +65,9 @@
 //
 // Thread safety: every method may be called from any thread. Page
 // operations lock a stripe of pages (page % kStripes) per page, so several
-// virtqueues run in parallel and WriteBackAll may run while the device
-// serves. Lock order: a stripe lock, then the store's and the image's own.
+// virtqueues run in parallel and WriteBackAll and RelieveStep may run
+// while the device serves. Lock order: relief_mu_ (RelieveStep only), then
+// a stripe lock, then the store's and the image's own.
 #ifndef TMEMD_HOST_AGENT_SWAP_TMEM_SWAP_BACKING_H_
 #define TMEMD_HOST_AGENT_SWAP_TMEM_SWAP_BACKING_H_
 
