@@ -105,6 +105,7 @@ class TmemRequestTest : public ::testing::Test {
     SpillImageOptions io;
     io.path = image_dir + "/vm1.swap.img";
     io.page_count = kPages;
+    io.io_mode = io_mode_;
     auto img = SpillImage::Open(io);
     ASSERT_TRUE(img.ok()) << img.status();
     TmemSwapBackingOptions o;
@@ -186,7 +187,9 @@ class TmemRequestTest : public ::testing::Test {
   PoolId pool_ = -1;
   FixedAdvisor advisor_;
   std::unique_ptr<TmemSwapBacking> backing_;
-  std::vector<std::string> events_;  // the backing's log lines
+  std::vector<std::string> events_;             // the backing's log lines
+  SpillIoMode io_mode_ = SpillIoMode::kDirect;  // for the next OpenBacking
+  void FullStateDirFailsExactlyTheWritesItCannotHold();
 };
 
 TEST_F(TmemRequestTest, FullPagesRoundTripStraightThroughGuestMemory) {
@@ -302,6 +305,21 @@ TEST_F(TmemRequestTest, AWriteNothingCanHoldIsAnIoError) {
 // reads, discards and flushes keep working.
 TEST_F(TmemRequestTest, AFullStateDirFailsExactlyTheWritesItCannotHold) {
   if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  FullStateDirFailsExactlyTheWritesItCannotHold();
+}
+
+// The same through the page cache (the image's fallback where the
+// filesystem refuses O_DIRECT): ENOSPC still reaches the write that needs
+// the block.
+TEST_F(TmemRequestTest,
+       AFullStateDirFailsExactlyTheWritesItCannotHoldBuffered) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  io_mode_ = SpillIoMode::kBuffered;
+  FullStateDirFailsExactlyTheWritesItCannotHold();
+  EXPECT_FALSE(backing_->image().direct_io());
+}
+
+void TmemRequestTest::FullStateDirFailsExactlyTheWritesItCannotHold() {
   ASSERT_NO_FATAL_FAILURE(MountSmallStateDir(65536));
   // Two pages in the store while it still takes them.
   ASSERT_EQ(Write(200 * kSectorsPerPage, 2 * 4096, 50), kVirtioBlkSOk);
