@@ -1211,6 +1211,87 @@ absl::StatusOr<VmStats> TmemStore::Impl::GetVmStats(VmId id) const {
   return s;
 }
 
+absl::StatusOr<PersistentExcess> TmemStore::Impl::PersistentExcessBytes(
+    VmId id) const {
+  absl::StatusOr<Vm*> found = LookupVm(id);
+  if (!found.ok()) return found.status();
+  // The policy as the store keeps it (the swap quota included).
+  absl::StatusOr<VmPolicy> policy = GetVmPolicy(id);
+  if (!policy.ok()) return policy.status();
+  const Vm& me = **found;
+  PersistentExcess out;
+  out.persistent_bytes = me.counters.Get(Counter::kPersistentChargedBytes);
+  const uint64_t charged = me.charged();
+  if (charged > policy->quota_bytes) {
+    out.over_quota =
+        std::min(out.persistent_bytes, charged - policy->quota_bytes);
+  }
+  if (out.persistent_bytes > policy->swap_quota_bytes) {
+    out.over_swap_quota = out.persistent_bytes - policy->swap_quota_bytes;
+  }
+
+  // The host's excess, in charge (see the header), and who gives it.
+  struct Share {
+    uint64_t charged;
+    uint64_t persistent;
+    uint64_t weight;
+  };
+  std::vector<Share> shares;
+  int mine = -1;
+  uint64_t charged_total = 0;
+  uint64_t persistent_total = 0;
+  const int high = max_slot_.load(std::memory_order_relaxed);
+  for (int i = 0; i <= high; ++i) {
+    const Vm* vm = slots_[i].load(std::memory_order_acquire);
+    if (vm == nullptr) continue;
+    const uint64_t c = vm->charged();
+    charged_total += c;
+    const uint64_t p = vm->counters.Get(Counter::kPersistentChargedBytes);
+    if (p == 0 && vm != &me) continue;
+    persistent_total += p;
+    if (vm == &me) mine = static_cast<int>(shares.size());
+    shares.push_back(
+        {c, p,
+         std::max<uint64_t>(1, vm->weight.load(std::memory_order_relaxed))});
+  }
+  const uint64_t held = std::min(budget_->used(), charged_total);
+  const uint64_t cap = budget_->cap();
+  const uint64_t host_excess =
+      held > cap ? std::min(held - cap, persistent_total) : 0;
+  if (host_excess > 0 && mine >= 0 && out.persistent_bytes > 0) {
+    // What VM i gives at level L (bytes per unit of weight): its charge
+    // above L * weight, at most its persistent charge. Non-increasing in
+    // L; find the highest L at which the VMs give the excess.
+    auto give = [](const Share& s, uint64_t level) -> uint64_t {
+      const unsigned __int128 keep =
+          static_cast<unsigned __int128>(level) * s.weight;
+      if (keep >= s.charged) return 0;
+      return std::min<uint64_t>(s.persistent,
+                                s.charged - static_cast<uint64_t>(keep));
+    };
+    auto total_at = [&](uint64_t level) {
+      unsigned __int128 sum = 0;
+      for (const Share& s : shares) sum += give(s, level);
+      return sum;
+    };
+    uint64_t lo = 0;  // gives at least the excess (all persistent pages)
+    uint64_t hi = 0;  // gives nothing
+    for (const Share& s : shares) hi = std::max(hi, s.charged / s.weight + 1);
+    while (hi - lo > 1) {
+      const uint64_t mid = lo + (hi - lo) / 2;
+      if (total_at(mid) >= host_excess) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    out.host_cap_share = give(shares[mine], lo);
+  }
+  out.bytes =
+      std::max({out.over_quota, out.over_swap_quota, out.host_cap_share});
+  return out;
+}
+
 // ------------------------------------------------------------------ facade
 
 absl::StatusOr<std::unique_ptr<TmemStore>> TmemStore::Create(
@@ -1324,6 +1405,10 @@ HostStats TmemStore::GetHostStats() const { return impl_->GetHostStats(); }
 size_t TmemStore::TrimIdleSlabs() { return impl_->TrimIdleSlabs(); }
 absl::StatusOr<VmStats> TmemStore::GetVmStats(VmId vm) const {
   return impl_->GetVmStats(vm);
+}
+absl::StatusOr<PersistentExcess> TmemStore::PersistentExcessBytes(
+    VmId vm) const {
+  return impl_->PersistentExcessBytes(vm);
 }
 
 }  // namespace tmem

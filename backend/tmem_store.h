@@ -249,6 +249,18 @@ struct VmStats {
   uint64_t persistent_bytes = 0;
 };
 
+// How much of a VM's persistent (swap) charge is more than it may hold now,
+// by the limit that asks for it (each at most the VM's persistent charge;
+// the owner moves pages out until `bytes` is 0). See
+// TmemStore::PersistentExcessBytes.
+struct PersistentExcess {
+  uint64_t bytes = 0;             // the largest of the three below
+  uint64_t over_quota = 0;        // charged beyond quota_bytes
+  uint64_t over_swap_quota = 0;   // persistent charge beyond swap_quota_bytes
+  uint64_t host_cap_share = 0;    // this VM's part of the host's excess
+  uint64_t persistent_bytes = 0;  // the VM's persistent charge now
+};
+
 struct HostStats {
   uint64_t memory_cap_bytes = 0;
   uint64_t memory_used_bytes = 0;  // everything charged to the budget
@@ -396,6 +408,24 @@ class TmemStore {
   HostStats GetHostStats() const;
   absl::StatusOr<VmStats> GetVmStats(VmId vm) const;
   const StoreOptions& options() const { return options_; }
+
+  // What the VM's persistent pages hold beyond what it may hold now. The
+  // store never evicts them, so the owner (the swap backing) moves pages
+  // out until this is 0. Three limits, each capped at the VM's persistent
+  // charge:
+  //  * quota: charged - quota_bytes (ephemeral pages over a lowered quota
+  //    are evicted at once, so what is left over is persistent);
+  //  * swap quota: persistent charge - swap_quota_bytes;
+  //  * host cap: the bytes the store is over its cap, measured in what VMs
+  //    are charged (min(used, charged) - cap: a slot freed inside a slab
+  //    returns budget only when the whole slab empties, so chasing bytes in
+  //    use would move far more pages than the excess), split among VMs by
+  //    weighted fair share: the VMs furthest over their share (charged /
+  //    weight) give first, down to a common level, as eviction chooses its
+  //    victims; a VM within its share gives nothing while another is over.
+  // Reads counters only (no shard lock): a snapshot, exact when nothing
+  // else changes. NOT_FOUND for an unknown VM.
+  absl::StatusOr<PersistentExcess> PersistentExcessBytes(VmId vm) const;
 
  private:
   explicit TmemStore(const StoreOptions& options);

@@ -356,6 +356,7 @@ class TmemStore::Impl {
 
   HostStats GetHostStats() const;
   absl::StatusOr<VmStats> GetVmStats(VmId id) const;
+  absl::StatusOr<PersistentExcess> PersistentExcessBytes(VmId id) const;
   MemoryBudget& budget() { return *budget_; }
 
  private:

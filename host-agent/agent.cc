@@ -637,6 +637,7 @@ absl::Status Agent::TickValve() {
   // Empty slabs kept since the last period go back to the OS here, on the
   // ticker, not on a worker's data path.
   store_->TrimIdleSlabs();
+  RelieveSwapMemory();
   absl::StatusOr<CpuSample> sample = sampler_->Sample();
   if (!sample.ok()) return sample.status();
   valve_->Tick(*sample, SampleStoreMemory(*store_));
@@ -677,6 +678,21 @@ absl::Status Agent::TickValve() {
       static_cast<int>(options_.worker.poll_us * std::min(share, poll_scale_));
   for (auto& w : workers_) w->SetPollMicros(poll_us);
   return absl::OkStatus();
+}
+
+void Agent::RelieveSwapMemory() {
+  // lifecycle_mu_ keeps the devices alive (only removals destroy them, and
+  // they hold it) without holding mu_, and the RPCs behind it, across the
+  // batch's disk writes.
+  MutexLock lifecycle(&lifecycle_mu_);
+  std::vector<swap::SwapStore*> stores;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [name, e] : vms_) {
+      if (e.swap != nullptr) stores.push_back(e.swap->store.get());
+    }
+  }
+  for (swap::SwapStore* s : stores) s->RelieveMemory();
 }
 
 void Agent::TickerLoop() {

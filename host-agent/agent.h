@@ -264,6 +264,11 @@ class Agent {
   SwapDeviceInfo SwapInfo(const SwapEntry& s) const;
   void StopSwapDevices() ABSL_LOCKS_EXCLUDED(mu_);
   void TickerLoop() ABSL_LOCKS_EXCLUDED(ticker_mu_);
+  // One bounded batch per swap device of pages memory may no longer hold
+  // (a lowered quota, swap quota or cap) into its spill image
+  // (SwapStore::RelieveMemory): the valve tick drives it, off the guests'
+  // request path.
+  void RelieveSwapMemory() ABSL_LOCKS_EXCLUDED(lifecycle_mu_, mu_);
 
   AgentOptions options_;
   uint64_t host_generation_ = 0;

@@ -22,6 +22,10 @@
 //      holding nothing), never waits for it.
 //   LibvirtHypervisor::mu_ (the connection, held across libvirt calls) is
 //   taken under 2 and takes nothing further.
+//   A swap device's TmemSwapBacking: relief_mu_ (one relief step), then
+//   one page's stripe lock, then 6. The ticker's swap relief holds 3 (not
+//   4) across the step; a graceful stop's write-back takes the stripes
+//   under 4.
 //
 // libvirt's event thread:
 //   a. the live-instance lock (libvirt_hypervisor.cc: a callback reaches

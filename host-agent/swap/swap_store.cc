@@ -3,9 +3,11 @@
 #include <sys/stat.h>
 
 #include <cerrno>
+#include <climits>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "backend/clock.h"
 #include "host-agent/log.h"
 #include "host-agent/swap/memory_swap_backing.h"
 #include "host-agent/swap/tmem_swap_backing.h"
@@ -33,9 +35,13 @@ class MemorySwapStore final : public SwapStore {
 
 class TmemSwapStore final : public SwapStore {
  public:
-  TmemSwapStore(TmemStore* store, VmId vm, PoolId pool,
+  TmemSwapStore(std::string vm_name, TmemStore* store, VmId vm, PoolId pool,
                 std::unique_ptr<TmemSwapBacking> backing)
-      : store_(store), vm_(vm), pool_(pool), backing_(std::move(backing)) {}
+      : vm_name_(std::move(vm_name)),
+        store_(store),
+        vm_(vm),
+        pool_(pool),
+        backing_(std::move(backing)) {}
   ~TmemSwapStore() override {
     backing_.reset();
     // NOT_FOUND: the VM went first; its pools went with it.
@@ -66,8 +72,34 @@ class TmemSwapStore final : public SwapStore {
     absl::StatusOr<uint64_t> n = backing_->WriteBackAll();
     return n.ok() ? absl::OkStatus() : n.status();
   }
+  uint64_t RelieveMemory() override {
+    const ReliefStep step = backing_->RelieveStep(kReliefBatchPages);
+    if (step.moved == 0 && step.error.ok()) return 0;
+    // A step that moved pages is worth its line; one that only failed (a
+    // full disk, every period) is said at most once per interval.
+    const int64_t now = SteadyClock::Default()->NowNanos();
+    if (step.moved == 0) {
+      if (now - last_failure_log_nanos_ < kReliefFailureLogNanos) return 0;
+      last_failure_log_nanos_ = now;
+    }
+    Log(step.error.ok() ? LogLevel::kInfo : LogLevel::kWarn, "swap_relieved",
+        {{"vm", vm_name_},
+         {"moved_pages", step.moved},
+         {"failed_pages", step.failed},
+         {"excess_bytes", step.before.bytes},
+         {"over_quota_bytes", step.before.over_quota},
+         {"over_swap_quota_bytes", step.before.over_swap_quota},
+         {"host_cap_share_bytes", step.before.host_cap_share},
+         {"excess_after_bytes", step.excess_after},
+         {"error", step.error.ok() ? std::string()
+                                   : std::string(step.error.message())}});
+    return step.moved;
+  }
 
  private:
+  static constexpr int64_t kReliefFailureLogNanos = 60'000'000'000;
+  const std::string vm_name_;
+  int64_t last_failure_log_nanos_ = INT64_MIN / 2;  // the agent's ticker only
   TmemStore* const store_;
   const VmId vm_;
   const PoolId pool_;
@@ -117,13 +149,18 @@ SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals) {
     o.vm = r.vm;
     o.pool = *pool;
     o.advisor = r.advisor;
+    o.on_event = [vm = r.vm_name](std::string_view event,
+                                  std::string_view detail) {
+      Log(LogLevel::kWarn, event, {{"vm", vm}, {"detail", detail}});
+    };
     absl::StatusOr<std::unique_ptr<TmemSwapBacking>> b =
         TmemSwapBacking::Open(o, std::move(*image));
     if (!b.ok()) {
       (void)r.store->DestroyPool(r.vm, *pool);
       return b.status();
     }
-    return std::make_unique<TmemSwapStore>(r.store, r.vm, *pool, std::move(*b));
+    return std::make_unique<TmemSwapStore>(r.vm_name, r.store, r.vm, *pool,
+                                           std::move(*b));
   };
 }
 

@@ -48,6 +48,11 @@ class SwapStore {
   virtual SwapBacking& backing() = 0;
   virtual SwapPageStats PageStats() const = 0;
   virtual absl::Status WriteBack() = 0;
+  // Host pressure (a lowered quota, swap quota or host cap): moves one
+  // bounded batch of the pages memory may no longer hold into the spill
+  // image, never dropping one; the agent calls it every valve period.
+  // Returns the pages moved. A backing with nothing to move returns 0.
+  virtual uint64_t RelieveMemory() { return 0; }
 };
 
 // What a factory is given for one VM's device.
@@ -78,7 +83,10 @@ SwapStoreFactory MemorySwapStoreFactory();
 // left by an earlier run is the device's content (a restart keeps the
 // guest's swap). Destroying the store destroys the pool; the image stays.
 // `refusals` (optional) counts image files refused as hostile, across
-// devices; it must outlive every store the factory makes.
+// devices; it must outlive every store the factory makes. RelieveMemory
+// moves up to kReliefBatchPages pages per call and logs each call that
+// moved pages ("swap_relieved") or failed to (rate-limited).
+inline constexpr uint64_t kReliefBatchPages = 1024;
 SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals = nullptr);
 
 }  // namespace tmem::swap

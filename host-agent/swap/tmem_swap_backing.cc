@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "backend/clock.h"
 
 namespace tmem::swap {
 
@@ -148,6 +149,18 @@ std::string_view TmemSwapCounterName(TmemSwapCounter c) {
       return "pages_lost";
     case TmemSwapCounter::kReadsLost:
       return "reads_lost";
+    case TmemSwapCounter::kWritesFailed:
+      return "writes_failed";
+    case TmemSwapCounter::kRelievedToImage:
+      return "relieved_to_image";
+    case TmemSwapCounter::kReliefSteps:
+      return "relief_steps";
+    case TmemSwapCounter::kReliefImageWriteErrors:
+      return "relief_image_write_errors";
+    case TmemSwapCounter::kReliefStoreErrors:
+      return "relief_store_errors";
+    case TmemSwapCounter::kReliefQueryErrors:
+      return "relief_query_errors";
     case TmemSwapCounter::kNumCounters:
       break;
   }
@@ -160,6 +173,7 @@ TmemSwapBacking::TmemSwapBacking(const TmemSwapBackingOptions& options,
       vm_(options.vm),
       pool_(options.pool),
       advisor_(options.advisor),
+      on_event_(options.on_event),
       image_(std::move(image)),
       page_count_(image_->page_count()),
       loc_(page_count_, static_cast<uint8_t>(Loc::kNone)) {}
@@ -230,10 +244,38 @@ absl::Status TmemSwapBacking::WritePages(uint64_t first_page, uint64_t count,
     // The one copy out of guest memory: everything below reads `buf`.
     cur.Move(buf.bytes.data(), /*to_spans=*/false);
     const uint64_t page = first_page + i;
-    MutexLock lock(&StripeOf(page));
-    if (absl::Status s = WriteOne(page, buf.bytes.data()); !s.ok()) return s;
+    absl::Status s;
+    {
+      MutexLock lock(&StripeOf(page));
+      s = WriteOne(page, buf.bytes.data());
+    }
+    if (!s.ok()) {
+      OnWriteFailed(page, s);
+      return s;
+    }
   }
   return absl::OkStatus();
+}
+
+void TmemSwapBacking::OnWriteFailed(uint64_t page, const absl::Status& s) {
+  Inc(TmemSwapCounter::kWritesFailed);
+  const int64_t now = SteadyClock::Default()->NowNanos();
+  int64_t last = last_failure_log_nanos_.load(std::memory_order_relaxed);
+  // One thread wins the line; the others count themselves into the next.
+  if ((last != INT64_MIN && now - last < kWriteFailureLogNanos) ||
+      !last_failure_log_nanos_.compare_exchange_strong(
+          last, now, std::memory_order_relaxed)) {
+    failures_unlogged_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  const uint64_t held_back =
+      failures_unlogged_.exchange(0, std::memory_order_relaxed);
+  if (on_event_) {
+    on_event_("swap_write_failed",
+              absl::StrCat("page ", page, ": ", s.message(), " (", held_back,
+                           " more failed writes since the last "
+                           "such line; the guest sees an I/O error)"));
+  }
 }
 
 absl::Status TmemSwapBacking::WriteOne(uint64_t page, const uint8_t* buf) {
@@ -312,6 +354,11 @@ absl::Status TmemSwapBacking::WriteOne(uint64_t page, const uint8_t* buf) {
 
   if (absl::Status s = image_->WritePage(page, buf); !s.ok()) {
     Inc(TmemSwapCounter::kImageWriteErrors);
+    // The page is not located in the image: whatever the failed write left
+    // there must not come back after a restart (Open takes present pages).
+    if (old != Loc::kImage && !image_->PunchPages(page, 1).ok()) {
+      Inc(TmemSwapCounter::kImagePunchErrors);
+    }
     if (old == Loc::kStore && !store_has_old) {
       Inc(TmemSwapCounter::kPagesLost);
       SetLoc(page, Loc::kLost);
@@ -522,6 +569,100 @@ absl::StatusOr<uint64_t> TmemSwapBacking::WriteBackAll(
                      " were); first: ", first_error.message()));
   }
   return written;
+}
+
+TmemSwapBacking::ReliefOutcome TmemSwapBacking::RelieveOneLocked(
+    uint64_t page, uint8_t* buf, absl::Status* error) {
+  const ObjectId oid = ObjectOf(page);
+  const PageIndex index = IndexOf(page);
+  absl::StatusOr<bool> hit =
+      store_->Get(vm_, pool_, oid, index, MutablePage(buf, kPageSize));
+  if (!hit.ok() || !*hit) {
+    Inc(hit.ok() ? TmemSwapCounter::kStoreMisses
+                 : TmemSwapCounter::kStoreErrors);
+    Inc(TmemSwapCounter::kReliefStoreErrors);
+    *error = hit.ok() ? absl::DataLossError(absl::StrCat(
+                            "swap page ", page, " missing from its pool"))
+                      : hit.status();
+    return ReliefOutcome::kStoreFailed;
+  }
+  if (absl::Status s = image_->WritePage(page, buf); !s.ok()) {
+    // Still in the store, still located there: nothing lost. What the
+    // failed write left in the image goes, as for any page not there.
+    Inc(TmemSwapCounter::kImageWriteErrors);
+    Inc(TmemSwapCounter::kReliefImageWriteErrors);
+    if (!image_->PunchPages(page, 1).ok()) {
+      Inc(TmemSwapCounter::kImagePunchErrors);
+    }
+    *error = s;
+    return ReliefOutcome::kImageFailed;
+  }
+  SetLoc(page, Loc::kImage);
+  if (absl::Status s = store_->InvalidatePage(vm_, pool_, oid, index);
+      !s.ok()) {
+    // The image serves the page; the store's copy holds charge until the
+    // key is written again (a put replaces it) or the pool goes.
+    Inc(TmemSwapCounter::kStoreErrors);
+    Inc(TmemSwapCounter::kReliefStoreErrors);
+    *error = s;
+  }
+  Inc(TmemSwapCounter::kRelievedToImage);
+  return ReliefOutcome::kMoved;
+}
+
+ReliefStep TmemSwapBacking::RelieveStep(uint64_t max_pages) {
+  ReliefStep step;
+  absl::StatusOr<PersistentExcess> excess = store_->PersistentExcessBytes(vm_);
+  if (!excess.ok()) {
+    Inc(TmemSwapCounter::kReliefQueryErrors);
+    step.error = excess.status();
+    return step;
+  }
+  step.before = *excess;
+  step.excess_after = excess->bytes;
+  // An excess this device holds no store page of is not its to relieve
+  // (nothing to scan for).
+  if (excess->bytes == 0 || in_store_.load(std::memory_order_relaxed) == 0) {
+    return step;
+  }
+  MutexLock relief(&relief_mu_);
+  PageBuf buf;  // NOLINT(*-member-init): filled before use
+  const uint64_t scan_limit = std::min(page_count_, kReliefScanPages);
+  while (step.moved < max_pages && step.scanned < scan_limit &&
+         step.excess_after > 0) {
+    const uint64_t page = relief_cursor_;
+    relief_cursor_ = (relief_cursor_ + 1) % page_count_;
+    ++step.scanned;
+    ReliefOutcome outcome = ReliefOutcome::kMoved;
+    {
+      MutexLock lock(&StripeOf(page));
+      if (static_cast<Loc>(loc_[page]) != Loc::kStore) continue;
+      absl::Status error;
+      outcome = RelieveOneLocked(page, buf.bytes.data(), &error);
+      if (!error.ok() && step.error.ok()) step.error = error;
+    }
+    if (outcome == ReliefOutcome::kImageFailed) {
+      // A full or failing disk: stop here; the next step tries this page
+      // again first.
+      ++step.failed;
+      relief_cursor_ = page;
+      break;
+    }
+    if (outcome == ReliefOutcome::kStoreFailed) {
+      ++step.failed;  // this page's own trouble: go on with the next
+      continue;
+    }
+    ++step.moved;
+    excess = store_->PersistentExcessBytes(vm_);
+    if (!excess.ok()) {
+      Inc(TmemSwapCounter::kReliefQueryErrors);
+      if (step.error.ok()) step.error = excess.status();
+      break;
+    }
+    step.excess_after = excess->bytes;
+  }
+  if (step.moved > 0) Inc(TmemSwapCounter::kReliefSteps);
+  return step;
 }
 
 TmemSwapStats TmemSwapBacking::Stats() const {

@@ -42,15 +42,38 @@
 // Flush: fdatasync of the image (store pages survive what the process
 // survives).
 //
+// Relief (RelieveStep): the store never evicts a persistent page, so when
+// the VM holds more there than it may now (a lowered quota, swap quota or
+// host cap: TmemStore::PersistentExcessBytes), this class moves pages out
+// itself, from the store into the image, never dropping one. Per page,
+// under its stripe lock (so a concurrent guest read or write of that page
+// sees it in one place or the other, whole): a non-exclusive get, the
+// image write, the location set to the image, then the store key
+// invalidated. An image write that fails leaves the page in the store
+// (nothing lost; counted) and ends the step: the disk is full or failing,
+// and the next step tries again. Bounded: at most `max_pages` pages moved
+// and kReliefScanPages locations looked at per step, resuming where the
+// last step stopped; the excess is read again after every page, so a step
+// stops as soon as the VM is back within. Off the guest's request path:
+// the agent calls it from its periodic tick.
+//
+// Failed writes (the image write of a page nothing else could take): the
+// request fails (the guest sees VIRTIO_BLK_S_IOERR), the page's hole is
+// punched again so the image never holds a page not located there, and
+// `on_event` gets a line, rate-limited to one per kWriteFailureLogNanos
+// with the count of those it held back.
+//
 // Thread safety: every method may be called from any thread. Page
 // operations lock a stripe of pages (page % kStripes) per page, so several
-// virtqueues run in parallel and WriteBackAll may run while the device
-// serves. Lock order: a stripe lock, then the store's and the image's own.
+// virtqueues run in parallel and WriteBackAll and RelieveStep may run
+// while the device serves. Lock order: relief_mu_ (RelieveStep only), then
+// a stripe lock, then the store's and the image's own.
 #ifndef TMEMD_HOST_AGENT_SWAP_TMEM_SWAP_BACKING_H_
 #define TMEMD_HOST_AGENT_SWAP_TMEM_SWAP_BACKING_H_
 
 #include <array>
 #include <atomic>
+#include <climits>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -94,8 +117,15 @@ enum class TmemSwapCounter : int {
   kImageReadErrors,
   kImagePunchErrors,  // the hole stays; handled (see .cc)
   kImageSyncErrors,
-  kPagesLost,  // pages whose content a failed write lost (see above)
-  kReadsLost,  // reads of such pages (DATA_LOSS)
+  kPagesLost,     // pages whose content a failed write lost (see above)
+  kReadsLost,     // reads of such pages (DATA_LOSS)
+  kWritesFailed,  // page writes that failed (the guest saw an I/O error)
+  // Relief (see above).
+  kRelievedToImage,         // pages moved from the store into the image
+  kReliefSteps,             // steps that moved at least one page
+  kReliefImageWriteErrors,  // the page stayed in the store
+  kReliefStoreErrors,       // a get or invalidate failed, or a miss
+  kReliefQueryErrors,       // PersistentExcessBytes failed
   kNumCounters,
 };
 inline constexpr int kNumTmemSwapCounters =
@@ -134,11 +164,28 @@ struct TmemSwapBackingOptions {
   VmId vm = 0;
   PoolId pool = -1;  // a persistent pool of `vm`, used by nothing else
   PutAdvisor* advisor = nullptr;  // optional; must outlive the backing
+  // Events worth a log line (failed writes, rate-limited). May be empty;
+  // called with no lock held.
+  std::function<void(std::string_view event, std::string_view detail)> on_event;
+};
+
+// What one RelieveStep did.
+struct ReliefStep {
+  PersistentExcess before;  // the excess the step started from
+  uint64_t excess_after = 0;
+  uint64_t moved = 0;    // pages now in the image instead of the store
+  uint64_t failed = 0;   // pages that stayed in the store (errors)
+  uint64_t scanned = 0;  // locations looked at
+  absl::Status error;    // the first failure, if any
 };
 
 class TmemSwapBacking final : public SwapBacking {
  public:
   static constexpr int kStripes = 64;
+  // Locations one RelieveStep looks at, at most (bounded work on a device
+  // whose store pages are sparse).
+  static constexpr uint64_t kReliefScanPages = 65536;
+  static constexpr int64_t kWriteFailureLogNanos = 10'000'000'000;
 
   // The device's size is the image's. Empties the pool, then takes the
   // image's present pages as the device's content.
@@ -164,6 +211,11 @@ class TmemSwapBacking final : public SwapBacking {
   absl::StatusOr<uint64_t> WriteBackAll(
       std::atomic<uint64_t>* progress = nullptr);
 
+  // One bounded step of relief (see the header comment): moves at most
+  // `max_pages` store pages into the image while the store reports an
+  // excess. Steps are serialized; any thread.
+  ReliefStep RelieveStep(uint64_t max_pages);
+
   TmemSwapStats Stats() const;
   const SpillImage& image() const { return *image_; }
 
@@ -185,11 +237,23 @@ class TmemSwapBacking final : public SwapBacking {
   // Frees pages (discard, write-zeroes): they read as zeros.
   absl::Status FreePages(uint64_t first_page, uint64_t count,
                          TmemSwapCounter why);
+  // A page write failed with `s` (the guest sees an I/O error): counted,
+  // logged at most once per kWriteFailureLogNanos.
+  void OnWriteFailed(uint64_t page, const absl::Status& s);
+  // One page of relief, its stripe held.
+  enum class ReliefOutcome : uint8_t {
+    kMoved,        // in the image now
+    kImageFailed,  // the image write failed: still in the store
+    kStoreFailed,  // the get failed or missed: location unchanged
+  };
+  ReliefOutcome RelieveOneLocked(uint64_t page, uint8_t* buf,
+                                 absl::Status* error);
 
   TmemStore* const store_;
   const VmId vm_;
   const PoolId pool_;
   PutAdvisor* const advisor_;
+  const std::function<void(std::string_view, std::string_view)> on_event_;
   const std::unique_ptr<SpillImage> image_;
   const uint64_t page_count_;
   std::array<Mutex, kStripes> stripes_;
@@ -201,6 +265,13 @@ class TmemSwapBacking final : public SwapBacking {
   std::atomic<uint64_t> in_image_{0};
   std::atomic<uint64_t> lost_{0};
   std::array<std::atomic<uint64_t>, kNumTmemSwapCounters> counters_{};
+  // Serializes relief steps; the next page a step looks at.
+  Mutex relief_mu_;
+  uint64_t relief_cursor_ ABSL_GUARDED_BY(relief_mu_) = 0;
+  // Write-failure log rate limit: when the last line went out, and the
+  // failures since that no line named.
+  std::atomic<int64_t> last_failure_log_nanos_{INT64_MIN};
+  std::atomic<uint64_t> failures_unlogged_{0};
 };
 
 }  // namespace tmem::swap

@@ -3,7 +3,10 @@
 // contract, spilling at the VM's quota with the charge inside it throughout,
 // the valve's spill, discard freeing store charge and image blocks, the
 // graceful stop (WriteBackAll, then a fresh backing reads every page back),
-// a store that went away, and several threads on disjoint pages (TSan).
+// a store that went away, several threads on disjoint pages (TSan), and
+// relief: a lowered quota, swap quota or host cap moving store pages into
+// the image (never dropping one), into a full disk too, while the guest
+// reads and writes (TSan).
 #include "host-agent/swap/tmem_swap_backing.h"
 
 #include <sys/mount.h>
@@ -12,6 +15,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -97,8 +101,47 @@ class TmemSwapBackingTest : public ::testing::Test {
   }
   void TearDown() override {
     backing_.reset();
-    if (!mounted_.empty()) ::umount(mounted_.c_str());
+    other_.reset();
+    // Lazy: a test that failed half-way may still hold a file open there.
+    if (!mounted_.empty()) ::umount2(mounted_.c_str(), MNT_DETACH);
     tmp_.reset();
+  }
+
+  // A tmpfs of `bytes` at dir_/small for the image (callers skip first
+  // unless root); unmounted by TearDown whatever the test did.
+  void MountSmallImageDir(uint64_t bytes) {
+    backing_.reset();
+    image_dir_ = dir_ + "/small";
+    ASSERT_EQ(::mkdir(image_dir_.c_str(), 0700), 0);
+    const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
+    ASSERT_EQ(::mount("tmpfs", image_dir_.c_str(), "tmpfs", 0, opts.c_str()), 0)
+        << "mount tmpfs at " << image_dir_ << ": "
+        << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
+    mounted_ = image_dir_;
+    Reopen();
+  }
+
+  // Steps relief until a step moves nothing; every step within `batch`.
+  uint64_t RelieveAll(TmemSwapBacking& b, uint64_t batch) {
+    uint64_t moved = 0;
+    for (int i = 0; i < 10000; ++i) {
+      const ReliefStep step = b.RelieveStep(batch);
+      EXPECT_LE(step.moved, batch);
+      EXPECT_TRUE(step.error.ok()) << step.error;
+      moved += step.moved;
+      if (step.moved == 0) break;
+    }
+    return moved;
+  }
+  uint64_t Excess(VmId vm) {
+    auto e = store_->PersistentExcessBytes(vm);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return e.ok() ? e->bytes : 0;
+  }
+  uint64_t PersistentBytes(VmId vm) {
+    auto vs = store_->GetVmStats(vm);
+    EXPECT_TRUE(vs.ok());
+    return vs->persistent_bytes;
   }
 
   void Reopen() {
@@ -194,7 +237,13 @@ class TmemSwapBackingTest : public ::testing::Test {
   PoolId pool_ = -1;
   FixedAdvisor advisor_;
   std::unique_ptr<TmemSwapBacking> backing_;
+  std::unique_ptr<TmemSwapBacking>
+      other_;  // a second VM's, when a test needs one
 };
+
+// The most one page is charged: relief stops within this of the limit.
+constexpr uint64_t kMaxPageCharge =
+    BlobCharge(kPageSize) + kMaxPageMetadataCharge;
 
 TEST_F(TmemSwapBackingTest, NeverWrittenPagesReadZeros) {
   EXPECT_EQ(backing_->page_count(), kPages);
@@ -409,15 +458,8 @@ TEST_F(TmemSwapBackingTest, HostCapSpillKeepsEveryPage) {
 // copy a refused put removed is "lost" (DATA_LOSS), and freeing space makes
 // pages writable again.
 TEST_F(TmemSwapBackingTest, FullDiskFailsWritesNeverSilently) {
-  backing_.reset();
-  image_dir_ = dir_ + "/small";
-  ASSERT_EQ(::mkdir(image_dir_.c_str(), 0700), 0);
-  if (::mount("tmpfs", image_dir_.c_str(), "tmpfs", 0,
-              "size=65536,mode=0700") != 0) {
-    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
-  }
-  mounted_ = image_dir_;
-  Reopen();
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  ASSERT_NO_FATAL_FAILURE(MountSmallImageDir(65536));
   ASSERT_TRUE(Write(0, 4, 1).ok());  // in the store
   advisor_.mode = PutMode::kDrop;
   uint64_t p = 100;
@@ -524,6 +566,259 @@ TEST_F(TmemSwapBackingTest, StoreGoneWritesSpillReadsOfLostPagesFail) {
   // Writing the page again makes it whole.
   ASSERT_TRUE(Write(0, 1, 2).ok());
   ExpectPages(0, 1, 2);
+}
+
+// A quota lowered below what the VM's swap pages are charged: relief moves
+// pages into the image until the charge is within it, in bounded steps, and
+// stops there; every page reads back, each from one place; nothing is lost.
+TEST_F(TmemSwapBackingTest, ReliefMovesPagesOverALoweredQuotaToTheImage) {
+  constexpr uint64_t kWritten = 256;
+  ASSERT_TRUE(Write(0, kWritten, 1).ok());
+  ASSERT_EQ(backing_->Stats().pages_in_store, kWritten);
+  // Within every limit: a step moves nothing (the control).
+  EXPECT_EQ(Excess(vm_), 0u);
+  ReliefStep idle = backing_->RelieveStep(64);
+  EXPECT_EQ(idle.moved, 0u);
+  EXPECT_EQ(backing_->Stats().Get(TmemSwapCounter::kReliefSteps), 0u);
+
+  const uint64_t charged = VmCharged();
+  VmPolicy policy;
+  policy.quota_bytes = charged / 2;
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+  auto excess = store_->PersistentExcessBytes(vm_);
+  ASSERT_TRUE(excess.ok());
+  EXPECT_EQ(excess->over_quota, charged - policy.quota_bytes);
+  EXPECT_EQ(excess->bytes, excess->over_quota);
+  EXPECT_EQ(excess->host_cap_share, 0u);
+  // Nothing was evicted: persistent pages stay until moved.
+  EXPECT_EQ(VmCharged(), charged);
+
+  const ReliefStep first = backing_->RelieveStep(16);
+  EXPECT_EQ(first.moved, 16u);
+  EXPECT_EQ(first.before.bytes, charged - policy.quota_bytes);
+  EXPECT_LT(first.excess_after, first.before.bytes);
+  const uint64_t moved = 16 + RelieveAll(*backing_, 16);
+  EXPECT_EQ(Excess(vm_), 0u);
+  EXPECT_LE(VmCharged(), policy.quota_bytes);
+  // It stops as soon as the VM is within: one page fewer would not be.
+  EXPECT_GT(VmCharged() + kMaxPageCharge, policy.quota_bytes);
+
+  const TmemSwapStats st = backing_->Stats();
+  EXPECT_EQ(st.Get(TmemSwapCounter::kRelievedToImage), moved);
+  EXPECT_GE(st.Get(TmemSwapCounter::kReliefSteps), moved / 16);
+  EXPECT_EQ(st.pages_in_image, moved);
+  EXPECT_EQ(st.pages_in_store, kWritten - moved);
+  EXPECT_EQ(st.pages_lost, 0u);
+  EXPECT_EQ(PoolCounter(Counter::kPagesHeld), st.pages_in_store);
+  EXPECT_EQ(ImagePages().size(), moved);
+  ExpectPages(0, kWritten, 1);
+  // The image pages survive a graceful stop like any other.
+  ASSERT_TRUE(backing_->WriteBackAll().ok());
+  Reopen();
+  ExpectPages(0, kWritten, 1);
+}
+
+// The swap quota (VmPolicy::swap_quota_bytes) lowered below the VM's
+// persistent charge: relief brings that charge within it. Needs a store
+// that keeps the swap quota.
+TEST_F(TmemSwapBackingTest, ReliefBringsPersistentChargeWithinTheSwapQuota) {
+  constexpr uint64_t kWritten = 128;
+  ASSERT_TRUE(Write(0, kWritten, 1).ok());
+  const uint64_t persistent = PersistentBytes(vm_);
+  VmPolicy policy;
+  policy.swap_quota_bytes = persistent / 4;
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+  auto kept = store_->GetVmPolicy(vm_);
+  ASSERT_TRUE(kept.ok());
+  if (kept->swap_quota_bytes != policy.swap_quota_bytes) {
+    GTEST_SKIP() << "this store does not keep VmPolicy::swap_quota_bytes";
+  }
+  auto excess = store_->PersistentExcessBytes(vm_);
+  ASSERT_TRUE(excess.ok());
+  EXPECT_EQ(excess->over_swap_quota, persistent - policy.swap_quota_bytes);
+  EXPECT_EQ(excess->over_quota, 0u);
+  const uint64_t moved = RelieveAll(*backing_, 32);
+  EXPECT_GT(moved, 0u);
+  EXPECT_EQ(Excess(vm_), 0u);
+  EXPECT_LE(PersistentBytes(vm_), policy.swap_quota_bytes);
+  EXPECT_GT(PersistentBytes(vm_) + kMaxPageCharge, policy.swap_quota_bytes);
+  EXPECT_EQ(backing_->Stats().pages_in_image, moved);
+  ExpectPages(0, kWritten, 1);
+}
+
+// The host cap lowered below what persistent pages alone hold, two VMs of
+// equal weight: the one over its fair share gives, the one within gives
+// nothing, and the pages' charge ends within the cap. Every page of both
+// reads back.
+TEST_F(TmemSwapBackingTest, ReliefAtALoweredCapTakesFromTheVmOverItsShare) {
+  auto vm2 = store_->AddVm("vm2", VmPolicy{});
+  ASSERT_TRUE(vm2.ok());
+  auto pool2 = store_->NewPool(*vm2, nullptr, PoolKind::kPersistent);
+  ASSERT_TRUE(pool2.ok());
+  SpillImageOptions io;
+  io.path = dir_ + "/vm2.swap.img";
+  io.page_count = kPages;
+  auto img = SpillImage::Open(io);
+  ASSERT_TRUE(img.ok()) << img.status();
+  TmemSwapBackingOptions o;
+  o.store = store_.get();
+  o.vm = *vm2;
+  o.pool = *pool2;
+  auto b = TmemSwapBacking::Open(o, std::move(*img));
+  ASSERT_TRUE(b.ok()) << b.status();
+  other_ = std::move(*b);
+
+  ASSERT_TRUE(Write(0, 300, 1).ok());  // vm1: 300 pages
+  std::vector<uint8_t> buf(100 * kSwapPageSize);
+  for (uint64_t i = 0; i < 100; ++i) {
+    FillPattern(i, 7, buf.data() + i * kSwapPageSize);
+  }
+  ASSERT_TRUE(other_->WritePages(0, 100, Split(buf)).ok());  // vm2: 100
+  ASSERT_EQ(backing_->Stats().pages_in_store, 300u);
+  ASSERT_EQ(other_->Stats().pages_in_store, 100u);
+
+  const uint64_t charged1 = VmCharged();
+  const uint64_t charged2 = [&] {
+    auto vs = store_->GetVmStats(*vm2);
+    return CounterValueOf(vs->counters, Counter::kChargedBytes);
+  }();
+  // A cap of 300 pages' charge: the fair level is half of it each, above
+  // vm2's charge, so vm1 gives the whole excess.
+  const uint64_t cap = (charged1 + charged2) * 3 / 4;
+  ASSERT_LT(cap, store_->GetHostStats().persistent_bytes);
+  ASSERT_GT(cap / 2, charged2);
+  ASSERT_TRUE(store_->SetMemoryCap(cap).ok());
+  EXPECT_EQ(backing_->Stats().pages_in_store, 300u);  // nothing evicted
+  auto e1 = store_->PersistentExcessBytes(vm_);
+  auto e2 = store_->PersistentExcessBytes(*vm2);
+  ASSERT_TRUE(e1.ok() && e2.ok());
+  EXPECT_GT(e1->host_cap_share, 0u);
+  EXPECT_EQ(e2->bytes, 0u);
+
+  // Both devices step, as the agent's tick does.
+  uint64_t moved1 = 0;
+  uint64_t moved2 = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const uint64_t m1 = backing_->RelieveStep(32).moved;
+    const uint64_t m2 = other_->RelieveStep(32).moved;
+    moved1 += m1;
+    moved2 += m2;
+    if (m1 + m2 == 0) break;
+  }
+  EXPECT_GT(moved1, 0u);
+  EXPECT_EQ(moved2, 0u);
+  EXPECT_EQ(Excess(vm_), 0u);
+  const HostStats hs = store_->GetHostStats();
+  EXPECT_LE(std::min(hs.memory_used_bytes, hs.vm_charged_bytes), cap);
+  EXPECT_GT(hs.vm_charged_bytes + kMaxPageCharge, cap);
+  EXPECT_EQ(backing_->Stats().pages_in_image, moved1);
+  ExpectPages(0, 300, 1);
+  std::vector<uint8_t> got(100 * kSwapPageSize);
+  ASSERT_TRUE(other_->ReadPages(0, 100, Split(got)).ok());
+  EXPECT_EQ(got, buf);
+}
+
+// Relief into a full disk: the page whose image write failed stays in the
+// store (nothing lost, counted), the step stops there, later steps go on
+// once there is room, and every page reads back throughout.
+TEST_F(TmemSwapBackingTest, ReliefIntoAFullDiskLeavesPagesInTheStore) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  ASSERT_NO_FATAL_FAILURE(MountSmallImageDir(65536));
+  constexpr uint64_t kWritten = 40;  // more than the 16 pages the disk holds
+  ASSERT_TRUE(Write(0, kWritten, 1).ok());
+  ASSERT_EQ(backing_->Stats().pages_in_store, kWritten);
+  VmPolicy policy;
+  policy.quota_bytes = 1;  // every swap page is over it
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+
+  ReliefStep step = backing_->RelieveStep(1024);
+  EXPECT_GT(step.moved, 0u);
+  EXPECT_LT(step.moved, kWritten);
+  EXPECT_EQ(step.failed, 1u);
+  EXPECT_EQ(step.error.code(), absl::StatusCode::kResourceExhausted)
+      << step.error;
+  const uint64_t fit = step.moved;
+  TmemSwapStats st = backing_->Stats();
+  EXPECT_EQ(st.Get(TmemSwapCounter::kReliefImageWriteErrors), 1u);
+  EXPECT_EQ(st.Get(TmemSwapCounter::kRelievedToImage), fit);
+  EXPECT_EQ(st.pages_in_image, fit);
+  EXPECT_EQ(st.pages_in_store, kWritten - fit);
+  EXPECT_EQ(st.pages_lost, 0u);
+  EXPECT_EQ(PoolCounter(Counter::kPagesHeld), kWritten - fit);
+  // The failed write left nothing in the image.
+  EXPECT_EQ(ImagePages().size(), fit);
+  ExpectPages(0, kWritten, 1);
+
+  // Still full: the next step fails at once, moves nothing, loses nothing.
+  step = backing_->RelieveStep(1024);
+  EXPECT_EQ(step.moved, 0u);
+  EXPECT_EQ(step.failed, 1u);
+  EXPECT_EQ(backing_->Stats().Get(TmemSwapCounter::kReliefImageWriteErrors),
+            2u);
+  ExpectPages(0, kWritten, 1);
+
+  // Room again (the guest discards what relief moved first): relief goes on.
+  ASSERT_TRUE(backing_->DiscardPages(0, 8).ok());
+  step = backing_->RelieveStep(1024);
+  EXPECT_GT(step.moved, 0u);
+  st = backing_->Stats();
+  EXPECT_EQ(st.pages_in_store + st.pages_in_image, kWritten - 8);
+  EXPECT_EQ(st.pages_lost, 0u);
+  ExpectZeros(0, 8);
+  ExpectPages(8, kWritten - 8, 1);
+}
+
+// Relief while the guest's queues read and write the same pages: every
+// read returns the latest write of its page, whether it was in the store,
+// moving, or in the image. Threads (TSan).
+TEST_F(TmemSwapBackingTest, ReliefWhileTheGuestReadsAndWrites) {
+  ASSERT_TRUE(Write(0, kPages, 1).ok());
+  VmPolicy policy;
+  policy.quota_bytes = VmCharged() / 3;
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+  constexpr int kThreads = 4;
+  constexpr uint64_t kPer = kPages / kThreads;  // even
+  std::atomic<bool> stop{false};
+  std::atomic<int> failures{0};
+  std::thread relief([&] {
+    while (!stop.load()) {
+      const ReliefStep step = backing_->RelieveStep(8);
+      if (!step.error.ok()) failures.fetch_add(1);
+      std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      const uint64_t base = t * kPer;
+      for (uint32_t round = 2; round <= 4; ++round) {
+        for (uint64_t p = base; p < base + kPer; p += 2) {
+          if (!Write(p, 1, round).ok()) failures.fetch_add(1);
+          auto got = Read(p, 2);
+          if (!got.ok() ||
+              std::memcmp(got->data(), Pattern(p, round).data(),
+                          kSwapPageSize) != 0 ||
+              std::memcmp(got->data() + kSwapPageSize, Pattern(p + 1, 1).data(),
+                          kSwapPageSize) != 0) {
+            failures.fetch_add(1);
+          }
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  stop = true;
+  relief.join();
+  EXPECT_EQ(failures.load(), 0);
+  RelieveAll(*backing_, 64);
+  EXPECT_LE(VmCharged(), policy.quota_bytes);
+  for (uint64_t p = 0; p < kThreads * kPer; p += 2) {
+    ExpectPages(p, 1, 4);
+    ExpectPages(p + 1, 1, 1);
+  }
+  const TmemSwapStats st = backing_->Stats();
+  EXPECT_EQ(st.pages_lost, 0u);
+  EXPECT_EQ(st.pages_in_store + st.pages_in_image, kPages);
 }
 
 TEST_F(TmemSwapBackingTest, OpenRefusesHostileImage) {

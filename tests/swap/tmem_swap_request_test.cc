@@ -3,17 +3,20 @@
 // image): full pages read straight into guest memory, partial pages
 // read-modify-written across store and image, DISCARD and WRITE_ZEROES
 // freeing both, FLUSH syncing the image, and a write nothing can hold
-// completing as VIRTIO_BLK_S_IOERR.
+// completing as VIRTIO_BLK_S_IOERR (a full state dir fails exactly those
+// writes).
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -71,18 +74,49 @@ class TmemRequestTest : public ::testing::Test {
   }
   void TearDown() override {
     backing_.reset();
-    if (!mounted_.empty()) ::umount(mounted_.c_str());
+    // Lazy: a test that failed half-way may still hold a file open there.
+    if (!mounted_.empty()) ::umount2(mounted_.c_str(), MNT_DETACH);
     tmp_.reset();
+  }
+  // A tmpfs of `bytes` at dir_/small as the state dir of the image
+  // (callers skip first unless root); unmounted by TearDown whatever the
+  // test did.
+  void MountSmallStateDir(uint64_t bytes) {
+    const std::string small = dir_ + "/small";
+    ASSERT_EQ(::mkdir(small.c_str(), 0700), 0);
+    const std::string opts = "size=" + std::to_string(bytes) + ",mode=0700";
+    ASSERT_EQ(::mount("tmpfs", small.c_str(), "tmpfs", 0, opts.c_str()), 0)
+        << "mount tmpfs at " << small << ": "
+        << std::strerror(errno);  // NOLINT(concurrency-mt-unsafe)
+    mounted_ = small;
+    OpenBacking(small);
+  }
+  // Page `page` holds seed's bytes (Write's pattern).
+  void ExpectPage(uint64_t page, uint8_t seed) {
+    std::vector<uint8_t> got;
+    ASSERT_EQ(Read(page * kSectorsPerPage, 4096, &got), kVirtioBlkSOk)
+        << "page " << page;
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_EQ(got[i], Byte(seed, i)) << "page " << page << " byte " << i;
+    }
   }
   void OpenBacking(const std::string& image_dir) {
     backing_.reset();
     SpillImageOptions io;
     io.path = image_dir + "/vm1.swap.img";
     io.page_count = kPages;
+    io.io_mode = io_mode_;
     auto img = SpillImage::Open(io);
     ASSERT_TRUE(img.ok()) << img.status();
-    auto b = TmemSwapBacking::Open({store_.get(), vm_, pool_, &advisor_},
-                                   std::move(*img));
+    TmemSwapBackingOptions o;
+    o.store = store_.get();
+    o.vm = vm_;
+    o.pool = pool_;
+    o.advisor = &advisor_;
+    o.on_event = [this](std::string_view event, std::string_view detail) {
+      events_.emplace_back(std::string(event) + ": " + std::string(detail));
+    };
+    auto b = TmemSwapBacking::Open(o, std::move(*img));
     ASSERT_TRUE(b.ok()) << b.status();
     backing_ = std::move(*b);
   }
@@ -153,6 +187,9 @@ class TmemRequestTest : public ::testing::Test {
   PoolId pool_ = -1;
   FixedAdvisor advisor_;
   std::unique_ptr<TmemSwapBacking> backing_;
+  std::vector<std::string> events_;             // the backing's log lines
+  SpillIoMode io_mode_ = SpillIoMode::kDirect;  // for the next OpenBacking
+  void FullStateDirFailsExactlyTheWritesItCannotHold();
 };
 
 TEST_F(TmemRequestTest, FullPagesRoundTripStraightThroughGuestMemory) {
@@ -238,14 +275,8 @@ TEST_F(TmemRequestTest, FlushSyncsTheImage) {
 // write that fits nowhere is an I/O error the guest sees, never a silent
 // loss, and the device keeps serving.
 TEST_F(TmemRequestTest, AWriteNothingCanHoldIsAnIoError) {
-  const std::string small = dir_ + "/small";
-  ASSERT_EQ(::mkdir(small.c_str(), 0700), 0);
-  if (::mount("tmpfs", small.c_str(), "tmpfs", 0, "size=32768,mode=0700") !=
-      0) {
-    GTEST_SKIP() << "cannot mount a small tmpfs here (needs root)";
-  }
-  mounted_ = small;
-  OpenBacking(small);
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  ASSERT_NO_FATAL_FAILURE(MountSmallStateDir(32768));
   advisor_.mode = PutMode::kDrop;
   uint8_t s = kVirtioBlkSOk;
   uint64_t page = 0;
@@ -263,6 +294,125 @@ TEST_F(TmemRequestTest, AWriteNothingCanHoldIsAnIoError) {
   for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], Byte(3, i));
   advisor_.mode = PutMode::kCompress;
   EXPECT_EQ(Write((page - 1) * kSectorsPerPage, 4096, 4), kVirtioBlkSOk);
+}
+
+// The store refuses every put (the VM's quota is below one page) and the
+// state dir fills up: exactly the writes that needed a new image block
+// complete as VIRTIO_BLK_S_IOERR (counted once each, logged), the failed
+// pages read as they were (never written: zeros; a page whose store copy
+// the refused put removed: an I/O error, never stale or torn bytes), every
+// other page reads back, and overwrites of pages the image already holds,
+// reads, discards and flushes keep working.
+TEST_F(TmemRequestTest, AFullStateDirFailsExactlyTheWritesItCannotHold) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  FullStateDirFailsExactlyTheWritesItCannotHold();
+}
+
+// The same through the page cache (the image's fallback where the
+// filesystem refuses O_DIRECT): ENOSPC still reaches the write that needs
+// the block.
+TEST_F(TmemRequestTest,
+       AFullStateDirFailsExactlyTheWritesItCannotHoldBuffered) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a small tmpfs needs root";
+  io_mode_ = SpillIoMode::kBuffered;
+  FullStateDirFailsExactlyTheWritesItCannotHold();
+  EXPECT_FALSE(backing_->image().direct_io());
+}
+
+void TmemRequestTest::FullStateDirFailsExactlyTheWritesItCannotHold() {
+  ASSERT_NO_FATAL_FAILURE(MountSmallStateDir(65536));
+  // Two pages in the store while it still takes them.
+  ASSERT_EQ(Write(200 * kSectorsPerPage, 2 * 4096, 50), kVirtioBlkSOk);
+  ASSERT_EQ(backing_->Stats().pages_in_store, 2u);
+  VmPolicy policy;
+  policy.quota_bytes = 1;
+  ASSERT_TRUE(store_->SetVmPolicy(vm_, policy).ok());
+
+  // Fill the image one page at a time: the first failure is where it is
+  // full (the filesystem's, not the test's, idea of 64 KiB).
+  uint64_t full_at = 0;
+  for (; full_at < 64; ++full_at) {
+    const uint8_t s = Write(full_at * kSectorsPerPage, 4096, 1);
+    if (s != kVirtioBlkSOk) {
+      ASSERT_EQ(s, kVirtioBlkSIoErr);
+      break;
+    }
+  }
+  ASSERT_GT(full_at, 0u);
+  ASSERT_LT(full_at, 64u) << "a 64 KiB tmpfs took 64 pages";
+  uint64_t failed = 1;
+  EXPECT_EQ(metrics_.Get(SwapCounter::kBackingErrors), failed);
+  EXPECT_EQ(backing_->Stats().Get(TmemSwapCounter::kSpilledQuota), full_at + 1);
+
+  // More new pages: each fails, each counted once.
+  for (uint64_t p = full_at + 1; p < full_at + 4; ++p) {
+    EXPECT_EQ(Write(p * kSectorsPerPage, 4096, 1), kVirtioBlkSIoErr);
+    ++failed;
+  }
+  // The store's page is overwritten, refused (its copy goes) and cannot go
+  // to the image: the guest is told, and a read of it fails too.
+  EXPECT_EQ(Write(200 * kSectorsPerPage, 4096, 51), kVirtioBlkSIoErr);
+  ++failed;
+  std::vector<uint8_t> got;
+  EXPECT_EQ(Read(200 * kSectorsPerPage, 4096, &got), kVirtioBlkSIoErr);
+  EXPECT_EQ(metrics_.Get(SwapCounter::kBackingErrors), failed + 1);
+  // A request over a page the image holds and one it lacks: the held one
+  // is written (a prefix), the request fails.
+  EXPECT_EQ(Write((full_at - 1) * kSectorsPerPage, 2 * 4096, 9),
+            kVirtioBlkSIoErr);
+  ++failed;
+  EXPECT_EQ(metrics_.Get(SwapCounter::kBackingErrors), failed + 1);
+
+  // Overwriting pages the image holds needs no new block: it works.
+  ASSERT_EQ(Write(0, 2 * 4096, 2), kVirtioBlkSOk);
+
+  // Every other page reads back; the failed ones read as they were.
+  ExpectPage(0, 2);
+  ExpectPage(1, 2);
+  for (uint64_t p = 2; p + 1 < full_at; ++p) ExpectPage(p, 1);
+  // The prefix of the failed two-page request is the guest's new bytes.
+  std::vector<uint8_t> prefix;
+  ASSERT_EQ(Read((full_at - 1) * kSectorsPerPage, 4096, &prefix),
+            kVirtioBlkSOk);
+  for (size_t i = 0; i < prefix.size(); ++i) ASSERT_EQ(prefix[i], Byte(9, i));
+  for (uint64_t p = full_at; p < full_at + 4; ++p) {
+    ASSERT_EQ(Read(p * kSectorsPerPage, 4096, &got), kVirtioBlkSOk);
+    for (uint8_t b : got) ASSERT_EQ(b, 0) << "page " << p;
+  }
+  ExpectPage(201, 50);  // the store's other page, untouched
+  {
+    uint64_t data = 0;
+    uint64_t status = 0;
+    const uint16_t head =
+        drv_->BlkRequest(kVirtioBlkTFlush, 0, 0, false, &data, &status);
+    EXPECT_EQ(Run(head, status), kVirtioBlkSOk);
+  }
+
+  const TmemSwapStats st = backing_->Stats();
+  EXPECT_EQ(st.Get(TmemSwapCounter::kWritesFailed), failed);
+  EXPECT_EQ(st.Get(TmemSwapCounter::kImageWriteErrors), failed);
+  EXPECT_EQ(st.pages_lost, 1u);  // page 200
+  // No page the device does not hold is in the image.
+  std::vector<uint64_t> present;
+  ASSERT_TRUE(backing_->image()
+                  .ForEachPresentRun([&](uint64_t f, uint64_t n) {
+                    for (uint64_t p = f; p < f + n; ++p) present.push_back(p);
+                  })
+                  .ok());
+  EXPECT_EQ(present.size(), full_at);
+  EXPECT_EQ(st.pages_in_image, full_at);
+  // The failures were logged (rate-limited: at least the first).
+  ASSERT_FALSE(events_.empty());
+  EXPECT_NE(events_.front().find("swap_write_failed"), std::string::npos)
+      << events_.front();
+  EXPECT_LE(events_.size(), failed);
+
+  // Discarding frees blocks: the page that failed is writable again.
+  EXPECT_EQ(
+      Zeroing(kVirtioBlkTDiscard, 2 * kSectorsPerPage, 2 * kSectorsPerPage, 0),
+      kVirtioBlkSOk);
+  ASSERT_EQ(Write(200 * kSectorsPerPage, 4096, 52), kVirtioBlkSOk);
+  ExpectPage(200, 52);
 }
 
 }  // namespace
