@@ -26,8 +26,8 @@
 //   quota = "512MiB"
 //   weight = 200
 //   swap_quota = "256MiB"      # of the quota, at most this in swap pages
-//   swap_mode = "default"      # default (follows mode) | off | always |
-//   adaptive [swap.web1]                # a vhost-user-blk swap device for web1
+//   swap_mode = "default"      # default (= mode)|off|always|adaptive
+//   [swap.web1]                # a vhost-user-blk swap device for web1
 //   size = "4GiB"              # SOCKET_DIR/web1.swap.sock
 //   [swap.db1]                 # a VM with a swap device only: its policy
 //   size = "8GiB"              # may be set here (quota, weight, mode,

@@ -178,7 +178,7 @@ void LogStats(const Agent& agent, std::string_view event) {
          {"pages", CounterValueOf(vm.stats.counters, Counter::kPagesHeld)},
          {"persistent_charged_bytes",
           CounterValueOf(vm.stats.counters, Counter::kPersistentChargedBytes)},
-         {"persistent_refused_swap_quota",
+         {"persistent_puts_refused_for_swap_quota",
           CounterValueOf(vm.stats.counters,
                          Counter::kPersistentPutsRefusedForSwapQuota)},
          {"gets_hit", CounterValueOf(vm.stats.counters, Counter::kGetsHit)},

@@ -172,6 +172,37 @@ absl::Status ParseBool(std::string_view element, std::string_view text,
   return absl::OkStatus();
 }
 
+// <quota> and <swap_quota>: "unlimited", empty or 0 mean no limit
+// (setting_ranges.h); otherwise a size within `range`.
+absl::Status ParseQuotaElement(std::string_view element, std::string_view text,
+                               const IntRange& range, uint64_t* out) {
+  if (text == "unlimited" || text.empty()) {
+    *out = kUnlimitedQuota;
+    return absl::OkStatus();
+  }
+  const std::string where =
+      absl::StrCat("tmem metadata <", std::string(element), ">");
+  absl::StatusOr<uint64_t> q = ParseSize(text);
+  if (!q.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": ", q.status().message()));
+  }
+  if (absl::Status s = CheckRange(range, *q, where); !s.ok()) return s;
+  *out = QuotaFromSetting(*q);
+  return absl::OkStatus();
+}
+
+// <mode> and <swap_mode>.
+absl::Status ParseModeElement(std::string_view element, std::string_view text,
+                              ValveMode* out) {
+  if (!ParseValveMode(text, out)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tmem metadata <", std::string(element), ">'", std::string(text),
+        "': use default, off, always or adaptive"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string TmemShmemXml(std::string_view socket_path, int vectors,
@@ -516,38 +547,12 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
     } else if (name == "autoattach") {
       s = ParseBool(name, text, &m.autoattach);
     } else if (name == "quota") {
-      if (text == "unlimited" || text.empty()) {
-        m.policy.quota_bytes = kUnlimitedQuota;
-      } else {
-        absl::StatusOr<uint64_t> q = ParseSize(text);
-        if (!q.ok()) {
-          s = absl::InvalidArgumentError(
-              absl::StrCat("tmem metadata <quota>: ", q.status().message()));
-        } else if (s = CheckRange(ranges::kQuota, *q, "tmem metadata <quota>");
-                   s.ok()) {
-          m.policy.quota_bytes = QuotaFromSetting(*q);  // 0: unlimited
-        }
-      }
+      s = ParseQuotaElement(name, text, ranges::kQuota, &m.policy.quota_bytes);
     } else if (name == "swap_quota") {
-      if (text == "unlimited" || text.empty()) {
-        m.policy.swap_quota_bytes = kUnlimitedQuota;
-      } else {
-        absl::StatusOr<uint64_t> q = ParseSize(text);
-        if (!q.ok()) {
-          s = absl::InvalidArgumentError(absl::StrCat(
-              "tmem metadata <swap_quota>: ", q.status().message()));
-        } else if (s = CheckRange(ranges::kSwapQuota, *q,
-                                  "tmem metadata <swap_quota>");
-                   s.ok()) {
-          m.policy.swap_quota_bytes = QuotaFromSetting(*q);  // 0: unlimited
-        }
-      }
+      s = ParseQuotaElement(name, text, ranges::kSwapQuota,
+                            &m.policy.swap_quota_bytes);
     } else if (name == "swap_mode") {
-      if (!ParseValveMode(text, &m.policy.swap_mode)) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("tmem metadata <swap_mode>'", text,
-                         "': use default, off, always or adaptive"));
-      }
+      s = ParseModeElement(name, text, &m.policy.swap_mode);
     } else if (name == "weight") {
       int64_t w = 0;
       if (!absl::SimpleAtoi(text, &w)) {
@@ -559,11 +564,7 @@ absl::StatusOr<TmemMetadata> ParseTmemMetadata(std::string_view xml) {
         m.policy.weight = static_cast<uint32_t>(w);
       }
     } else if (name == "mode") {
-      if (!ParseValveMode(text, &m.policy.mode)) {
-        s = absl::InvalidArgumentError(
-            absl::StrCat("tmem metadata <mode>'", text,
-                         "': use default, off, always or adaptive"));
-      }
+      s = ParseModeElement(name, text, &m.policy.mode);
     } else {
       s = absl::InvalidArgumentError(absl::StrCat(
           "tmem metadata: unknown element <", name,

@@ -256,7 +256,7 @@ class TmemSwapBacking final : public SwapBacking {
   const std::function<void(std::string_view, std::string_view)> on_event_;
   const std::unique_ptr<SpillImage> image_;
   const uint64_t page_count_;
-  std::array<Mutex, kStripes> stripes_;
+  std::array<Mutex, kStripes> stripes_;  // order: host-agent/lock_order.h
   // loc_[p] is read and written only under StripeOf(p) (per-element
   // guarding that the annotations cannot express). One byte per page so
   // pages of different stripes never share a memory location.
@@ -265,7 +265,8 @@ class TmemSwapBacking final : public SwapBacking {
   std::atomic<uint64_t> in_image_{0};
   std::atomic<uint64_t> lost_{0};
   std::array<std::atomic<uint64_t>, kNumTmemSwapCounters> counters_{};
-  // Serializes relief steps; the next page a step looks at.
+  // Serializes relief steps; the next page a step looks at. Lock order:
+  // host-agent/lock_order.h.
   Mutex relief_mu_;
   uint64_t relief_cursor_ ABSL_GUARDED_BY(relief_mu_) = 0;
   // Write-failure log rate limit: when the last line went out, and the
