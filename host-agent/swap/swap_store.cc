@@ -75,17 +75,20 @@ class TmemSwapStore final : public SwapStore {
   uint64_t RelieveMemory() override {
     const ReliefStep step = backing_->RelieveStep(kReliefBatchPages);
     if (step.moved == 0 && step.error.ok()) return 0;
-    // A step that moved pages is worth its line; one that only failed (a
-    // full disk, every period) is said at most once per interval.
+    unlogged_moved_ += step.moved;
+    unlogged_failed_ += step.failed;
+    // Catching up on a large device takes many steps (one per tick), and a
+    // full disk fails one every tick: a line per kReliefLogNanos says what
+    // the steps since the last line did, and one says when the VM is back
+    // within its limits.
     const int64_t now = SteadyClock::Default()->NowNanos();
-    if (step.moved == 0) {
-      if (now - last_failure_log_nanos_ < kReliefFailureLogNanos) return 0;
-      last_failure_log_nanos_ = now;
-    }
+    const bool within = step.error.ok() && step.excess_after == 0;
+    if (!within && now - last_log_nanos_ < kReliefLogNanos) return step.moved;
+    last_log_nanos_ = now;
     Log(step.error.ok() ? LogLevel::kInfo : LogLevel::kWarn, "swap_relieved",
         {{"vm", vm_name_},
-         {"moved_pages", step.moved},
-         {"failed_pages", step.failed},
+         {"moved_pages", unlogged_moved_},
+         {"failed_pages", unlogged_failed_},
          {"excess_bytes", step.before.bytes},
          {"over_quota_bytes", step.before.over_quota},
          {"over_swap_quota_bytes", step.before.over_swap_quota},
@@ -93,13 +96,18 @@ class TmemSwapStore final : public SwapStore {
          {"excess_after_bytes", step.excess_after},
          {"error", step.error.ok() ? std::string()
                                    : std::string(step.error.message())}});
+    unlogged_moved_ = 0;
+    unlogged_failed_ = 0;
     return step.moved;
   }
 
  private:
-  static constexpr int64_t kReliefFailureLogNanos = 60'000'000'000;
+  static constexpr int64_t kReliefLogNanos = 10'000'000'000;
   const std::string vm_name_;
-  int64_t last_failure_log_nanos_ = INT64_MIN / 2;  // the agent's ticker only
+  // The agent's ticker only.
+  int64_t last_log_nanos_ = INT64_MIN / 2;
+  uint64_t unlogged_moved_ = 0;   // pages moved since the last line
+  uint64_t unlogged_failed_ = 0;  // pages that failed to move since then
   TmemStore* const store_;
   const VmId vm_;
   const PoolId pool_;

@@ -457,8 +457,8 @@ def section_rows(doc):
     c_per, d_per = (c.get("host_bytes_per_swapped_byte"),
                     d.get("host_bytes_per_swapped_byte"))
     add("host memory per swapped page, c tmemd relative to d (idle host)",
-        round(c_per / d_per, 3) if c_per and d_per else None, "x 4 KiB",
-        "<= 0.6", "c's (store charge + image allocated) / guest swap in use, "
+        round(c_per / d_per, 3) if c_per and d_per else None,
+        "x 4 KiB, d = 1.0", "<= 0.6", "c's (store charge + image allocated) / guest swap in use, "
         "over d's tmpfs allocation / guest swap in use (d = 1.0x)")
     add("host memory per swapped page, c tmemd (idle host)",
         c_per, "x 4 KiB", "",
