@@ -1,8 +1,8 @@
 // The agent's valve tick drives swap relief: a VM's quota lowered below
 // what its swap device holds in memory (to 0), and each TickValve moves a
 // bounded batch of pages into the device's spill image until the VM is
-// within the quota; the guest reads every page back throughout. Real agent, real
-// swap device and front-end, real TmemStore; only the CPU sampler is a
+// within the quota; the guest reads every page back throughout. Real agent,
+// real swap device and front-end, real TmemStore; only the CPU sampler is a
 // fake.
 #include <gtest/gtest.h>
 
