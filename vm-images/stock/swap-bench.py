@@ -371,6 +371,7 @@ def main():
                      f"{r.get('elapsed_s')} s")
         doc["load_avg_end"] = os.getloadavg()
         finish(doc, a.out)
+    finish(doc, a.out)  # also when every row came from --prior
     print(json.dumps(doc, indent=1))
     print(f"{'row':6} {'ok':4} {'MB/s':>7} {'pass ms':>8} {'pswpin':>8} {'pswpout':>8} "
           f"{'us/pg':>6} {'p50 us':>7} {'p99 us':>7} {'host/pg':>7}", file=sys.stderr)
