@@ -902,11 +902,17 @@ StepExit AddSwapDevices(Daemon& d) {
     absl::StatusOr<SwapDeviceInfo> added = d.agent->AddSwapDevice(
         sc.name, sc.size_bytes, ConfiguredVmPolicy(d.config, sc.name));
     if (!added.ok()) {
-      Log(LogLevel::kError, "swap_device_error",
+      // A device refused for what is on disk (an image file that is not
+      // ours to trust, one a crashed tmemd left without its pages) stays
+      // down, said here, while tmemd serves every other VM; anything else
+      // (out of memory, a bad size) stops the start.
+      const bool refused = absl::IsFailedPrecondition(added.status());
+      Log(LogLevel::kError,
+          refused ? "swap_device_refused" : "swap_device_error",
           {{"vm", sc.name},
            {"source", sc.source},
            {"error", added.status().message()}});
-      return 1;
+      if (!refused) return 1;
     }
   }
   return std::nullopt;

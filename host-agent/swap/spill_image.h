@@ -57,6 +57,9 @@ struct SpillOpenRefusals {
   std::atomic<uint64_t> too_permissive{0};  // group or other may access
   std::atomic<uint64_t> wrong_size{0};
   std::atomic<uint64_t> os_errors{0};  // open, fstat, ftruncate failed
+  // The image's in-use mark was there (swap_store.h): the last tmemd did
+  // not write its pages back.
+  std::atomic<uint64_t> not_written_back{0};
 };
 
 enum class SpillIoMode : uint8_t {

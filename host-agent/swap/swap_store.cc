@@ -1,9 +1,12 @@
 #include "host-agent/swap/swap_store.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <climits>
+#include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
@@ -33,11 +36,61 @@ class MemorySwapStore final : public SwapStore {
   MemorySwapBacking backing_;
 };
 
+// fsync of a directory: a file created or removed in it survives a crash.
+absl::Status SyncDirectory(const std::string& dir) {
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd) != 0) {
+    const int err = errno;
+    if (fd >= 0) close(fd);
+    return absl::InternalError(
+        absl::StrCat("cannot sync directory '", dir,
+                     "': ", std::generic_category().message(err)));
+  }
+  close(fd);
+  return absl::OkStatus();
+}
+
+// The image's in-use mark (swap_store.h): created only if absent.
+absl::Status TakeInUseMark(const std::string& mark, const std::string& image,
+                           const std::string& dir,
+                           SpillOpenRefusals* refusals) {
+  const int fd = open(
+      mark.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    if (refusals != nullptr) refusals->not_written_back.fetch_add(1);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "'", mark,
+        "' exists: the tmemd that last served this swap device stopped "
+        "without writing its pages back (a crash, SIGKILL or failed "
+        "write-back), so '",
+        image,
+        "' lacks the pages it held in memory and is not the device's "
+        "content; refusing to serve it rather than read zeros where the "
+        "guest wrote. The guest's swapped-out memory is lost: stop the "
+        "guest, remove both files, then start it again"));
+  }
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create '", mark,
+                     "': ", std::generic_category().message(errno)));
+  }
+  const int synced = fsync(fd);
+  const int err = errno;
+  close(fd);
+  if (synced != 0) {
+    (void)unlink(mark.c_str());
+    return absl::InternalError(absl::StrCat(
+        "cannot sync '", mark, "': ", std::generic_category().message(err)));
+  }
+  return SyncDirectory(dir);
+}
+
 class TmemSwapStore final : public SwapStore {
  public:
-  TmemSwapStore(std::string vm_name, TmemStore* store, VmId vm, PoolId pool,
-                std::unique_ptr<TmemSwapBacking> backing)
+  TmemSwapStore(std::string vm_name, std::string in_use_mark, TmemStore* store,
+                VmId vm, PoolId pool, std::unique_ptr<TmemSwapBacking> backing)
       : vm_name_(std::move(vm_name)),
+        in_use_mark_(std::move(in_use_mark)),
         store_(store),
         vm_(vm),
         pool_(pool),
@@ -70,7 +123,15 @@ class TmemSwapStore final : public SwapStore {
   }
   absl::Status WriteBack() override {
     absl::StatusOr<uint64_t> n = backing_->WriteBackAll();
-    return n.ok() ? absl::OkStatus() : n.status();
+    if (!n.ok()) return n.status();  // the mark stays: pages may be missing
+    // Every page is in the image (synced): it is the whole device now.
+    if (unlink(in_use_mark_.c_str()) != 0 && errno != ENOENT) {
+      return absl::InternalError(
+          absl::StrCat("cannot remove '", in_use_mark_,
+                       "': ", std::generic_category().message(errno)));
+    }
+    return SyncDirectory(
+        std::filesystem::path(in_use_mark_).parent_path().string());
   }
   uint64_t RelieveMemory() override {
     const ReliefStep step = backing_->RelieveStep(kReliefBatchPages);
@@ -104,6 +165,7 @@ class TmemSwapStore final : public SwapStore {
  private:
   static constexpr int64_t kReliefLogNanos = 10'000'000'000;
   const std::string vm_name_;
+  const std::string in_use_mark_;
   // The agent's ticker only.
   int64_t last_log_nanos_ = INT64_MIN / 2;
   uint64_t unlogged_moved_ = 0;   // pages moved since the last line
@@ -147,6 +209,7 @@ SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals) {
                                    std::string_view detail) {
       Log(LogLevel::kInfo, event, {{"vm", vm}, {"detail", detail}});
     };
+    const std::string mark = io.path + ".inuse";
     absl::StatusOr<std::unique_ptr<SpillImage>> image = SpillImage::Open(io);
     if (!image.ok()) return image.status();
     absl::StatusOr<PoolId> pool =
@@ -163,12 +226,16 @@ SwapStoreFactory TmemSwapStoreFactory(SpillOpenRefusals* refusals) {
     };
     absl::StatusOr<std::unique_ptr<TmemSwapBacking>> b =
         TmemSwapBacking::Open(o, std::move(*image));
-    if (!b.ok()) {
+    // Last: until the device serves, nothing of it is held in memory.
+    absl::Status marked =
+        b.ok() ? TakeInUseMark(mark, io.path, dir, refusals) : b.status();
+    if (!marked.ok()) {
+      b = absl::CancelledError();  // the backing goes before its pool
       (void)r.store->DestroyPool(r.vm, *pool);
-      return b.status();
+      return marked;
     }
-    return std::make_unique<TmemSwapStore>(r.vm_name, r.store, r.vm, *pool,
-                                           std::move(*b));
+    return std::make_unique<TmemSwapStore>(r.vm_name, mark, r.store, r.vm,
+                                           *pool, std::move(*b));
   };
 }
 

@@ -82,6 +82,17 @@ SwapStoreFactory MemorySwapStoreFactory();
 // for what the quota, the cap or the valve keeps out of memory. An image
 // left by an earlier run is the device's content (a restart keeps the
 // guest's swap). Destroying the store destroys the pool; the image stays.
+//
+// The image's in-use mark, STATE_DIR/swap/NAME.img.inuse (0600), exists
+// while a tmemd may hold pages of the device in memory: the factory
+// creates it (durably) when it opens the image, and WriteBack() removes it
+// once every page is in the image. If the factory finds it, the tmemd that
+// last served the device stopped without a complete write-back (a crash,
+// SIGKILL or failed write-back): the pages it held in memory are gone and
+// the image alone is not the device. The factory then refuses the device
+// (FAILED_PRECONDITION naming the mark and what to do; counted in
+// `refusals` as not_written_back) instead of serving zeros where the guest
+// wrote data.
 // `refusals` (optional) counts image files refused as hostile, across
 // devices; it must outlive every store the factory makes. RelieveMemory
 // moves up to kReliefBatchPages pages per call and logs each call that

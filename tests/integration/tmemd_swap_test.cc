@@ -7,6 +7,7 @@
 // state directory reads every page back. Bad --swap values and a bad
 // [swap.NAME] are refused with their source.
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 
@@ -188,6 +189,58 @@ TEST_F(TmemdSwapTest, ServesVerifiedPagesShowsThemAndLeavesNoSocket) {
   EXPECT_EQ(g2.VerifyPages(last, 1, 11), 0) << next.Log();
   again.reset();
   EXPECT_EQ(next.Stop(), 0) << next.Log();
+}
+
+// A SIGKILL leaves the device's pages that tmemd held in memory nowhere:
+// the next tmemd refuses that device (naming its in-use mark), never
+// serving zeros where the guest wrote, and serves every other VM.
+TEST_F(TmemdSwapTest, DeviceKilledWithoutWriteBackIsRefusedOthersServe) {
+  const std::string sockets = dir_ + "/s";
+  const std::vector<std::string> base = {
+      TMEMD_BIN, "--socket-dir", sockets,         "--control-socket",
+      "",        "--state-dir",  dir_ + "/state", "--workers",
+      "1",       "--no-fd-store"};
+  std::vector<std::string> first = base;
+  first.insert(first.end(), {"--swap", "vm1=64M"});
+  Process killed(first, dir_ + "/tmemd-killed.log");
+  ASSERT_TRUE(WaitUntil(
+      [&] {
+        return killed.Log().find("event=tmemd_ready") != std::string::npos;
+      },
+      30000))
+      << killed.Log();
+  auto fe = FrontEnd::Connect(sockets + "/vm1.swap.sock");
+  ASSERT_NE(fe, nullptr);
+  Guest g(kDeviceBytes / 4096, 4);
+  g.Handshake(fe.get());
+  g.WritePages(0, 8, 5);  // held in tmemd's memory
+  ASSERT_EQ(::kill(killed.pid(), SIGKILL), 0);
+  killed.Wait();
+  fe.reset();
+  const std::string mark = dir_ + "/state/swap/vm1.img.inuse";
+  ASSERT_TRUE(testing::PathExists(mark));
+
+  std::vector<std::string> second = base;
+  second.insert(second.end(), {"--swap", "vm1=64M", "--swap", "vm2=64M"});
+  Process next(second, dir_ + "/tmemd-next.log");
+  ASSERT_TRUE(WaitUntil(
+      [&] { return next.Log().find("event=tmemd_ready") != std::string::npos; },
+      30000))
+      << next.Log();
+  EXPECT_NE(next.Log().find("event=swap_device_refused"), std::string::npos)
+      << next.Log();
+  EXPECT_NE(next.Log().find(mark), std::string::npos) << next.Log();
+  // The killed tmemd's socket file may remain; nobody answers on it.
+  EXPECT_EQ(FrontEnd::Connect(sockets + "/vm1.swap.sock"), nullptr);
+  auto other = FrontEnd::Connect(sockets + "/vm2.swap.sock");
+  ASSERT_NE(other, nullptr) << next.Log();
+  Guest g2(kDeviceBytes / 4096, 4);
+  g2.Handshake(other.get());
+  g2.WritePages(0, 8, 6);
+  EXPECT_EQ(g2.VerifyPages(0, 8, 6), 0) << next.Log();
+  other.reset();
+  EXPECT_EQ(next.Stop(), 0) << next.Log();
+  EXPECT_TRUE(testing::PathExists(mark)) << "kept until the operator acts";
 }
 
 TEST_F(TmemdSwapTest, BadSwapSettingsAreRefusedWithTheirSource) {
