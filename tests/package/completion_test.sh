@@ -62,12 +62,12 @@ expect_has() {  # LINE WORD...
   checks=$((checks + 1))
 }
 
-all_subcommands="attach authorize detach fleet flush freeze policy set-host set-mode set-quota set-weight status thaw vm vms watch"
+all_subcommands="attach authorize detach fleet flush freeze policy set-host set-mode set-policy set-quota set-weight status thaw vm vms watch"
 expect "tmemctl " "${all_subcommands}"
 from_help="$(tmemctl --help | awk '/^Subcommands:/ {s = 1; next} /^[^ ]/ {s = 0} s && NF {print $1}' | sort | xargs)"
 [[ "${from_help}" == "${all_subcommands}" ]] \
   || fail "tmemctl --help lists [${from_help}], this test expects [${all_subcommands}]"
-expect "tmemctl set-" "set-host set-mode set-quota set-weight"
+expect "tmemctl set-" "set-host set-mode set-policy set-quota set-weight"
 expect "tmemctl --so" "--socket"
 expect "tmemctl -o " "json table"
 expect "tmemctl -o json st" "status"
@@ -75,6 +75,8 @@ expect "tmemctl -s /run/x.sock -t 2 fr" "freeze"
 expect_has "tmemctl -" -s --socket -H --host --hosts --ca --cert --key --timeout -o --output
 expect "tmemctl set-mode g1 " "adaptive always default off"
 expect "tmemctl set-host --mode a" "adaptive always"
+expect "tmemctl set-policy g1 --swap-m" "--swap-mode"
+expect "tmemctl set-policy g1 --swap-mode o" "off"
 expect "tmemctl set-host --" "--cpu-budget --generation --help --memory-cap --mode"
 expect "tmemctl watch --i" "--interval-ms"
 expect "tmemctl policy " "apply"
