@@ -12,24 +12,14 @@
 
 #include "host-agent/agent.h"
 #include "host-agent/swap/swap_store.h"
+#include "tests/agent/test_agent.h"
 #include "tests/swap/vhost_user_front_end.h"
 #include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
 
-class FakeSampler final : public CpuSampler {
- public:
-  absl::StatusOr<CpuSample> Sample() override {
-    s_.num_cpus = 2;
-    s_.wall_nanos += 100'000'000;
-    s_.host_total_nanos += 200'000'000;
-    return s_;
-  }
-
- private:
-  CpuSample s_;
-};
+using testing::FakeSampler;
 
 uint64_t Counter(const swap::SwapPageStats& s, const std::string& name) {
   for (const auto& [n, v] : s.counters) {
@@ -43,16 +33,8 @@ TEST(AgentSwapReliefTest, ALoweredQuotaMovesSwapPagesToTheImageTickByTick) {
   tmem::testing::TempDir tmp("tmem-agent-relief");
   ASSERT_FALSE(tmp.path().empty());
   FakeSampler sampler;
-  AgentOptions o;
-  o.socket_dir = tmp.path();
-  o.state_dir = tmp.path() + "/state";
-  o.swap_store_factory = swap::TmemSwapStoreFactory();
-  o.store.memory_cap_bytes = 64 << 20;
-  o.store.address_space_bytes = 256 << 20;
-  o.workers = 1;
-  o.cpu_sampler = &sampler;
-  o.run_valve_ticker = false;
-  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  absl::StatusOr<std::unique_ptr<Agent>> agent =
+      Agent::Create(testing::SwapTestAgentOptions(tmp.path(), &sampler));
   ASSERT_TRUE(agent.ok()) << agent.status();
   // More pages than one tick moves, so relief takes several.
   constexpr uint64_t kDevicePages = 2048;

@@ -16,26 +16,14 @@
 #include "guest-driver/userspace/tmem_guest.h"
 #include "host-agent/swap/tmem_swap_backing.h"
 #include "proto/tmem_abi.h"
+#include "tests/agent/test_agent.h"
 #include "tests/swap/vhost_user_front_end.h"
 #include "tests/temp_dir.h"
 
 namespace tmem {
 namespace {
 
-class FakeSampler final : public CpuSampler {
- public:
-  absl::StatusOr<CpuSample> Sample() override {
-    s_.num_cpus = 2;
-    s_.wall_nanos += 100'000'000;
-    s_.host_total_nanos += 200'000'000;
-    s_.host_busy_nanos += static_cast<uint64_t>(busy * 200'000'000);
-    return s_;
-  }
-  double busy = 0;
-
- private:
-  CpuSample s_;
-};
+using testing::FakeSampler;
 
 class AgentTest : public ::testing::Test {
  protected:
@@ -410,16 +398,8 @@ TEST(AgentSwapTest, RemovingADeviceKeepsItsPagesInTheImage) {
   tmem::testing::TempDir tmp("tmem-agent-swap");
   ASSERT_FALSE(tmp.path().empty());
   FakeSampler sampler;
-  AgentOptions o;
-  o.socket_dir = tmp.path();
-  o.state_dir = tmp.path() + "/state";
-  o.swap_store_factory = swap::TmemSwapStoreFactory();
-  o.store.memory_cap_bytes = 64 << 20;
-  o.store.address_space_bytes = 256 << 20;
-  o.workers = 1;
-  o.cpu_sampler = &sampler;
-  o.run_valve_ticker = false;
-  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  absl::StatusOr<std::unique_ptr<Agent>> agent =
+      Agent::Create(testing::SwapTestAgentOptions(tmp.path(), &sampler));
   ASSERT_TRUE(agent.ok()) << agent.status();
   constexpr uint64_t kDevicePages = 1024;
   constexpr int kPages = 64;
@@ -462,16 +442,8 @@ TEST(AgentSwapTest, SwapQuotaSpillsPastItWithinALargerVmQuota) {
   tmem::testing::TempDir tmp("tmem-agent-swapq");
   ASSERT_FALSE(tmp.path().empty());
   FakeSampler sampler;
-  AgentOptions o;
-  o.socket_dir = tmp.path();
-  o.state_dir = tmp.path() + "/state";
-  o.swap_store_factory = swap::TmemSwapStoreFactory();
-  o.store.memory_cap_bytes = 64 << 20;
-  o.store.address_space_bytes = 256 << 20;
-  o.workers = 1;
-  o.cpu_sampler = &sampler;
-  o.run_valve_ticker = false;
-  absl::StatusOr<std::unique_ptr<Agent>> agent = Agent::Create(o);
+  absl::StatusOr<std::unique_ptr<Agent>> agent =
+      Agent::Create(testing::SwapTestAgentOptions(tmp.path(), &sampler));
   ASSERT_TRUE(agent.ok()) << agent.status();
   constexpr uint64_t kDevicePages = 1024;
   constexpr int kPages = 256;  // 1 MiB written
